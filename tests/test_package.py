@@ -1,0 +1,47 @@
+"""The installed package: importable from anywhere, public names at the top, in step with the chapters."""
+
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import transformer
+from tools import export
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_package_is_up_to_date_with_the_chapters():
+    diffs = export.stale(ROOT)
+    assert not diffs, "the package is out of date with the chapters; run `make export`\n" + "\n".join(diffs)
+
+
+def test_import_works_from_any_folder(tmp_path):
+    # A fresh interpreter in an unrelated folder sees the installed (editable) package,
+    # as a regular package, not as an empty namespace.
+    result = subprocess.run(
+        [sys.executable, "-c", "import transformer; print(transformer.__file__); print(len(transformer.__all__))"],
+        cwd=tmp_path, capture_output=True, text=True, check=True,
+    )
+    location, count = result.stdout.split()
+    assert Path(location) == ROOT / "transformer" / "__init__.py"
+    assert int(count) == len(transformer.__all__) > 0
+
+
+def test_top_level_reexports_every_public_module_name():
+    expected = []
+    for path in sorted((ROOT / "transformer").glob("[!_]*.py")):
+        module = importlib.import_module(f"transformer.{path.stem}")
+        for name in module.__all__:
+            assert getattr(transformer, name) is getattr(module, name)
+        expected += module.__all__
+    assert sorted(transformer.__all__) == sorted(expected)
+
+
+def test_every_module_names_the_chapter_it_comes_from():
+    for path in sorted((ROOT / "transformer").glob("*.py")):
+        first_line = path.read_text().splitlines()[0]
+        assert first_line.startswith(export.MARKER), path
+        if path.name != "__init__.py":
+            chapter = first_line[len(export.MARKER):].split(".md")[0] + ".md"
+            assert (ROOT / chapter).is_file(), (path, chapter)
