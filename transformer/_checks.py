@@ -12,23 +12,28 @@ __all__ = ['check_positive_int', 'check_dropout', 'check_tensor', 'check_feature
 
 
 # chapters/01_introduction.md: The Transformer, tested
+import numbers
+
 import torch
 from torch import Tensor
 
 
 # chapters/01_introduction.md: How the package checks its input
 def check_positive_int(name: str, value) -> int:
-    """Return ``value`` if it is a positive int, else raise naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    """Return ``value`` as an int if it is a positive integer, else raise naming ``name``.
+
+    Any integral number is accepted (a NumPy int from a config file, say), but not a bool.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be a positive int, got {type(value).__name__} {value!r}")
     if value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value}")
-    return value
+    return int(value)
 
 
 def check_dropout(name: str, value) -> float:
     """Return ``value`` as a float if it is a probability in [0, 1), else raise."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a float in [0, 1), got {type(value).__name__} {value!r}")
     if not 0.0 <= value < 1.0:
         raise ValueError(f"{name} must be in [0, 1), got {value}")

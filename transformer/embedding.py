@@ -55,13 +55,11 @@ class TokenEmbedding(nn.Module):
         super().__init__()
         self.vocab_size = check_positive_int("vocab_size", vocab_size)
         self.d_model = check_positive_int("d_model", d_model)
-        if padding_idx is not None and (
-            isinstance(padding_idx, bool) or not isinstance(padding_idx, int)
-            or not 0 <= padding_idx < vocab_size
-        ):
-            raise ValueError(
-                f"padding_idx must be None or an int in [0, vocab_size={vocab_size}), got {padding_idx!r}"
-            )
+        if padding_idx is not None:
+            if isinstance(padding_idx, bool) or not isinstance(padding_idx, int):
+                raise TypeError(f"padding_idx must be None or an int, got {type(padding_idx).__name__}")
+            if not 0 <= padding_idx < vocab_size:
+                raise ValueError(f"padding_idx must lie in [0, vocab_size={vocab_size}), got {padding_idx}")
         self.padding_idx = padding_idx
         self.weight = nn.Parameter(torch.empty(vocab_size, d_model))  # E, (V, d_model)
         self.reset_parameters()

@@ -36,7 +36,9 @@ def sinusoidal_encoding(num_positions: int, d_model: int, base: float = 10000.0)
     check_positive_int("d_model", d_model)
     if d_model % 2 != 0:
         raise ValueError(f"d_model must be even (sines and cosines come in pairs), got {d_model}")
-    if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 1:
+    if isinstance(base, bool) or not isinstance(base, (int, float)):
+        raise TypeError(f"base must be a number, got {type(base).__name__}")
+    if not base > 1:
         raise ValueError(f"base must be a number greater than 1, got {base!r}")
     pos = torch.arange(num_positions, dtype=torch.float64).unsqueeze(1)  # (P, 1)
     omega = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (d_model/2,)
