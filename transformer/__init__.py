@@ -4,10 +4,17 @@
 
 from transformer.embedding import TokenEmbedding
 from transformer.positional import sinusoidal_encoding, SinusoidalPositionalEncoding, LearnedPositionalEncoding
+from transformer.attention import causal_mask, padding_mask, check_attention_mask, scaled_dot_product_attention
+from transformer.multihead import MultiHeadAttention
 
 __all__ = [
     'TokenEmbedding',
     'sinusoidal_encoding',
     'SinusoidalPositionalEncoding',
     'LearnedPositionalEncoding',
+    'causal_mask',
+    'padding_mask',
+    'check_attention_mask',
+    'scaled_dot_product_attention',
+    'MultiHeadAttention',
 ]
