@@ -6,6 +6,11 @@ from transformer.embedding import TokenEmbedding
 from transformer.positional import sinusoidal_encoding, SinusoidalPositionalEncoding, LearnedPositionalEncoding
 from transformer.attention import causal_mask, padding_mask, check_attention_mask, scaled_dot_product_attention
 from transformer.multihead import MultiHeadAttention
+from transformer.feedforward import PositionwiseFeedForward
+from transformer.residual import LayerNorm, add_and_norm
+from transformer.encoder import EncoderLayer, Encoder
+from transformer.decoder import DecoderLayer, Decoder
+from transformer.model import Transformer
 
 __all__ = [
     'TokenEmbedding',
@@ -17,4 +22,12 @@ __all__ = [
     'check_attention_mask',
     'scaled_dot_product_attention',
     'MultiHeadAttention',
+    'PositionwiseFeedForward',
+    'LayerNorm',
+    'add_and_norm',
+    'EncoderLayer',
+    'Encoder',
+    'DecoderLayer',
+    'Decoder',
+    'Transformer',
 ]

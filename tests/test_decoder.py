@@ -1,0 +1,372 @@
+"""Tests for transformer/decoder.py (chapters/09_decoder.md)."""
+
+import pytest
+import torch
+from torch import nn
+
+from transformer.attention import causal_mask, padding_mask
+from transformer.decoder import Decoder, DecoderLayer
+from transformer.feedforward import PositionwiseFeedForward
+from transformer.multihead import MultiHeadAttention
+from transformer.residual import LayerNorm
+
+D_MODEL, NUM_HEADS, D_FF = 8, 2, 16
+B, T, S = 2, 5, 6
+RENAMES = {"cross_attn": "multihead_attn", "feed_forward.w_1": "linear1",
+           "feed_forward.w_2": "linear2", "w_o": "out_proj"}
+
+
+def torch_names(tensors):
+    """Our parameter names -> torch.nn's: W_q, W_k, W_v rows stacked into in_proj_*, the rest renamed."""
+    renamed = {}
+    for name, tensor in tensors.items():
+        if ".w_k." in name or ".w_v." in name:
+            continue
+        if ".w_q." in name:
+            prefix, kind = name.split(".w_q.")
+            tensor = torch.cat([tensors[f"{prefix}.w_{p}.{kind}"] for p in "qkv"])
+            name = f"{prefix}.in_proj_{kind}"
+        for ours, theirs in RENAMES.items():
+            name = name.replace(ours, theirs)
+        renamed[name] = tensor
+    return renamed
+
+
+def randomise(module):
+    """Random biases and LayerNorm gains (fresh ones are 0 and 1), so that copying them is tested."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                p.normal_(1.0, 0.2)
+            elif name.endswith("bias"):
+                p.normal_(0.0, 0.2)
+    return module
+
+
+def make_layer(norm_first=False, seed=0, dropout=0.0):
+    torch.manual_seed(seed)
+    return randomise(DecoderLayer(D_MODEL, NUM_HEADS, D_FF, dropout=dropout, norm_first=norm_first))
+
+
+def make_decoder(norm_first=False, num_layers=3, seed=0, dropout=0.0):
+    torch.manual_seed(seed)
+    decoder = Decoder(num_layers, D_MODEL, NUM_HEADS, D_FF, dropout=dropout, norm_first=norm_first)
+    return randomise(decoder)
+
+
+def torch_layer(layer):
+    ref = nn.TransformerDecoderLayer(D_MODEL, NUM_HEADS, D_FF, dropout=0.0, activation="relu",
+                                     batch_first=True, norm_first=layer.norm_first)
+    ref.load_state_dict(torch_names(dict(layer.named_parameters())))  # strict: every weight copied
+    return ref
+
+
+def torch_decoder(decoder):
+    norm_first = decoder.layers[0].norm_first
+    layer = nn.TransformerDecoderLayer(D_MODEL, NUM_HEADS, D_FF, dropout=0.0, activation="relu",
+                                       batch_first=True, norm_first=norm_first)
+    norm = nn.LayerNorm(D_MODEL) if norm_first else None
+    ref = nn.TransformerDecoder(layer, len(decoder.layers), norm=norm)
+    ref.load_state_dict(torch_names(dict(decoder.named_parameters())))
+    return ref
+
+
+def batch(seed=1, requires_grad=False):
+    """Target x (B, T, d), memory (B, S, d), and right-padded target and source tokens (pad id 0)."""
+    torch.manual_seed(seed)
+    x = torch.randn(B, T, D_MODEL, requires_grad=requires_grad)
+    memory = torch.randn(B, S, D_MODEL, requires_grad=requires_grad)
+    tgt = torch.tensor([[9, 10, 11, 12, 13], [9, 10, 11, 0, 0]])
+    src = torch.tensor([[3, 4, 5, 6, 7, 8], [3, 4, 5, 6, 0, 0]])
+    return x, memory, tgt, src
+
+
+def assert_same_values_and_grads(ours, ref, inputs, run_ours, run_ref):
+    """Outputs, input gradients and parameter gradients of the two modules agree."""
+    out, ref_out = run_ours(*inputs), run_ref(*inputs)
+    torch.testing.assert_close(out, ref_out)
+    torch.manual_seed(2)
+    probe = torch.randn_like(out)  # a loss whose gradient is not trivially zero through a LayerNorm
+    n = len(inputs)
+    grads = torch.autograd.grad((out * probe).sum(), [*inputs, *ours.parameters()])
+    ref_grads = torch.autograd.grad((ref_out * probe).sum(), [*inputs, *ref.parameters()])
+    for g, ref_g in zip(grads[:n], ref_grads[:n]):
+        torch.testing.assert_close(g, ref_g)
+    mapped = torch_names(dict(zip([name for name, _ in ours.named_parameters()], grads[n:])))
+    ref_named = dict(zip([name for name, _ in ref.named_parameters()], ref_grads[n:]))
+    assert mapped.keys() == ref_named.keys()
+    for name in mapped:
+        torch.testing.assert_close(mapped[name], ref_named[name], msg=name)
+
+
+# --- structure --------------------------------------------------------------------------------
+
+
+def test_layer_submodules():
+    layer = DecoderLayer(D_MODEL, NUM_HEADS, D_FF, dropout=0.2, norm_first=True)
+    for attn in (layer.self_attn, layer.cross_attn):
+        assert isinstance(attn, MultiHeadAttention)
+        assert attn.num_heads == NUM_HEADS and attn.dropout == 0.2
+    assert layer.self_attn is not layer.cross_attn
+    assert isinstance(layer.feed_forward, PositionwiseFeedForward)
+    assert layer.feed_forward.w_1.weight.shape == (D_FF, D_MODEL)
+    assert layer.feed_forward.dropout.p == 0.2
+    for norm in (layer.norm1, layer.norm2, layer.norm3):
+        assert isinstance(norm, LayerNorm)
+    for dropout in (layer.dropout1, layer.dropout2, layer.dropout3):
+        assert isinstance(dropout, nn.Dropout) and dropout.p == 0.2
+    assert len({id(d) for d in (layer.dropout1, layer.dropout2, layer.dropout3)}) == 3
+    assert layer.norm_first is True and DecoderLayer(D_MODEL, NUM_HEADS, D_FF).norm_first is False
+
+
+def test_stack_structure_and_final_norm():
+    post = Decoder(4, D_MODEL, NUM_HEADS, D_FF)
+    assert isinstance(post.layers, nn.ModuleList) and len(post.layers) == 4
+    assert all(isinstance(layer, DecoderLayer) and not layer.norm_first for layer in post.layers)
+    assert post.norm is None
+    pre = Decoder(2, D_MODEL, NUM_HEADS, D_FF, norm_first=True)
+    assert all(layer.norm_first for layer in pre.layers)
+    assert isinstance(pre.norm, LayerNorm)
+
+
+def test_base_layer_parameter_count_matches_torch():
+    def count(module):
+        return sum(p.numel() for p in module.parameters())
+
+    assert count(DecoderLayer(512, 8, 2048)) == count(nn.TransformerDecoderLayer(512, 8, 2048))
+
+
+def test_layers_have_independent_weights():
+    decoder = Decoder(3, D_MODEL, NUM_HEADS, D_FF)
+    for name, p in decoder.layers[0].named_parameters():
+        others = [dict(layer.named_parameters())[name] for layer in decoder.layers[1:]]
+        assert all(p.data_ptr() != q.data_ptr() for q in others), name
+        if "w_" in name and name.endswith("weight"):  # random initial values, drawn per layer
+            assert all(not torch.equal(p, q) for q in others), name
+    before = [layer.cross_attn.w_v.weight.clone() for layer in decoder.layers]
+    with torch.no_grad():
+        decoder.layers[0].cross_attn.w_v.weight.add_(1.0)
+    for layer, old in zip(decoder.layers[1:], before[1:]):
+        torch.testing.assert_close(layer.cross_attn.w_v.weight, old)
+
+
+# --- shapes -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("lengths", [(1, 1), (5, 6), (7, 3)])
+def test_shapes(norm_first, lengths):
+    t, s = lengths
+    x, memory = torch.randn(3, t, D_MODEL), torch.randn(3, s, D_MODEL)
+    layer = DecoderLayer(D_MODEL, NUM_HEADS, D_FF, norm_first=norm_first)
+    decoder = Decoder(2, D_MODEL, NUM_HEADS, D_FF, norm_first=norm_first)
+    assert layer(x, memory).shape == (3, t, D_MODEL)
+    assert decoder(x, memory).shape == (3, t, D_MODEL)
+
+
+def test_stack_is_its_layers_in_turn_all_reading_the_same_memory():
+    decoder = make_decoder().eval()
+    x, memory, tgt, src = batch()
+    tgt_mask, memory_mask = padding_mask(tgt, 0), padding_mask(src, 0)
+    h = x
+    for layer in decoder.layers:
+        h = layer(h, memory, tgt_mask=tgt_mask, memory_mask=memory_mask)
+    torch.testing.assert_close(decoder(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask), h)
+
+
+# --- agreement with torch.nn --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+def test_layer_matches_torch(norm_first, padded):
+    layer = make_layer(norm_first)
+    ref = torch_layer(layer)
+    x, memory, tgt, src = batch(requires_grad=True)
+    tgt_mask = padding_mask(tgt, 0) if padded else None
+    memory_mask = padding_mask(src, 0) if padded else None
+    kwargs = dict(tgt_key_padding_mask=tgt == 0, memory_key_padding_mask=src == 0) if padded else {}
+    assert_same_values_and_grads(
+        layer, ref, (x, memory),
+        lambda x, m: layer(x, m, tgt_mask=tgt_mask, memory_mask=memory_mask),
+        lambda x, m: ref(x, m, tgt_mask=causal_mask(T), **kwargs),
+    )
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+def test_stack_matches_torch(norm_first, padded):
+    decoder = make_decoder(norm_first)
+    ref = torch_decoder(decoder)
+    x, memory, tgt, src = batch(requires_grad=True)
+    tgt_mask = padding_mask(tgt, 0) if padded else None
+    memory_mask = padding_mask(src, 0) if padded else None
+    kwargs = dict(tgt_key_padding_mask=tgt == 0, memory_key_padding_mask=src == 0) if padded else {}
+    assert_same_values_and_grads(
+        decoder, ref, (x, memory),
+        lambda x, m: decoder(x, m, tgt_mask=tgt_mask, memory_mask=memory_mask),
+        lambda x, m: ref(x, m, tgt_mask=causal_mask(T), **kwargs),
+    )
+
+
+# --- the causal mask is always applied ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("t", range(T - 1))
+def test_future_target_tokens_do_not_change_earlier_outputs(norm_first, t):
+    decoder = make_decoder(norm_first).eval()
+    x, memory, _, _ = batch()
+    changed = x.clone()
+    changed[:, t + 1:] = 10 * torch.randn(B, T - t - 1, D_MODEL)  # everything after position t
+    # No tgt_mask is passed: the causal mask is built in.
+    torch.testing.assert_close(decoder(changed, memory)[:, :t + 1], decoder(x, memory)[:, :t + 1])
+    assert not torch.allclose(decoder(changed, memory)[:, t + 1:], decoder(x, memory)[:, t + 1:])
+
+
+def test_tgt_mask_only_adds_masking():
+    decoder = make_decoder().eval()
+    x, memory, tgt, _ = batch()
+    none = decoder(x, memory)
+    torch.testing.assert_close(decoder(x, memory, tgt_mask=causal_mask(T)), none)
+    nothing = torch.zeros(T, T, dtype=torch.bool)  # a mask that allows everything still cannot unmask
+    torch.testing.assert_close(decoder(x, memory, tgt_mask=nothing), none)
+    # With target padding, changing the future still does not change the past.
+    tgt_mask = padding_mask(tgt, 0)
+    changed = x.clone()
+    changed[:, 3:] = torch.randn(B, 2, D_MODEL)
+    torch.testing.assert_close(decoder(changed, memory, tgt_mask=tgt_mask)[:, :3],
+                               decoder(x, memory, tgt_mask=tgt_mask)[:, :3])
+
+
+def test_one_parallel_pass_equals_passes_over_growing_prefixes():
+    decoder = make_decoder().eval()
+    x, memory, _, src = batch()
+    memory_mask = padding_mask(src, 0)
+    one_pass = decoder(x, memory, memory_mask=memory_mask)
+    steps = [decoder(x[:, :t], memory, memory_mask=memory_mask)[:, -1] for t in range(1, T + 1)]
+    torch.testing.assert_close(one_pass, torch.stack(steps, dim=1))
+
+
+# --- masks on the memory and the target ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_padded_memory_positions_do_not_change_outputs(norm_first):
+    decoder = make_decoder(norm_first).eval()
+    x, memory, _, src = batch()
+    memory_mask = padding_mask(src, 0)
+    changed = memory.clone()
+    changed[1, 4:] = 50 * torch.randn(2, D_MODEL)
+    torch.testing.assert_close(decoder(x, changed, memory_mask=memory_mask),
+                               decoder(x, memory, memory_mask=memory_mask))
+    assert not torch.allclose(decoder(x, changed)[1], decoder(x, memory)[1])  # unmasked, it leaks
+
+
+def test_padded_target_positions_do_not_change_real_outputs():
+    decoder = make_decoder().eval()
+    x, memory, tgt, _ = batch()
+    tgt_mask = padding_mask(tgt, 0)
+    changed = x.clone()
+    changed[1, 3:] = 50 * torch.randn(2, D_MODEL)
+    real = tgt != 0
+    torch.testing.assert_close(decoder(changed, memory, tgt_mask=tgt_mask)[real],
+                               decoder(x, memory, tgt_mask=tgt_mask)[real])
+
+
+def test_query_with_nothing_to_attend_gives_finite_values_and_gradients():
+    # Left padding under the causal mask: the first target query of row 1 may attend to nothing.
+    decoder = make_decoder()
+    x, memory, _, _ = batch(requires_grad=True)
+    tgt = torch.tensor([[9, 10, 11, 12, 13], [0, 9, 10, 11, 12]])
+    out = decoder(x, memory, tgt_mask=padding_mask(tgt, 0))
+    assert torch.isfinite(out).all()
+    (out * torch.randn_like(out)).sum().backward()
+    assert torch.isfinite(x.grad).all() and torch.isfinite(memory.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in decoder.parameters())
+
+
+# --- training behaviour ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_gradients_reach_every_parameter_and_the_memory(norm_first):
+    decoder = Decoder(3, D_MODEL, NUM_HEADS, D_FF, dropout=0.0, norm_first=norm_first)
+    x, memory, tgt, src = batch(requires_grad=True)
+    out = decoder(x, memory, tgt_mask=padding_mask(tgt, 0), memory_mask=padding_mask(src, 0))
+    (out * torch.randn_like(out)).sum().backward()
+    for name, p in decoder.named_parameters():
+        assert p.grad is not None, name
+        assert torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+    assert memory.grad.abs().sum() > 0 and (memory.grad[1, 4:] == 0).all()  # padding gets none
+
+
+def test_dropout_acts_in_training_only():
+    dropped = make_decoder(dropout=0.5)
+    plain = Decoder(3, D_MODEL, NUM_HEADS, D_FF, dropout=0.0)
+    plain.load_state_dict(dropped.state_dict())
+    x, memory, _, _ = batch()
+    dropped.eval()
+    torch.testing.assert_close(dropped(x, memory), plain.eval()(x, memory))
+    dropped.train()
+    torch.manual_seed(3)
+    first = dropped(x, memory)
+    torch.manual_seed(4)
+    assert not torch.allclose(first, dropped(x, memory))
+
+
+def test_float64():
+    decoder = make_decoder(norm_first=True).eval()
+    x, memory, tgt, _ = batch()
+    out = decoder(x, memory, tgt_mask=padding_mask(tgt, 0))
+    out64 = decoder.double()(x.double(), memory.double(), tgt_mask=padding_mask(tgt, 0))
+    assert out64.dtype == torch.float64
+    torch.testing.assert_close(out64.float(), out, atol=1e-5, rtol=1e-5)
+
+
+# --- bad input ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_layers", [0, -1])
+def test_non_positive_num_layers(num_layers):
+    with pytest.raises(ValueError, match=f"num_layers must be a positive int, got {num_layers}"):
+        Decoder(num_layers, D_MODEL, NUM_HEADS, D_FF)
+
+
+@pytest.mark.parametrize("cls", [DecoderLayer, lambda *a, **k: Decoder(2, *a, **k)])
+def test_bad_constructor_arguments(cls):
+    with pytest.raises(ValueError, match="d_model must be divisible by num_heads, got d_model=10"):
+        cls(10, 4, D_FF)
+    for dropout in (1.0, -0.1):
+        with pytest.raises(ValueError, match=rf"dropout must be in \[0, 1\), got {dropout}"):
+            cls(D_MODEL, NUM_HEADS, D_FF, dropout=dropout)
+    with pytest.raises(ValueError, match="d_ff must be a positive int, got 0"):
+        cls(D_MODEL, NUM_HEADS, 0)
+    with pytest.raises(TypeError, match="norm_first must be a bool, got int"):
+        cls(D_MODEL, NUM_HEADS, D_FF, norm_first=1)
+
+
+@pytest.mark.parametrize("module", [
+    lambda: DecoderLayer(D_MODEL, NUM_HEADS, D_FF), lambda: Decoder(2, D_MODEL, NUM_HEADS, D_FF),
+])
+def test_bad_inputs(module):
+    decoder = module()
+    x, memory, tgt, src = batch()
+    with pytest.raises(ValueError, match=r"memory must have shape \(\.\.\., \.\.\., d_model=8\), got \(2, 6, 4\)"):
+        decoder(x, torch.randn(B, S, 4))
+    with pytest.raises(ValueError, match=r"memory must have shape .*got \(6, 8\)"):
+        decoder(x, torch.randn(S, D_MODEL))
+    with pytest.raises(ValueError, match=r"x must have shape .*d_model=8\), got \(2, 5, 3\)"):
+        decoder(torch.randn(B, T, 3), memory)
+    with pytest.raises(ValueError, match=r"memory must have the batch size of x, B = 2, got memory \(3, 6, 8\)"):
+        decoder(x, torch.randn(3, S, D_MODEL))
+    with pytest.raises(ValueError, match=r"tgt_mask: mask must broadcast .*\(2, 2, 5, 5\), got shape \(2, 1, 1, 6\)"):
+        decoder(x, memory, tgt_mask=padding_mask(src, 0))
+    with pytest.raises(ValueError, match=r"memory_mask: mask must broadcast .*\(2, 2, 5, 6\), got shape \(2, 1, 1, 5\)"):
+        decoder(x, memory, memory_mask=padding_mask(tgt, 0))
+    with pytest.raises(TypeError, match="tgt_mask: mask must be a bool tensor"):
+        decoder(x, memory, tgt_mask=causal_mask(T).float())
+    with pytest.raises(TypeError, match="memory_mask: mask must be a bool tensor"):
+        decoder(x, memory, memory_mask=padding_mask(src, 0).long())
+    with pytest.raises(TypeError, match="memory must be a torch.Tensor"):
+        decoder(x, memory.tolist())
