@@ -1,28 +1,36 @@
 # The two commands of the README:
 #   make book   set up .venv, export the package, execute every chapter, build _build/html
-#   make test   set up .venv, check the export, run pytest, nbval and the strict book build
+#   make test   set up .venv, check the export, run pytest, nbval, the strict book build and a browser test
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NOTEBOOKS := _build/notebooks
+# MathJax 3 from npm, served by the built site so equations render with no network.
+MATHJAX := node_modules/mathjax/es5/tex-mml-chtml.js
+ASSETS := _build/assets
 
 export JUPYTER_PLATFORM_DIRS := 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: book test setup export export-check unit notebooks nbval html chapter clean
+.PHONY: book test setup export export-check unit notebooks nbval html assets browser chapter clean
 
 book: setup export html
 
-test: setup export-check unit nbval html
+test: setup export-check unit nbval html browser
 
 # Create the environment once; reinstall when the requirements change.
-setup: $(STAMP)
+setup: $(STAMP) $(MATHJAX)
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -r requirements.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e .
+	@touch $@
+
+$(MATHJAX): package.json package-lock.json
+	@command -v npm >/dev/null || { echo "npm is needed to install MathJax for the book (e.g. apt-get install npm)"; exit 1; }
+	npm ci --no-audit --no-fund --ignore-scripts
 	@touch $@
 
 export: setup
@@ -32,7 +40,7 @@ export-check: setup
 	$(BIN)/python -m tools.export --check
 
 unit: setup
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests --ignore=tests/browser
 
 # .ipynb copies of the chapters, in a build folder (never beside the .md files).
 notebooks: setup
@@ -43,8 +51,20 @@ nbval: notebooks
 	$(BIN)/python -m pytest --nbval-lax $(NOTEBOOKS)
 
 # Strict: every page rebuilt and every notebook executed; a warning or a failing cell fails.
-html: setup
+html: setup assets
 	$(BIN)/jupyter-book build . --all -W -n --keep-going
+
+# The built site in headless Chromium (Debian's `chromium` package): equations, figures, console,
+# no request leaving the local server, sidebar and search. Screenshots go to _build/screenshots/.
+browser: setup
+	$(BIN)/python -m pytest tests/browser
+
+# Static files the site serves itself, outside any `_static/` folder (Jupyter Book 1 would add
+# every .js file in one to every page).
+assets: setup
+	rm -rf $(ASSETS)/mathjax
+	mkdir -p $(ASSETS)
+	cp -r node_modules/mathjax/es5 $(ASSETS)/mathjax
 
 # One chapter as a notebook under nbval: make chapter CHAPTER=chapters/02_embeddings.md
 chapter: setup

@@ -1,0 +1,177 @@
+"""The built book in a real browser: headless Chromium reads `_build/html` from a local HTTP server.
+
+Run by `make browser` after `make html` (both part of `make test`). It needs Debian's `chromium`
+package and fails, with a message saying how to install it, when Chromium is missing.
+
+For every page in the table of contents it checks that the equations were typeset by MathJax with no
+error, that every figure loaded, that the console shows no error, and that no request left the local
+server. It also checks the sidebar and the search page, and saves screenshots of two chapters under
+`_build/screenshots/`.
+"""
+
+import functools
+import http.server
+import shutil
+import threading
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+SITE = ROOT / "_build" / "html"
+SCREENSHOTS = ROOT / "_build" / "screenshots"
+SCREENSHOT_PAGES = {"chapters/03_positional_encoding", "chapters/04_attention"}
+CHROMIUM_FLAGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+# Console messages that are not errors of the book, each with the reason it is allowed.
+CONSOLE_ALLOWLIST: dict[str, str] = {
+    "Got invalid theme mode: . Resetting to auto.": (
+        "pydata-sphinx-theme 0.17 under sphinx-book-theme 1.3 sets the light/dark mode from "
+        "localStorage with an empty fallback, so a first visit logs this and falls back to 'auto'; "
+        "sphinx-book-theme accepts no `default_mode` option to avoid it"
+    ),
+}
+
+
+def toc_pages() -> list[str]:
+    """Every document of `_toc.yml`, in reading order, without the `.md` suffix."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    pages = [toc["root"]]
+    for part in toc.get("parts", []):
+        pages += [entry["file"] for entry in part.get("chapters", [])]
+    pages += [entry["file"] for entry in toc.get("chapters", [])]
+    return pages
+
+
+PAGES = toc_pages()
+
+
+@pytest.fixture(scope="session")
+def site_url():
+    if not (SITE / "index.html").is_file():
+        pytest.fail(f"no built book in {SITE}: run `make html` (or `make book`) first")
+    handler = functools.partial(QuietHandler, directory=str(SITE))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # keep pytest's output readable
+        pass
+
+
+@pytest.fixture(scope="session")
+def browser():
+    executable = shutil.which("chromium") or shutil.which("chromium-browser")
+    if executable is None:
+        pytest.fail(
+            "Chromium is not installed, and the browser test of the book needs it. "
+            "On Debian or Ubuntu: `sudo apt-get install chromium`; then run `make test` again."
+        )
+    from playwright.sync_api import sync_playwright
+
+    playwright = sync_playwright().start()
+    chromium = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
+    yield chromium
+    chromium.close()
+    playwright.stop()
+
+
+class Visit:
+    """One page in a fresh browser context, with what it logged and what it asked for."""
+
+    def __init__(self, browser, site_url: str, path: str):
+        self.origin = urlparse(site_url).netloc
+        self.context = browser.new_context(viewport={"width": 1280, "height": 900})
+        self.context.route("**/*", self._route)
+        self.page = self.context.new_page()
+        self.errors: list[str] = []
+        self.outside: list[str] = []
+        self.page.on("console", self._console)
+        self.page.on("pageerror", lambda err: self.errors.append(f"uncaught: {err}"))
+        self.page.goto(f"{site_url}/{path}", wait_until="load")
+
+    def _route(self, route):
+        url = urlparse(route.request.url)
+        if url.scheme in ("http", "https") and url.netloc != self.origin:
+            self.outside.append(route.request.url)
+            route.abort()  # record it, and do not let it leave
+        else:
+            route.continue_()
+
+    def _console(self, message):
+        if message.type == "error" and not any(key in message.text for key in CONSOLE_ALLOWLIST):
+            self.errors.append(message.text)
+
+    def close(self):
+        self.context.close()
+
+
+@pytest.fixture
+def visit(browser, site_url):
+    opened = []
+
+    def open_page(path: str) -> Visit:
+        opened.append(Visit(browser, site_url, path))
+        return opened[-1]
+
+    yield open_page
+    for v in opened:
+        v.close()
+
+
+@pytest.mark.parametrize("doc", PAGES)
+def test_page_renders_with_local_assets_only(doc, visit):
+    v = visit(f"{doc}.html")
+    page = v.page
+    math_nodes = page.locator(".math").count()
+    if math_nodes:
+        page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise",
+                               timeout=30_000)
+        page.evaluate("() => MathJax.startup.promise")
+        assert page.locator("mjx-container").count() >= math_nodes, "some equations were not typeset"
+        assert page.locator("mjx-merror").count() == 0, "MathJax reported an error in an equation"
+    text = page.inner_text("article")
+    assert "$$" not in text and "\\begin{" not in text, "raw TeX left on the page"
+    # An object repr with a memory address changes on every build: the page would not be reproducible.
+    assert " at 0x" not in text, "an output shows a memory address, e.g. <torch._C.Generator at 0x...>"
+    broken = page.evaluate(
+        "() => [...document.images].filter(i => !i.complete || i.naturalWidth === 0).map(i => i.src)"
+    )
+    assert broken == [], f"figures that did not load: {broken}"
+    assert v.errors == [], f"console errors: {v.errors}"
+    assert v.outside == [], f"requests that left the local server: {v.outside}"
+    if doc in SCREENSHOT_PAGES:  # scrolled to the first displayed equation, to show it typeset
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.locator("div.math").first.scroll_into_view_if_needed()
+        page.screenshot(path=str(SCREENSHOTS / f"{Path(doc).name}.png"))
+
+
+def test_chapter_pages_have_equations_and_figures(visit):
+    """The check above is not vacuous: the chapters do carry math and images."""
+    v = visit("chapters/03_positional_encoding.html")
+    assert v.page.locator(".math").count() > 10
+    assert v.page.locator("figure img").count() >= 2
+
+
+def test_sidebar_lists_every_page(visit):
+    v = visit(f"{PAGES[0]}.html")
+    links = v.page.eval_on_selector_all("nav.bd-docs-nav a", "els => els.map(e => e.href)")
+    linked = {urlparse(href).path.lstrip("/").removesuffix(".html") for href in links}
+    missing = [doc for doc in PAGES[1:] if doc not in linked]
+    assert missing == [], f"pages missing from the sidebar: {missing}"
+
+
+def test_search_finds_attention(visit):
+    v = visit("search.html?q=attention")
+    v.page.wait_for_selector("#search-results li", timeout=30_000)
+    hits = v.page.eval_on_selector_all("#search-results li a", "els => els.map(e => e.href)")
+    assert any("04_attention" in href for href in hits), hits
+    assert v.errors == [] and v.outside == []
