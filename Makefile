@@ -13,6 +13,9 @@ ASSETS := _build/assets
 
 export JUPYTER_PLATFORM_DIRS := 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
+# The book's kernel (tools/jupyter/kernels/python3): the environment's own Python, with the kernel
+# application logging errors only, so that the build log shows nothing but real problems.
+export JUPYTER_PATH := $(CURDIR)/tools/jupyter
 
 .PHONY: book test setup export export-check unit notebooks nbval html assets browser chapter clean
 
@@ -51,8 +54,17 @@ nbval: notebooks
 	$(BIN)/python -m pytest --nbval-lax $(NOTEBOOKS)
 
 # Strict: every page rebuilt and every notebook executed; a warning or a failing cell fails.
+# BOOK_EXECUTION=cache reuses notebooks executed by an earlier build from _build/.jupyter_cache (the
+# Pages workflow does, under a cache key of the chapters, the package and the requirements).
+BOOK_EXECUTION ?= force
 html: setup assets
+ifeq ($(BOOK_EXECUTION),force)
 	$(BIN)/jupyter-book build . --all -W -n --keep-going
+else
+	sed 's/^  execute_notebooks: force$$/  execute_notebooks: $(BOOK_EXECUTION)/' _config.yml > _build/_config.yml
+	grep -q '^  execute_notebooks: $(BOOK_EXECUTION)$$' _build/_config.yml
+	$(BIN)/jupyter-book build . --all -W -n --keep-going --config _build/_config.yml
+endif
 
 # The built site in headless Chromium (Debian's `chromium` package): equations, figures, console,
 # no request leaving the local server, sidebar and search. Screenshots go to _build/screenshots/.

@@ -1,7 +1,8 @@
 """The built book in a real browser: headless Chromium reads `_build/html` from a local HTTP server.
 
 Run by `make browser` after `make html` (both part of `make test`). It needs Debian's `chromium`
-package and fails, with a message saying how to install it, when Chromium is missing.
+package (or a Chromium-based browser named by the CHROMIUM environment variable) and fails, with a
+message saying how to install it, when there is none.
 
 For every page in the table of contents it checks that the equations were typeset by MathJax with no
 error, that every figure loaded, that the console shows no error, and that no request left the local
@@ -11,6 +12,7 @@ server. It also checks the sidebar and the search page, and saves screenshots of
 
 import functools
 import http.server
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -69,11 +71,13 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 @pytest.fixture(scope="session")
 def browser():
-    executable = shutil.which("chromium") or shutil.which("chromium-browser")
+    # CHROMIUM names another Chromium-based browser, e.g. Google Chrome on GitHub's runners.
+    executable = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
     if executable is None:
         pytest.fail(
             "Chromium is not installed, and the browser test of the book needs it. "
-            "On Debian or Ubuntu: `sudo apt-get install chromium`; then run `make test` again."
+            "On Debian or Ubuntu: `sudo apt-get install chromium` (or set CHROMIUM to the path of a "
+            "Chromium-based browser); then run `make test` again."
         )
     from playwright.sync_api import sync_playwright
 
