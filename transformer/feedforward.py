@@ -59,5 +59,8 @@ class PositionwiseFeedForward(nn.Module):
         """
         check_tensor("x", x)
         check_features("x", x, self.d_model, ndim=max(x.dim(), 1))  # any leading dims, last d_model
-        hidden = torch.relu(self.w_1(x))  # (B, N, d_model) @ W_1 -> (B, N, d_ff)
+        # In place: the (B, N, d_ff) product is fresh, so ReLU may overwrite it instead of allocating
+        # another tensor of the largest size in the layer (autograd allows it: ReLU's backward needs
+        # only its output).
+        hidden = torch.relu_(self.w_1(x))  # (B, N, d_model) @ W_1 -> (B, N, d_ff)
         return self.w_2(self.dropout(hidden))  # (B, N, d_ff) @ W_2 -> (B, N, d_model)
