@@ -11,6 +11,7 @@ from transformer.residual import LayerNorm, add_and_norm
 from transformer.encoder import EncoderLayer, Encoder
 from transformer.decoder import DecoderLayer, Decoder
 from transformer.model import Transformer
+from transformer.complexity import self_attention_macs, recurrent_macs, convolution_macs, restricted_attention_macs, loglog_slope, autograd_depth, band_mask, banded_attention, saved_tensor_bytes
 
 __all__ = [
     'TokenEmbedding',
@@ -30,4 +31,13 @@ __all__ = [
     'DecoderLayer',
     'Decoder',
     'Transformer',
+    'self_attention_macs',
+    'recurrent_macs',
+    'convolution_macs',
+    'restricted_attention_macs',
+    'loglog_slope',
+    'autograd_depth',
+    'band_mask',
+    'banded_attention',
+    'saved_tensor_bytes',
 ]
