@@ -164,6 +164,13 @@ def test_a_public_name_exported_twice_is_an_error(tmp_path):
         export.build(tmp_path)
 
 
+def test_a_public_name_that_is_also_a_module_name_is_an_error(tmp_path):
+    chapter(tmp_path, "01_a.md", code("def train():\n    pass", ["export"]), module="transformer/training.py")
+    chapter(tmp_path, "02_b.md", code("def main():\n    pass", ["export"]), module="transformer/train.py")
+    with pytest.raises(ChapterError, match="'train' is also a module, transformer.train"):
+        export.build(tmp_path)
+
+
 def test_exported_code_that_does_not_parse_names_the_chapter(tmp_path):
     chapter(tmp_path, "01_broken.md", code("def f(:\n    pass", ["export"]), module="transformer/broken.py")
     with pytest.raises(ChapterError, match="01_broken.md: exported code does not parse"):

@@ -152,6 +152,7 @@ def build(root: Path = ROOT) -> dict[str, str]:
         modules.append(module)
     files = {}
     owner: dict[str, str] = {}
+    module_names = {module.name for module in modules}
     for module in modules:
         try:
             text = module.render()
@@ -160,6 +161,11 @@ def build(root: Path = ROOT) -> dict[str, str]:
             raise ChapterError(f"{module.chapter}: exported code does not parse: {err}") from err
         if not module.name.startswith("_"):
             for name in module.public_names():
+                if name in module_names:
+                    raise ChapterError(
+                        f"{module.chapter}: the public name {name!r} is also a module, {PACKAGE}.{name}; "
+                        f"re-exported at the top it would hide the module: rename one of them"
+                    )
                 if name in owner:
                     raise ChapterError(f"{module.chapter}: {name!r} is also exported by {owner[name]}")
                 owner[name] = module.chapter
