@@ -164,6 +164,17 @@ def test_a_public_name_exported_twice_is_an_error(tmp_path):
         export.build(tmp_path)
 
 
+def test_a_module_marked_reexport_false_stays_out_of_init(tmp_path):
+    chapter(tmp_path, "01_a.md", code("def helper():\n    pass", ["export"]), module="transformer/lib.py")
+    path = tmp_path / "chapters" / "02_cli.md"
+    chapter(tmp_path, "02_cli.md", code("def main():\n    pass", ["export"]), module="transformer/cli.py")
+    path.write_text(path.read_text().replace("  docstring: A module.\n", "  docstring: A module.\n  reexport: false\n"))
+    files = export.build(tmp_path)
+    assert "from transformer.lib import helper" in files["transformer/__init__.py"]
+    assert "transformer.cli" not in files["transformer/__init__.py"]
+    assert "def main" in files["transformer/cli.py"]
+
+
 def test_a_public_name_that_is_also_a_module_name_is_an_error(tmp_path):
     chapter(tmp_path, "01_a.md", code("def train():\n    pass", ["export"]), module="transformer/training.py")
     chapter(tmp_path, "02_b.md", code("def main():\n    pass", ["export"]), module="transformer/train.py")

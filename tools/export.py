@@ -9,7 +9,9 @@ Each chapter that contributes code names its module in its front matter::
 Its code cells tagged ``export`` are written, in order, into that module,
 after a header naming the chapter, the module docstring and ``__all__`` (the
 public names the cells define). ``transformer/__init__.py`` re-exports the
-``__all__`` of every module whose name does not start with an underscore.
+``__all__`` of every module whose name does not start with an underscore, unless the front matter
+says ``reexport: false`` (a command run as ``python -m transformer.NAME``, which must not be
+imported by the package before ``runpy`` runs it).
 
 Usage:
     python -m tools.export           write the package
@@ -43,6 +45,12 @@ class Module:
     path: str  # e.g. "transformer/embedding.py"
     docstring: str
     cells: list[tuple[str, str]] = field(default_factory=list)  # (section title, source)
+    reexport: bool = True  # False for a command (`python -m transformer.X`), kept out of __init__
+
+    @property
+    def reexported(self) -> bool:
+        """Whether ``transformer/__init__.py`` imports this module's public names."""
+        return self.reexport and not self.name.startswith("_")
 
     @property
     def name(self) -> str:
@@ -116,7 +124,10 @@ def chapter_module(path: Path, root: Path) -> Module | None:
         raise ChapterError(f"{rel}: front matter `export` needs a non-empty `docstring`")
     if not cells:
         raise ChapterError(f"{rel}: names module {spec['module']} but has no cell tagged {EXPORT_TAG!r}")
-    return Module(chapter=rel, path=spec["module"], docstring=spec["docstring"], cells=cells)
+    reexport = spec.get("reexport", True)
+    if not isinstance(reexport, bool):
+        raise ChapterError(f"{rel}: front matter `export.reexport` must be true or false, got {reexport!r}")
+    return Module(chapter=rel, path=spec["module"], docstring=spec["docstring"], cells=cells, reexport=reexport)
 
 
 def render_init(modules: list[Module]) -> str:
@@ -128,7 +139,7 @@ def render_init(modules: list[Module]) -> str:
     ]
     exported: list[str] = []
     for module in modules:
-        if module.name.startswith("_"):
+        if not module.reexported:
             continue
         names = module.public_names()
         if names:
@@ -138,18 +149,23 @@ def render_init(modules: list[Module]) -> str:
     return "\n".join(lines)
 
 
-def build(root: Path = ROOT) -> dict[str, str]:
-    """Every file of the package, as {relative path: content}, from the chapters."""
-    root = Path(root)
+def collect(root: Path = ROOT) -> list[Module]:
+    """The modules the chapters export, in chapter order."""
     modules: list[Module] = []
-    for path in chapter_paths(root):
-        module = chapter_module(path, root)
+    for path in chapter_paths(Path(root)):
+        module = chapter_module(path, Path(root))
         if module is None:
             continue
         for other in modules:
             if other.path == module.path:
                 raise ChapterError(f"{module.chapter} and {other.chapter} both export {module.path}")
         modules.append(module)
+    return modules
+
+
+def build(root: Path = ROOT) -> dict[str, str]:
+    """Every file of the package, as {relative path: content}, from the chapters."""
+    modules = collect(root)
     files = {}
     owner: dict[str, str] = {}
     module_names = {module.name for module in modules}
@@ -159,7 +175,7 @@ def build(root: Path = ROOT) -> dict[str, str]:
             compile(text, module.path, "exec")
         except SyntaxError as err:
             raise ChapterError(f"{module.chapter}: exported code does not parse: {err}") from err
-        if not module.name.startswith("_"):
+        if module.reexported:
             for name in module.public_names():
                 if name in module_names:
                     raise ChapterError(

@@ -5,12 +5,15 @@
 from transformer.embedding import TokenEmbedding
 from transformer.positional import sinusoidal_encoding, SinusoidalPositionalEncoding, LearnedPositionalEncoding
 from transformer.attention import causal_mask, padding_mask, check_attention_mask, scaled_dot_product_attention
-from transformer.multihead import MultiHeadAttention
+from transformer.multihead import KVCache, MultiHeadAttention
 from transformer.feedforward import PositionwiseFeedForward
 from transformer.residual import LayerNorm, add_and_norm
 from transformer.encoder import EncoderLayer, Encoder
-from transformer.decoder import DecoderLayer, Decoder
+from transformer.decoder import DecoderLayerCache, DecoderCache, DecoderLayer, Decoder
 from transformer.model import Transformer
+from transformer.data import MAX_NUMBER, number_to_words, Vocab, source_vocab, target_vocab, split_numbers, Batch, make_batch, batches
+from transformer.training import label_smoothed_cross_entropy, warmup_lr, warmup_scheduler, train_step, save_checkpoint, load_checkpoint, TrainConfig, make_model, make_optimizer, training_batches, predict, exact_match, evaluate_loss, model_cache_dir, fit
+from transformer.decoding import greedy_decode, beam_search
 from transformer.complexity import self_attention_macs, recurrent_macs, convolution_macs, restricted_attention_macs, loglog_slope, autograd_depth, band_mask, banded_attention, saved_tensor_bytes
 
 __all__ = [
@@ -22,15 +25,44 @@ __all__ = [
     'padding_mask',
     'check_attention_mask',
     'scaled_dot_product_attention',
+    'KVCache',
     'MultiHeadAttention',
     'PositionwiseFeedForward',
     'LayerNorm',
     'add_and_norm',
     'EncoderLayer',
     'Encoder',
+    'DecoderLayerCache',
+    'DecoderCache',
     'DecoderLayer',
     'Decoder',
     'Transformer',
+    'MAX_NUMBER',
+    'number_to_words',
+    'Vocab',
+    'source_vocab',
+    'target_vocab',
+    'split_numbers',
+    'Batch',
+    'make_batch',
+    'batches',
+    'label_smoothed_cross_entropy',
+    'warmup_lr',
+    'warmup_scheduler',
+    'train_step',
+    'save_checkpoint',
+    'load_checkpoint',
+    'TrainConfig',
+    'make_model',
+    'make_optimizer',
+    'training_batches',
+    'predict',
+    'exact_match',
+    'evaluate_loss',
+    'model_cache_dir',
+    'fit',
+    'greedy_decode',
+    'beam_search',
     'self_attention_macs',
     'recurrent_macs',
     'convolution_macs',

@@ -8,7 +8,7 @@ Defined in the book's chapter "The decoder" (chapters/09_decoder.md).
 """
 
 
-__all__ = ['DecoderLayer', 'Decoder']
+__all__ = ['DecoderLayerCache', 'DecoderCache', 'DecoderLayer', 'Decoder']
 
 
 # chapters/09_decoder.md: The decoder
@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from transformer._checks import check_features, check_positive_int
 from transformer.attention import causal_mask, check_attention_mask
 from transformer.feedforward import PositionwiseFeedForward
-from transformer.multihead import MultiHeadAttention
+from transformer.multihead import KVCache, MultiHeadAttention
 from transformer.residual import LayerNorm, add_and_norm
 
 
@@ -32,8 +32,12 @@ def _check_mask(name: str, mask: Tensor | None, scores_shape: tuple[int, ...]) -
 
 
 def _check_decoder_inputs(x: Tensor, memory: Tensor, tgt_mask: Tensor | None,
-                          memory_mask: Tensor | None, d_model: int, num_heads: int) -> None:
-    """Check x (B, T, d_model), memory (B, S, d_model) and the masks of both attentions."""
+                          memory_mask: Tensor | None, d_model: int, num_heads: int, past: int = 0) -> None:
+    """Check x (B, T, d_model), memory (B, S, d_model) and the masks of both attentions.
+
+    ``past`` is the number of earlier target positions held in a cache (generation): the
+    self-attention's keys are then ``past + T`` positions.
+    """
     check_features("x", x, d_model)
     check_features("memory", memory, d_model)
     (B, T, _), S = x.shape, memory.shape[1]
@@ -42,17 +46,58 @@ def _check_decoder_inputs(x: Tensor, memory: Tensor, tgt_mask: Tensor | None,
             f"memory must have the batch size of x, B = {B}, got memory {tuple(memory.shape)} "
             f"and x {tuple(x.shape)}"
         )
-    _check_mask("tgt_mask", tgt_mask, (B, num_heads, T, T))
+    _check_mask("tgt_mask", tgt_mask, (B, num_heads, T, past + T))
     _check_mask("memory_mask", memory_mask, (B, num_heads, T, S))
 
 
 # chapters/09_decoder.md: Always causal
-def _self_attention_mask(tgt_mask: Tensor | None, size: int, device: torch.device) -> Tensor:
-    """The causal mask of ``size`` positions, ``|``-ed with ``tgt_mask`` if one is given."""
-    mask = causal_mask(size, device=device)  # (T, T), True above the diagonal
+def _self_attention_mask(tgt_mask: Tensor | None, size: int, device: torch.device,
+                         past: int = 0) -> Tensor:
+    """The causal mask of ``size`` positions, ``|``-ed with ``tgt_mask`` if one is given.
+
+    With ``past`` earlier positions in a cache, query i is position ``past + i``: (T, past + T).
+    """
+    if past:  # generation with a cache: the same triangle, shifted right by the cached positions
+        mask = torch.ones(size, past + size, dtype=torch.bool, device=device).triu(past + 1)  # (T, past + T)
+    else:
+        mask = causal_mask(size, device=device)  # (T, T), True above the diagonal
     if tgt_mask is not None:
         mask = mask | tgt_mask  # e.g. (T, T) | (B, 1, 1, T) -> (B, 1, T, T)
     return mask
+
+
+# chapters/09_decoder.md: Always causal
+class DecoderLayerCache:
+    """The caches of one decoder layer during generation (see the book's chapter "Generation").
+
+    Attributes:
+        self_attn: ``KVCache`` of the self-attention; grows by the new target positions at each call.
+        cross_attn: static ``KVCache`` of the cross-attention: the memory's keys and values,
+            projected at the first call and reused after (the memory passed later is not read).
+    """
+
+    def __init__(self):
+        self.self_attn = KVCache()
+        self.cross_attn = KVCache(static=True)
+
+
+class DecoderCache:
+    """The caches of every layer of a decoder: ``layers[i]`` is the ``DecoderLayerCache`` of layer i."""
+
+    def __init__(self, num_layers: int):
+        check_positive_int("num_layers", num_layers)
+        self.layers = [DecoderLayerCache() for _ in range(num_layers)]
+
+    @property
+    def length(self) -> int:
+        """The number of target positions held (0 before the first call)."""
+        return self.layers[0].self_attn.length
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep the batch rows ``index`` in every cache (beam search)."""
+        for layer in self.layers:
+            layer.self_attn.reorder(index)
+            layer.cross_attn.reorder(index)
 
 
 # chapters/09_decoder.md: Always causal
@@ -91,7 +136,7 @@ class DecoderLayer(nn.Module):
         self.d_model, self.num_heads, self.norm_first = d_model, num_heads, norm_first
 
     def forward(self, x: Tensor, memory: Tensor, tgt_mask: Tensor | None = None,
-                memory_mask: Tensor | None = None) -> Tensor:
+                memory_mask: Tensor | None = None, cache: DecoderLayerCache | None = None) -> Tensor:
         """Causal self-attention over ``x``, attention from ``x`` to ``memory``, feed-forward.
 
         Args:
@@ -102,6 +147,9 @@ class DecoderLayer(nn.Module):
                 padding ``(B, 1, 1, T)``. The causal mask is applied whether or not it is given.
             memory_mask: optional bool mask for the cross-attention, broadcastable to
                 ``(B, num_heads, T, S)``, e.g. the source's padding ``(B, 1, 1, S)``.
+            cache: optional ``DecoderLayerCache`` (generation). ``x`` is then only the new target
+                positions, which follow the ``p`` cached ones; a ``tgt_mask`` must broadcast to
+                ``(B, num_heads, T, p + T)``.
 
         Returns:
             The output vectors, ``(B, T, d_model)``.
@@ -109,11 +157,16 @@ class DecoderLayer(nn.Module):
         Shape:
             x ``(B, T, d_model)``, memory ``(B, S, d_model)`` -> ``(B, T, d_model)``.
         """
-        _check_decoder_inputs(x, memory, tgt_mask, memory_mask, self.d_model, self.num_heads)
-        self_mask = _self_attention_mask(tgt_mask, x.shape[1], x.device)  # broadcasts to (B, H, T, T)
-        x = add_and_norm(x, lambda y: self.self_attn(y, y, y, mask=self_mask), self.norm1,
-                         self.dropout1, self.norm_first)  # (B, T, d_model)
-        x = add_and_norm(x, lambda y: self.cross_attn(y, memory, memory, mask=memory_mask),
+        if cache is not None and not isinstance(cache, DecoderLayerCache):
+            raise TypeError(f"cache must be a DecoderLayerCache or None, got {type(cache).__name__}")
+        self_cache, cross_cache = (None, None) if cache is None else (cache.self_attn, cache.cross_attn)
+        past = 0 if cache is None else self_cache.length  # target positions already cached
+        _check_decoder_inputs(x, memory, tgt_mask, memory_mask, self.d_model, self.num_heads, past)
+        self_mask = _self_attention_mask(tgt_mask, x.shape[1], x.device, past)  # to (B, H, T, past + T)
+        x = add_and_norm(x, lambda y: self.self_attn(y, y, y, mask=self_mask, cache=self_cache),
+                         self.norm1, self.dropout1, self.norm_first)  # (B, T, d_model)
+        x = add_and_norm(x, lambda y: self.cross_attn(y, memory, memory, mask=memory_mask,
+                                                      cache=cross_cache),
                          self.norm2, self.dropout2, self.norm_first)  # (B, T, d_model)
         return add_and_norm(x, self.feed_forward, self.norm3, self.dropout3, self.norm_first)
 
@@ -147,7 +200,7 @@ class Decoder(nn.Module):
         self.norm = LayerNorm(d_model) if norm_first else None
 
     def forward(self, x: Tensor, memory: Tensor, tgt_mask: Tensor | None = None,
-                memory_mask: Tensor | None = None) -> Tensor:
+                memory_mask: Tensor | None = None, cache: DecoderCache | None = None) -> Tensor:
         """Run the target ``x`` through every layer in turn, each attending to ``memory``.
 
         Args:
@@ -158,6 +211,8 @@ class Decoder(nn.Module):
                 broadcastable to ``(B, num_heads, T, T)``; the causal mask is always applied.
             memory_mask: optional bool mask for every cross-attention, broadcastable to
                 ``(B, num_heads, T, S)``, e.g. the source's padding ``(B, 1, 1, S)``.
+            cache: optional ``DecoderCache`` with one ``DecoderLayerCache`` per layer (generation);
+                ``x`` is then only the target positions after the cached ones.
 
         Returns:
             The decoder's output, ``(B, T, d_model)``: row t depends on target rows 0..t only.
@@ -165,6 +220,19 @@ class Decoder(nn.Module):
         Shape:
             x ``(B, T, d_model)``, memory ``(B, S, d_model)`` -> ``(B, T, d_model)``.
         """
-        for layer in self.layers:
-            x = layer(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask)  # (B, T, d_model)
+        caches = [None] * len(self.layers) if cache is None else _layer_caches(cache, len(self.layers))
+        for layer, layer_cache in zip(self.layers, caches):
+            x = layer(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                      cache=layer_cache)  # (B, T, d_model)
         return x if self.norm is None else self.norm(x)
+
+
+def _layer_caches(cache: DecoderCache, num_layers: int) -> list[DecoderLayerCache]:
+    """The per-layer caches of ``cache``, checked to be one per layer."""
+    if not isinstance(cache, DecoderCache):
+        raise TypeError(f"cache must be a DecoderCache or None, got {type(cache).__name__}")
+    if len(cache.layers) != num_layers:
+        raise ValueError(
+            f"cache must have one DecoderLayerCache per layer, {num_layers}, got {len(cache.layers)}"
+        )
+    return cache.layers

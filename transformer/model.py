@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer._checks import check_features, check_positive_int
-from transformer.decoder import Decoder
+from transformer.decoder import Decoder, DecoderCache
 from transformer.embedding import TokenEmbedding, _check_token_ids
 from transformer.encoder import Encoder
 from transformer.positional import SinusoidalPositionalEncoding
@@ -27,6 +27,15 @@ def _check_token_batch(name: str, tokens, vocab_size: int) -> Tensor:
     if tokens.dim() != 2:
         raise ValueError(f"{name} must have shape (B, N), got {tuple(tokens.shape)}")
     return tokens
+
+
+def _add_positions(encoding: nn.Module, x: Tensor, start: int) -> Tensor:
+    """``encoding(x)`` for positions ``start .. start + N - 1`` (generation with a cache)."""
+    if start == 0:
+        return encoding(x)  # (B, N, d_model)
+    if start + x.shape[1] > encoding.max_len:
+        raise ValueError(f"positions up to {start + x.shape[1]} exceed max_len={encoding.max_len}")
+    return encoding.dropout(x + encoding.table[start:start + x.shape[1]].to(x.dtype))  # (B, N, d_model)
 
 
 # chapters/10_model.md: The model
@@ -79,8 +88,12 @@ class Transformer(nn.Module):
         return self.encoder(x, mask=src_mask)  # (B, S, d_model)
 
     def decode(self, tgt: Tensor, memory: Tensor, src_mask: Tensor | None = None,
-               tgt_mask: Tensor | None = None) -> Tensor:
-        """Read the target prefix against the memory: ids (B, T) -> vectors (B, T, d_model)."""
+               tgt_mask: Tensor | None = None, cache: DecoderCache | None = None) -> Tensor:
+        """Read the target prefix against the memory: ids (B, T) -> vectors (B, T, d_model).
+
+        With a ``DecoderCache`` (generation), ``tgt`` holds only the tokens after the ``cache.length``
+        cached ones, and gets the positions that follow them.
+        """
         _check_token_batch("tgt", tgt, self.tgt_embed.vocab_size)
         check_features("memory", memory, self.d_model)
         if memory.shape[0] != tgt.shape[0]:
@@ -88,8 +101,9 @@ class Transformer(nn.Module):
                 f"memory and tgt must have the same batch size, got memory {tuple(memory.shape)} "
                 f"and tgt {tuple(tgt.shape)}"
             )
-        y = self.positional_encoding(self.tgt_embed(tgt))  # (B, T) -> (B, T, d_model)
-        return self.decoder(y, memory, tgt_mask=tgt_mask, memory_mask=src_mask)  # (B, T, d_model)
+        start = cache.length if isinstance(cache, DecoderCache) else 0  # the position of tgt[:, 0]
+        y = _add_positions(self.positional_encoding, self.tgt_embed(tgt), start)  # (B, T, d_model)
+        return self.decoder(y, memory, tgt_mask=tgt_mask, memory_mask=src_mask, cache=cache)
 
     def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None,
                 tgt_mask: Tensor | None = None) -> Tensor:

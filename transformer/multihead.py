@@ -7,7 +7,7 @@ Defined in the book's chapter "Multi-head attention" (chapters/05_multihead_atte
 """
 
 
-__all__ = ['MultiHeadAttention']
+__all__ = ['KVCache', 'MultiHeadAttention']
 
 
 # chapters/05_multihead_attention.md: Multi-head attention
@@ -69,6 +69,49 @@ def _check_inputs(query: Tensor, key: Tensor, value: Tensor, d_model: int) -> tu
 
 
 # chapters/05_multihead_attention.md: The module
+class KVCache:
+    """The projected keys and values of one attention layer, kept between the steps of generation.
+
+    Args:
+        static: False for self-attention, where each call appends the keys and values of its new
+            positions; True for cross-attention, where the first call stores the memory's keys and
+            values and later calls reuse them (the key and value passed in are then not projected).
+
+    Attributes:
+        key, value: ``(B, H, S, d_k)`` and ``(B, H, S, d_v)``, or None while the cache is empty.
+    """
+
+    def __init__(self, static: bool = False):
+        self.static = static
+        self.key: Tensor | None = None
+        self.value: Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        """The number of key positions held, S (0 while empty)."""
+        return 0 if self.key is None else self.key.shape[2]
+
+    def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Store the new keys and values (appended along the positions) and return all of them."""
+        if self.key is not None:
+            self.check_batch(key.shape[0])
+            key = torch.cat([self.key, key], dim=2)  # (B, H, S_old + S_new, d_k)
+            value = torch.cat([self.value, value], dim=2)  # (B, H, S_old + S_new, d_v)
+        self.key, self.value = key, value
+        return key, value
+
+    def check_batch(self, batch_size: int) -> None:
+        """Raise a ValueError unless the cache is empty or holds a batch of ``batch_size``."""
+        if self.key is not None and self.key.shape[0] != batch_size:
+            raise ValueError(f"cache holds a batch of {self.key.shape[0]}, got a batch of {batch_size}")
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep the batch rows ``index`` (in that order): how beam search follows its beams."""
+        if self.key is not None:
+            self.key, self.value = self.key.index_select(0, index), self.value.index_select(0, index)
+
+
+# chapters/05_multihead_attention.md: The module
 class MultiHeadAttention(nn.Module):
     """Multi-head attention, MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O.
 
@@ -109,7 +152,7 @@ class MultiHeadAttention(nn.Module):
                 nn.init.zeros_(linear.bias)
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
-                need_weights: bool = False):
+                need_weights: bool = False, cache: KVCache | None = None):
         """Attend from each query position to the key positions, with every head.
 
         Args:
@@ -120,6 +163,9 @@ class MultiHeadAttention(nn.Module):
                 ``(B, num_heads, L, S)``: a causal ``(L, S)``, a padding ``(B, 1, 1, S)``, or both ``|``-ed.
             need_weights: also return the attention weights (explicit path); otherwise the fused
                 kernel runs and keeps no ``(L, S)`` matrix for backward.
+            cache: optional ``KVCache`` for generation (the book's chapter "Generation"): the
+                keys and values of earlier calls are attended to as well, S counts them, and the
+                mask must broadcast to that longer S.
 
         Returns:
             The output, or ``(output, weights)`` when ``need_weights`` is True (the weights after
@@ -130,11 +176,10 @@ class MultiHeadAttention(nn.Module):
             query ``(B, L, d_model)``, key and value ``(B, S, d_model)`` -> output
             ``(B, L, d_model)``, weights ``(B, num_heads, L, S)``.
         """
-        B, L, S = _check_inputs(query, key, value, self.d_model)
-        mask = check_attention_mask(mask, (B, self.num_heads, L, S))
+        B, L, _ = _check_inputs(query, key, value, self.d_model)
         q = _split_heads(self.w_q(query), self.num_heads)  # (B, L, d_model) -> (B, H, L, d_k)
-        k = _split_heads(self.w_k(key), self.num_heads)  # (B, S, d_model) -> (B, H, S, d_k)
-        v = _split_heads(self.w_v(value), self.num_heads)  # (B, S, d_model) -> (B, H, S, d_v)
+        k, v = self._keys_values(key, value, cache)  # (B, H, S, d_k), (B, H, S, d_v)
+        mask = check_attention_mask(mask, (B, self.num_heads, L, k.shape[2]))  # S: cached ones too
         dropout_p = self.dropout if self.training else 0.0
         if need_weights:
             heads, weights = scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=dropout_p)
@@ -142,3 +187,14 @@ class MultiHeadAttention(nn.Module):
             heads = _fused_attention(q, k, v, mask=mask, dropout_p=dropout_p)  # (B, H, L, d_v)
         output = self.w_o(_merge_heads(heads))  # (B, L, H * d_v) @ W^O -> (B, L, d_model)
         return (output, weights) if need_weights else output
+
+    def _keys_values(self, key: Tensor, value: Tensor, cache: KVCache | None) -> tuple[Tensor, Tensor]:
+        """Project and split key and value into heads; with a cache, return what it holds too."""
+        if cache is not None and not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
+        if cache is not None and cache.static and cache.key is not None:
+            cache.check_batch(key.shape[0])
+            return cache.key, cache.value  # the memory's keys and values, projected at the first call
+        k = _split_heads(self.w_k(key), self.num_heads)  # (B, S, d_model) -> (B, H, S, d_k)
+        v = _split_heads(self.w_v(value), self.num_heads)  # (B, S, d_model) -> (B, H, S, d_v)
+        return (k, v) if cache is None else cache.update(k, v)  # (B, H, S_cached + S, d_k)

@@ -1,0 +1,359 @@
+"""Tests of transformer.training: schedule, loss, clipping, checkpoints, the training loop."""
+
+import math
+from dataclasses import asdict
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from transformer.data import make_batch, source_vocab, split_numbers, target_vocab
+from transformer.training import (
+    TrainConfig, exact_match, label_smoothed_cross_entropy, load_checkpoint, make_model, make_optimizer,
+    fit, model_cache_dir, predict, save_checkpoint, train_step, training_batches, warmup_lr,
+    warmup_scheduler,
+)
+
+SRC, TGT = source_vocab(), target_vocab()
+TINY = dict(d_model=16, num_heads=2, num_layers=1, d_ff=32, batch_size=16, warmup=4, eval_every=5, eval_size=20)
+
+
+def tiny_config(**changes) -> TrainConfig:
+    return TrainConfig(**{**TINY, **changes})
+
+
+@pytest.fixture(scope="module")
+def data():
+    train_numbers, valid_numbers, _ = split_numbers(200, 20, 0, seed=1)
+    return train_numbers, valid_numbers
+
+
+def paper_rate(step, d_model, warmup):
+    return d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+
+
+# The schedule.
+
+def test_warmup_lr_is_the_papers_formula():
+    for step in [1, 2, 50, 399, 400, 401, 1000, 100_000]:
+        assert math.isclose(warmup_lr(step, 512, 400), 512 ** -0.5 * min(step ** -0.5, step * 400 ** -1.5))
+
+
+@pytest.mark.parametrize("d_model, warmup", [(512, 4000), (64, 100), (8, 1)])
+def test_warmup_lr_peaks_at_warmup(d_model, warmup):
+    rates = [warmup_lr(s, d_model, warmup) for s in range(1, 3 * warmup + 10)]
+    assert rates.index(max(rates)) + 1 == warmup
+    assert math.isclose(max(rates), (d_model * warmup) ** -0.5)
+    # linear before the peak, 1 / sqrt(step) after it
+    assert all(math.isclose(rates[s - 1], s * rates[0]) for s in range(1, warmup + 1))
+    assert math.isclose(warmup_lr(4 * warmup, d_model, warmup), max(rates) / 2)
+
+
+def test_scheduler_sets_factor_times_the_formula_on_the_optimizer():
+    weight = torch.nn.Parameter(torch.zeros(3))
+    optimizer = torch.optim.Adam([weight], lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    scheduler = warmup_scheduler(optimizer, d_model=32, warmup=10, factor=2.0)
+    for step in range(1, 40):
+        assert math.isclose(optimizer.param_groups[0]["lr"], 2.0 * paper_rate(step, 32, 10))
+        weight.grad = torch.ones(3)
+        optimizer.step()
+        scheduler.step()
+
+
+def test_make_optimizer_uses_the_papers_adam():
+    model = make_model(tiny_config(), SRC, TGT)
+    optimizer, scheduler = make_optimizer(tiny_config(lr_factor=0.5), model)
+    assert isinstance(optimizer, torch.optim.Adam)
+    group = optimizer.param_groups[0]
+    assert group["betas"] == (0.9, 0.98) and group["eps"] == 1e-9
+    assert math.isclose(group["lr"], 0.5 * paper_rate(1, 16, 4))
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: warmup_lr(0, 512, 4000), "step must be a positive int"),
+    (lambda: warmup_lr(1, 0, 4000), "d_model must be a positive int"),
+    (lambda: warmup_lr(1, 512, -1), "warmup must be a positive int"),
+    (lambda: warmup_scheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), 8, 4, factor=0.0),
+     "factor must be > 0"),
+])
+def test_bad_schedule_arguments(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+# The loss.
+
+@pytest.fixture
+def logits_and_target():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, 13, generator=g, requires_grad=True)
+    target = torch.randint(3, 13, (3, 5), generator=g)
+    target[0, 3:] = 0
+    target[2, 1:] = 0
+    return logits, target
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1, 0.3])
+def test_loss_equals_torch_cross_entropy_with_label_smoothing(logits_and_target, epsilon):
+    logits, target = logits_and_target
+    ours = label_smoothed_cross_entropy(logits, target, epsilon=epsilon, ignore_index=0)
+    theirs = F.cross_entropy(logits.flatten(0, 1), target.flatten(), label_smoothing=epsilon, ignore_index=0)
+    torch.testing.assert_close(ours, theirs)
+    (g_ours,) = torch.autograd.grad(ours, logits)
+    (g_theirs,) = torch.autograd.grad(theirs, logits)
+    torch.testing.assert_close(g_ours, g_theirs)
+
+
+def test_loss_equals_the_formula(logits_and_target):
+    logits, target = logits_and_target
+    epsilon, V = 0.1, logits.shape[-1]
+    total, count = 0.0, 0
+    for b in range(target.shape[0]):
+        for t in range(target.shape[1]):
+            y = target[b, t].item()
+            if y == 0:
+                continue
+            log_p = torch.log(torch.softmax(logits[b, t].double(), dim=0))
+            q = torch.full((V,), epsilon / V, dtype=torch.float64)
+            q[y] += 1 - epsilon
+            total += -(q * log_p).sum().item()
+            count += 1
+    ours = label_smoothed_cross_entropy(logits, target, epsilon=epsilon)
+    assert math.isclose(ours.item(), total / count, rel_tol=1e-5)
+
+
+def test_padding_targets_are_ignored(logits_and_target):
+    logits, target = logits_and_target
+    changed = logits.detach().clone()
+    changed[target == 0] = torch.randn(int((target == 0).sum()), 13) * 100
+    torch.testing.assert_close(label_smoothed_cross_entropy(changed, target), label_smoothed_cross_entropy(logits, target))
+    loss = label_smoothed_cross_entropy(logits, target)
+    (grad,) = torch.autograd.grad(loss, logits)
+    assert (grad[target == 0] == 0).all() and (grad[target != 0] != 0).any()
+
+
+def test_smoothed_optimum_is_one_minus_epsilon_plus_epsilon_over_v():
+    epsilon, V = 0.1, 13
+    logits = torch.zeros(1, V, dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.LBFGS([logits], max_iter=200, line_search_fn="strong_wolfe")
+
+    def closure():
+        optimizer.zero_grad()
+        loss = label_smoothed_cross_entropy(logits, torch.tensor([4]), epsilon, ignore_index=-100)
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    p = logits.detach().softmax(-1)[0]
+    assert math.isclose(p[4].item(), 1 - epsilon + epsilon / V, abs_tol=1e-5)
+    assert math.isclose(p[0].item(), epsilon / V, abs_tol=1e-5)
+
+
+def test_loss_in_half_precision_is_computed_in_float32(logits_and_target):
+    logits, target = logits_and_target
+    half = label_smoothed_cross_entropy(logits.detach().bfloat16(), target)
+    assert half.dtype == torch.float32 and torch.isfinite(half)
+    torch.testing.assert_close(half, label_smoothed_cross_entropy(logits.detach(), target), atol=0.05, rtol=0.02)
+
+
+def test_bad_loss_arguments(logits_and_target):
+    logits, target = logits_and_target
+    with pytest.raises(ValueError, match="target must have shape"):
+        label_smoothed_cross_entropy(logits, target[:, :-1])
+    with pytest.raises(ValueError, match=r"epsilon must be in \[0, 1\)"):
+        label_smoothed_cross_entropy(logits, target, epsilon=1.0)
+    with pytest.raises(TypeError, match="logits must be a torch.Tensor"):
+        label_smoothed_cross_entropy(logits.tolist(), target)
+
+
+# One step, and clipping.
+
+def test_train_step_clips_the_gradient_norm():
+    torch.manual_seed(0)
+    model = make_model(tiny_config(), SRC, TGT)
+    batch = make_batch([7, 1005, 12345], SRC, TGT)
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    loss, accuracy, norm = train_step(model, batch, optimizer, label_smoothing=0.1, clip=1e-3)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    clipped = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))
+    assert norm > 1e-3 and math.isclose(clipped.item(), 1e-3, rel_tol=1e-4)
+    # SGD with lr 1 moves the parameters by exactly the clipped gradient
+    moved = torch.linalg.vector_norm(torch.stack([(p.detach() - b).norm() for p, b in zip(model.parameters(), before)]))
+    assert math.isclose(moved.item(), 1e-3, rel_tol=1e-3)
+    assert 0.0 <= accuracy <= 1.0 and loss > 0
+
+
+def test_train_step_without_clipping_returns_the_true_norm():
+    torch.manual_seed(0)
+    model = make_model(tiny_config(), SRC, TGT)
+    batch = make_batch([7, 1005, 12345], SRC, TGT)
+    _, _, norm = train_step(model, batch, torch.optim.SGD(model.parameters(), lr=0.0), clip=None)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert math.isclose(norm, torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item(), rel_tol=1e-5)
+
+
+# Checkpoints.
+
+def test_checkpoint_round_trip(tmp_path):
+    torch.manual_seed(0)
+    config = tiny_config()
+    model = make_model(config, SRC, TGT)
+    optimizer, scheduler = make_optimizer(config, model)
+    for batch in [make_batch([1, 22, 333], SRC, TGT), make_batch([4444, 55555], SRC, TGT)]:
+        train_step(model, batch, optimizer, scheduler)
+    save_checkpoint(tmp_path / "c.pt", model, optimizer, scheduler, step=2)
+    raw = torch.load(tmp_path / "c.pt", weights_only=True)  # loads safely
+    assert raw["step"] == 2 and set(raw) >= {"model", "optimizer", "scheduler", "step", "rng_state"}
+
+    torch.manual_seed(1)
+    other = make_model(config, SRC, TGT)
+    other_optimizer, other_scheduler = make_optimizer(config, other)
+    assert load_checkpoint(tmp_path / "c.pt", other, other_optimizer, other_scheduler) == 2
+    for (name, a), b in zip(model.state_dict().items(), other.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert other_scheduler.last_epoch == scheduler.last_epoch == 2
+    assert other_optimizer.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"]
+    for p, q in zip(model.parameters(), other.parameters()):
+        assert torch.equal(optimizer.state[p]["exp_avg"], other_optimizer.state[q]["exp_avg"])
+    assert other.output.weight is other.tgt_embed.weight  # still tied
+
+
+def test_checkpoint_of_another_shape_names_the_parameter(tmp_path):
+    model = make_model(tiny_config(), SRC, TGT)
+    save_checkpoint(tmp_path / "c.pt", model, None, None, step=0)
+    wider = make_model(tiny_config(d_ff=64), SRC, TGT)
+    with pytest.raises(ValueError, match=r"'encoder\.layers\.0\.feed_forward\.w_1\.weight' has shape \(32, 16\), "
+                                         r"but the model's has shape \(64, 16\)"):
+        load_checkpoint(tmp_path / "c.pt", wider)
+    deeper = make_model(tiny_config(num_layers=2), SRC, TGT)
+    with pytest.raises(ValueError, match=r"the checkpoint has no parameter 'encoder\.layers\.1\."):
+        load_checkpoint(tmp_path / "c.pt", deeper)
+    save_checkpoint(tmp_path / "deep.pt", deeper, None, None, step=0)
+    with pytest.raises(ValueError, match=r"parameter 'encoder\.layers\.1\..*' is not in the model"):
+        load_checkpoint(tmp_path / "deep.pt", model)
+
+
+def test_resumed_run_continues_the_same_loss_trajectory(data, tmp_path):
+    train_numbers, valid_numbers = data
+    k = 7  # 200 numbers in batches of 16: the second half crosses an epoch boundary (13 per epoch)
+    config = tiny_config(dropout=0.1, steps=2 * k)
+    straight_model, straight = fit(config, train_numbers, valid_numbers, progress=False)
+    fit(tiny_config(dropout=0.1, steps=k), train_numbers, valid_numbers, progress=False,
+          checkpoint_path=tmp_path / "half.pt")
+    assert load_checkpoint(tmp_path / "half.pt", make_model(config, SRC, TGT)) == k
+    resumed_model, resumed = fit(config, train_numbers, valid_numbers, progress=False, resume_from=tmp_path / "half.pt")
+    assert resumed["step"] == list(range(1, 2 * k + 1))
+    assert resumed["loss"] == straight["loss"] and resumed["lr"] == straight["lr"]
+    for a, b in zip(straight_model.state_dict().values(), resumed_model.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_checkpoints_every_n_steps(data, tmp_path):
+    train_numbers, _ = data
+    fit(tiny_config(steps=6), train_numbers, progress=False, checkpoint_path=tmp_path / "run.pt", checkpoint_every=4)
+    assert torch.load(tmp_path / "run.pt", weights_only=True)["step"] == 6
+
+
+# The training loop.
+
+def test_training_batches_resume_where_an_unbroken_stream_would_be(data):
+    train_numbers, _ = data
+    stream = training_batches(train_numbers, 16, SRC, TGT, seed=3)
+    unbroken = [next(stream).tgt_out for _ in range(30)]  # more than two epochs of 13 batches
+    later = training_batches(train_numbers, 16, SRC, TGT, seed=3, start_step=17)
+    for expected in unbroken[17:]:
+        assert torch.equal(next(later).tgt_out, expected)
+    first_epoch = [int(TGT.decode(row)) for b in unbroken[:13] for row in b]
+    assert sorted(first_epoch) == sorted(train_numbers)  # an epoch is every number once
+    assert not torch.equal(unbroken[0], unbroken[13][:16])  # the next epoch is shuffled anew
+
+
+def test_tiny_training_run_reduces_the_loss(data):
+    train_numbers, valid_numbers = data
+    model, history = fit(tiny_config(steps=60, lr_factor=0.25), train_numbers, valid_numbers, progress=False)
+    first, last = sum(history["loss"][:10]) / 10, sum(history["loss"][-10:]) / 10
+    assert last < 0.85 * first
+    assert history["valid_step"] == list(range(5, 61, 5)) and history["valid_loss"][-1] < history["valid_loss"][0]
+    assert history["step"] == list(range(1, 61)) and not model.training
+
+
+def test_training_is_reproducible_and_leaves_global_state_alone(data):
+    train_numbers, valid_numbers = data
+    threads = torch.get_num_threads()
+    torch.manual_seed(123)
+    expected_draw = torch.rand(3)
+    torch.manual_seed(123)
+    first = fit(tiny_config(steps=5, num_threads=1), train_numbers, valid_numbers, progress=False)[1]
+    assert torch.equal(torch.rand(3), expected_draw)  # the caller's random stream is untouched
+    assert torch.get_num_threads() == threads
+    second = fit(tiny_config(steps=5, num_threads=1), train_numbers, valid_numbers, progress=False)[1]
+    assert first == second
+
+
+def test_progress_bar_on_stderr_only_when_asked(data, capsys):
+    train_numbers, _ = data
+    fit(tiny_config(steps=3), train_numbers, progress=True)
+    out, err = capsys.readouterr()
+    assert "training" in err and "3/3" in err and out == ""
+    fit(tiny_config(steps=3), train_numbers, progress=False)
+    assert capsys.readouterr() == ("", "")
+
+
+def test_cached_run_is_loaded_and_identical(data, tmp_path):
+    train_numbers, valid_numbers = data
+    config = tiny_config(steps=5)
+    trained, history = fit(config, train_numbers, valid_numbers, progress=False, cache_dir=tmp_path)
+    files = list(tmp_path.glob("*.pt"))
+    assert len(files) == 1
+    loaded, loaded_history = fit(config, train_numbers, valid_numbers, progress=False, cache_dir=tmp_path)
+    assert loaded_history == history and list(tmp_path.glob("*.pt")) == files
+    for a, b in zip(trained.state_dict().values(), loaded.state_dict().values()):
+        assert torch.equal(a, b)
+    fit(tiny_config(steps=6), train_numbers, valid_numbers, progress=False, cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("*.pt"))) == 2  # another config, another file
+
+
+def test_model_cache_dir_finds_the_book_root(tmp_path, monkeypatch):
+    (tmp_path / "_toc.yml").write_text("format: jb-book\n")
+    (tmp_path / "chapters").mkdir()
+    monkeypatch.chdir(tmp_path / "chapters")
+    assert model_cache_dir() == tmp_path / "_build" / "models"
+
+
+def test_exact_match_agrees_with_predict(data):
+    train_numbers, valid_numbers = data
+    model, _ = fit(tiny_config(steps=3), train_numbers, progress=False)
+    answers = predict(model, valid_numbers, SRC, TGT, batch_size=7)
+    assert len(answers) == len(valid_numbers) and all(isinstance(a, str) for a in answers)
+    accuracy = exact_match(model, valid_numbers, SRC, TGT, batch_size=7)
+    assert accuracy == sum(a == str(n) for a, n in zip(answers, valid_numbers)) / len(valid_numbers)
+    assert 0.0 <= accuracy < 0.5  # three steps teach it next to nothing
+
+
+@pytest.mark.parametrize("changes, error, message", [
+    ({"d_model": 0}, ValueError, "d_model must be a positive int"),
+    ({"steps": 2.5}, TypeError, "steps must be a positive int"),
+    ({"dropout": 1.0}, ValueError, r"dropout must be in \[0, 1\)"),
+    ({"label_smoothing": -0.1}, ValueError, r"label_smoothing must be in \[0, 1\)"),
+    ({"lr_factor": 0}, ValueError, "lr_factor must be > 0"),
+    ({"clip": 0.0}, ValueError, "clip must be > 0 or None"),
+    ({"num_threads": 0}, ValueError, "num_threads must be a positive int"),
+    ({"eval_every": 0}, ValueError, "eval_every must be a positive int"),
+    ({"eval_size": -1}, ValueError, "eval_size must be an int >= 0"),
+])
+def test_bad_config(changes, error, message):
+    with pytest.raises(error, match=message):
+        TrainConfig(**changes)
+
+
+def test_bad_training_data():
+    with pytest.raises(ValueError, match=r"numbers\[1\] must be an int in \[0, 999999\]"):
+        fit(tiny_config(steps=1), [5, 1_000_000], progress=False)
+    with pytest.raises(ValueError, match="numbers must not be empty"):
+        fit(tiny_config(steps=1), [], progress=False)
+
+
+def test_config_defaults_are_the_books_run():
+    config = TrainConfig()
+    assert asdict(config)["betas"] == (0.9, 0.98) and config.adam_eps == 1e-9 and config.label_smoothing == 0.1
