@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from transformer._checks import check_dropout, check_features, check_positive_int, check_tensor
+from transformer._checks import (
+    check_bool, check_dropout, check_features, check_positive_int, check_tensor, check_token_tensor,
+)
 
 
 # check_positive_int -----------------------------------------------------------------------------
@@ -157,3 +159,34 @@ def test_check_features_rejects_wrong_ndim(shape):
 def test_check_features_rejects_wrong_last_dim():
     with pytest.raises(ValueError, match=r"memory must have shape \(\.\.\., \.\.\., d_model=16\), got \(2, 3, 15\)"):
         check_features("memory", torch.zeros(2, 3, 15), 16)
+
+
+# check_token_tensor / check_bool ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
+def test_check_token_tensor_accepts_integer_tensors(dtype):
+    tokens = torch.tensor([[1, 2]], dtype=dtype)
+    assert check_token_tensor("src", tokens) is tokens
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bool, torch.complex64])
+def test_check_token_tensor_rejects_other_dtypes(dtype):
+    with pytest.raises(TypeError, match=rf"src must hold integer token ids .*got dtype {dtype}"):
+        check_token_tensor("src", torch.zeros(1, 2, dtype=dtype))
+
+
+def test_check_token_tensor_rejects_non_tensors():
+    with pytest.raises(TypeError, match="tgt must be a torch.Tensor of token ids, got list"):
+        check_token_tensor("tgt", [[1, 2]])
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_check_bool_accepts_and_returns(value):
+    assert check_bool("norm_first", value) is value
+
+
+@pytest.mark.parametrize("value, type_name", [(1, "int"), ("yes", "str"), (None, "NoneType")])
+def test_check_bool_rejects_other_types(value, type_name):
+    with pytest.raises(TypeError, match=rf"norm_first must be a bool, got {type_name}"):
+        check_bool("norm_first", value)

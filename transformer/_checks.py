@@ -8,7 +8,7 @@ the package instead of deep inside torch. Defined in the book's introduction.
 """
 
 
-__all__ = ['check_positive_int', 'check_dropout', 'check_tensor', 'check_features']
+__all__ = ['check_positive_int', 'check_dropout', 'check_tensor', 'check_features', 'check_token_tensor', 'check_bool']
 
 
 # chapters/01_introduction.md: The Transformer, tested
@@ -57,3 +57,19 @@ def check_features(name: str, x, d_model: int, ndim: int = 3) -> Tensor:
         expected = ", ".join(["..."] * (ndim - 1) + [f"d_model={d_model}"])
         raise ValueError(f"{name} must have shape ({expected}), got {tuple(x.shape)}")
     return x
+
+
+def check_token_tensor(name: str, tokens) -> Tensor:
+    """Check that ``tokens`` is a tensor of integer token ids (any integer dtype, not bool)."""
+    if not isinstance(tokens, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(tokens).__name__}")
+    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer token ids (e.g. torch.long), got dtype {tokens.dtype}")
+    return tokens
+
+
+def check_bool(name: str, value) -> bool:
+    """Return ``value`` if it is a bool (a switch such as ``norm_first``), else raise."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return value

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from transformer._checks import check_dropout, check_positive_int, check_tensor
+from transformer._checks import check_dropout, check_positive_int, check_tensor, check_token_tensor
 
 
 # chapters/04_attention.md: The causal mask
@@ -56,9 +56,7 @@ def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
     Shape:
         tokens (B, N) -> mask (B, 1, 1, N), broadcastable to the scores (B, H, L, N).
     """
-    check_tensor("tokens", tokens)
-    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
-        raise TypeError(f"tokens must be an integer tensor of token ids, got dtype {tokens.dtype}")
+    check_token_tensor("tokens", tokens)
     if tokens.dim() != 2:
         raise ValueError(f"tokens must have shape (B, N), got {tuple(tokens.shape)}")
     if isinstance(pad_id, bool) or not isinstance(pad_id, int):

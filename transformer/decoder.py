@@ -15,7 +15,7 @@ __all__ = ['DecoderLayerCache', 'DecoderCache', 'DecoderLayer', 'Decoder']
 import torch
 from torch import Tensor, nn
 
-from transformer._checks import check_features, check_positive_int
+from transformer._checks import check_bool, check_features, check_positive_int
 from transformer.attention import causal_mask, check_attention_mask
 from transformer.feedforward import PositionwiseFeedForward
 from transformer.multihead import KVCache, MultiHeadAttention
@@ -125,8 +125,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
                  norm_first: bool = False):
         super().__init__()
-        if not isinstance(norm_first, bool):
-            raise TypeError(f"norm_first must be a bool, got {type(norm_first).__name__} {norm_first!r}")
+        check_bool("norm_first", norm_first)
         # MultiHeadAttention checks d_model, num_heads (and that it divides d_model) and dropout.
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout)
         self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout)

@@ -16,16 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer._checks import check_positive_int
+from transformer._checks import check_positive_int, check_token_tensor
 
 
 # chapters/02_embeddings.md: `TokenEmbedding`
 def _check_token_ids(name: str, tokens, vocab_size: int) -> Tensor:
     """Check that ``tokens`` is an integer tensor of ids in [0, vocab_size)."""
-    if not isinstance(tokens, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(tokens).__name__}")
-    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
-        raise TypeError(f"{name} must hold integer token ids (e.g. torch.long), got dtype {tokens.dtype}")
+    check_token_tensor(name, tokens)
     if tokens.numel() > 0:
         low, high = tokens.min().item(), tokens.max().item()
         if low < 0 or high >= vocab_size:

@@ -13,7 +13,7 @@ __all__ = ['EncoderLayer', 'Encoder']
 # chapters/08_encoder.md: The encoder
 from torch import Tensor, nn
 
-from transformer._checks import check_features, check_positive_int
+from transformer._checks import check_bool, check_features, check_positive_int
 from transformer.feedforward import PositionwiseFeedForward
 from transformer.multihead import MultiHeadAttention
 from transformer.residual import LayerNorm, add_and_norm
@@ -41,8 +41,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
                  norm_first: bool = False):
         super().__init__()
-        if not isinstance(norm_first, bool):
-            raise TypeError(f"norm_first must be a bool, got {type(norm_first).__name__} {norm_first!r}")
+        check_bool("norm_first", norm_first)
         # MultiHeadAttention checks d_model, num_heads (and that it divides d_model) and dropout.
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout)
         self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=dropout)

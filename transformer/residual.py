@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer._checks import check_features, check_positive_int, check_tensor
+from transformer._checks import check_bool, check_features, check_positive_int, check_tensor
 
 
 # chapters/07_add_and_norm.md: Layer normalisation
@@ -112,8 +112,7 @@ def add_and_norm(x: Tensor, sublayer: Callable[[Tensor], Tensor], norm: nn.Modul
     for name, fn in (("sublayer", sublayer), ("norm", norm), ("dropout", dropout)):
         if not callable(fn):
             raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
-    if not isinstance(norm_first, bool):
-        raise TypeError(f"norm_first must be a bool, got {type(norm_first).__name__} {norm_first!r}")
+    check_bool("norm_first", norm_first)
     if norm_first:
         return x + dropout(_check_sublayer_output(sublayer(norm(x)), x))  # pre-LN
     return norm(x + dropout(_check_sublayer_output(sublayer(x), x)))  # post-LN, the paper
