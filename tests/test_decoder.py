@@ -342,3 +342,70 @@ def test_bad_inputs(module):
         decoder(x, memory, memory_mask=padding_mask(src, 0).long())
     with pytest.raises(TypeError, match="memory must be a torch.Tensor"):
         decoder(x, memory.tolist())
+
+
+# Without cross-attention: the layer of a decoder-only model.
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_layer_without_cross_attention_is_a_causal_encoder_layer(norm_first):
+    from transformer.encoder import EncoderLayer
+    torch.manual_seed(0)
+    layer = randomise(DecoderLayer(D_MODEL, NUM_HEADS, D_FF, dropout=0.0, norm_first=norm_first,
+                                   cross_attention=False))
+    assert layer.cross_attn is None and layer.norm2 is None and layer.dropout2 is None
+    assert not any(name.startswith(("cross_attn", "norm2")) for name, _ in layer.named_parameters())
+    encoder_layer = EncoderLayer(D_MODEL, NUM_HEADS, D_FF, dropout=0.0, norm_first=norm_first)
+    encoder_layer.load_state_dict({k.replace("norm3", "norm2"): v for k, v in layer.state_dict().items()})
+    x = torch.randn(B, T, D_MODEL)
+    torch.testing.assert_close(layer(x), encoder_layer(x, mask=causal_mask(T)))
+    # and nn.TransformerEncoderLayer with the causal mask agrees as well
+    ref = nn.TransformerEncoderLayer(D_MODEL, NUM_HEADS, D_FF, dropout=0.0, batch_first=True,
+                                     norm_first=norm_first)
+    ref.load_state_dict(torch_names({k.replace("norm3", "norm2"): v for k, v in layer.named_parameters()}))
+    torch.testing.assert_close(layer(x), ref(x, src_mask=causal_mask(T)))
+
+
+def test_stack_without_cross_attention_is_causal_and_caches():
+    from transformer.decoder import DecoderCache
+    torch.manual_seed(0)
+    decoder = Decoder(2, D_MODEL, NUM_HEADS, D_FF, dropout=0.0, norm_first=True, cross_attention=False).eval()
+    x = torch.randn(B, T, D_MODEL)
+    later = x.clone()
+    later[:, 3] = torch.randn(B, D_MODEL)
+    torch.testing.assert_close(decoder(later)[:, :3], decoder(x)[:, :3])
+    assert not torch.allclose(decoder(later)[:, 3:], decoder(x)[:, 3:])
+    cache = DecoderCache(2)
+    steps = torch.cat([decoder(x[:, t:t + 1], cache=cache) for t in range(T)], dim=1)
+    torch.testing.assert_close(steps, decoder(x))
+    assert cache.layers[0].cross_attn.key is None  # never used
+
+
+def test_self_attention_factory_builds_each_layers_self_attention():
+    built = []
+
+    class Recorded(MultiHeadAttention):
+        def __init__(self, d_model, num_heads, dropout=0.0):
+            super().__init__(d_model, num_heads, dropout=dropout)
+            built.append((d_model, num_heads, dropout))
+
+    decoder = Decoder(3, D_MODEL, NUM_HEADS, D_FF, dropout=0.25, self_attention=Recorded)
+    assert built == [(D_MODEL, NUM_HEADS, 0.25)] * 3
+    assert all(type(layer.self_attn) is Recorded for layer in decoder.layers)
+    assert all(type(layer.cross_attn) is MultiHeadAttention for layer in decoder.layers)
+
+
+def test_bad_arguments_without_cross_attention():
+    layer = DecoderLayer(D_MODEL, NUM_HEADS, D_FF, cross_attention=False)
+    x, memory = torch.randn(B, T, D_MODEL), torch.randn(B, S, D_MODEL)
+    with pytest.raises(ValueError, match="memory must be None for a layer built with cross_attention=False, got a Tensor"):
+        layer(x, memory)
+    with pytest.raises(ValueError, match="memory_mask must be None"):
+        layer(x, memory_mask=torch.zeros(B, 1, 1, S, dtype=torch.bool))
+    with pytest.raises(ValueError, match="tgt_mask: mask must broadcast"):
+        layer(x, tgt_mask=torch.zeros(B, 1, 1, T + 1, dtype=torch.bool))
+    with pytest.raises(TypeError, match="cross_attention must be a bool"):
+        DecoderLayer(D_MODEL, NUM_HEADS, D_FF, cross_attention=1)
+    with pytest.raises(TypeError, match="self_attention must be callable"):
+        Decoder(1, D_MODEL, NUM_HEADS, D_FF, self_attention="rotary")
+    with pytest.raises(TypeError, match="memory must be a torch.Tensor"):
+        DecoderLayer(D_MODEL, NUM_HEADS, D_FF)(x)  # with cross-attention the memory is required

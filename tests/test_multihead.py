@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from transformer.attention import causal_mask, padding_mask
-from transformer.multihead import MultiHeadAttention
+from transformer.multihead import KVCache, MultiHeadAttention
 
 D_MODEL, NUM_HEADS = 8, 2
 
@@ -424,3 +424,27 @@ def test_non_tensor_and_integer_inputs():
         mha(x, [[0.0] * D_MODEL], x)
     with pytest.raises(TypeError, match="query must be a floating-point tensor"):
         mha(torch.zeros(2, 4, D_MODEL, dtype=torch.long), x, x)
+
+
+def test_attend_is_the_step_a_subclass_replaces_and_sees_the_query_positions():
+    seen = []
+
+    class Recorded(MultiHeadAttention):
+        def attend(self, q, k, v, mask, dropout_p, need_weights, query_start=0):
+            seen.append((q.shape[2], k.shape[2], query_start))
+            return super().attend(q, k, v, mask, dropout_p, need_weights, query_start)
+
+    torch.manual_seed(0)
+    mha = Recorded(d_model=8, num_heads=2).eval()
+    x = torch.randn(2, 5, 8)
+    full = mha(x, x, x, mask=causal_mask(5))
+    cache = KVCache()
+    steps = torch.cat([mha(x[:, t:t + 1], x[:, t:t + 1], x[:, t:t + 1], cache=cache) for t in range(5)], dim=1)
+    torch.testing.assert_close(steps, full)
+    assert seen == [(5, 5, 0)] + [(1, t + 1, t) for t in range(5)]  # query t is position t
+    seen.clear()
+    memory = torch.randn(2, 7, 8)
+    static = KVCache(static=True)
+    mha(x[:, :1], memory, memory, cache=static)
+    mha(x[:, 1:2], memory, memory, cache=static)
+    assert seen == [(1, 7, 0), (1, 7, 0)]  # cross-attention: no self-attention positions before

@@ -12,6 +12,8 @@ __all__ = ['DecoderLayerCache', 'DecoderCache', 'DecoderLayer', 'Decoder']
 
 
 # chapters/09_decoder.md: The decoder
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -31,16 +33,26 @@ def _check_mask(name: str, mask: Tensor | None, scores_shape: tuple[int, ...]) -
         raise type(err)(f"{name}: {err}") from None
 
 
-def _check_decoder_inputs(x: Tensor, memory: Tensor, tgt_mask: Tensor | None,
-                          memory_mask: Tensor | None, d_model: int, num_heads: int, past: int = 0) -> None:
+def _check_decoder_inputs(x: Tensor, memory: Tensor | None, tgt_mask: Tensor | None,
+                          memory_mask: Tensor | None, d_model: int, num_heads: int, past: int = 0,
+                          cross_attention: bool = True) -> None:
     """Check x (B, T, d_model), memory (B, S, d_model) and the masks of both attentions.
 
     ``past`` is the number of earlier target positions held in a cache (generation): the
-    self-attention's keys are then ``past + T`` positions.
+    self-attention's keys are then ``past + T`` positions. A layer without cross-attention
+    takes no memory and no memory mask.
     """
     check_features("x", x, d_model)
+    B, T, _ = x.shape
+    if not cross_attention:
+        for name, value in (("memory", memory), ("memory_mask", memory_mask)):
+            if value is not None:
+                raise ValueError(f"{name} must be None for a layer built with cross_attention=False, "
+                                 f"got a {type(value).__name__}")
+        _check_mask("tgt_mask", tgt_mask, (B, num_heads, T, past + T))
+        return
     check_features("memory", memory, d_model)
-    (B, T, _), S = x.shape, memory.shape[1]
+    S = memory.shape[1]
     if memory.shape[0] != B:
         raise ValueError(
             f"memory must have the batch size of x, B = {B}, got memory {tuple(memory.shape)} "
@@ -105,7 +117,8 @@ class DecoderLayer(nn.Module):
     """One decoder layer: causal self-attention, cross-attention over the memory, feed-forward.
 
     Each sublayer is wrapped in Add & Norm. The self-attention is always causal (position t
-    attends to positions 0..t only); ``tgt_mask`` can only add masking.
+    attends to positions 0..t only); ``tgt_mask`` can only add masking. Without cross-attention
+    it is the layer of a decoder-only language model.
 
     Args:
         d_model: width of the token vectors, in and out, and of the memory.
@@ -115,6 +128,11 @@ class DecoderLayer(nn.Module):
             each sublayer's output (before the residual addition); active in training mode only.
         norm_first: False for the paper's post-LN, ``LayerNorm(x + Sublayer(x))``; True for
             pre-LN, ``x + Sublayer(LayerNorm(x))``.
+        cross_attention: False leaves out the cross-attention sublayer (``cross_attn``, ``norm2``
+            and ``dropout2`` are then None) and the layer takes no memory.
+        self_attention: what builds the self-attention, called as
+            ``self_attention(d_model, num_heads, dropout=dropout)``: ``MultiHeadAttention``, or a
+            subclass that puts positions inside attention.
 
     Example:
         >>> layer = DecoderLayer(d_model=8, num_heads=2, d_ff=32)
@@ -123,24 +141,32 @@ class DecoderLayer(nn.Module):
     """
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
-                 norm_first: bool = False):
+                 norm_first: bool = False, cross_attention: bool = True,
+                 self_attention: Callable[..., nn.Module] = MultiHeadAttention):
         super().__init__()
         check_bool("norm_first", norm_first)
+        check_bool("cross_attention", cross_attention)
+        if not callable(self_attention):
+            raise TypeError(f"self_attention must be callable (a class), got {type(self_attention).__name__}")
         # MultiHeadAttention checks d_model, num_heads (and that it divides d_model) and dropout.
-        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout)
-        self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout)
+        self.self_attn = self_attention(d_model, num_heads, dropout=dropout)
+        self.cross_attn, self.norm2, self.dropout2 = None, None, None
+        if cross_attention:
+            self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout)
+            self.norm2, self.dropout2 = LayerNorm(d_model), nn.Dropout(dropout)
         self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=dropout)
-        self.norm1, self.norm2, self.norm3 = LayerNorm(d_model), LayerNorm(d_model), LayerNorm(d_model)
-        self.dropout1, self.dropout2, self.dropout3 = (nn.Dropout(dropout) for _ in range(3))
+        self.norm1, self.norm3 = LayerNorm(d_model), LayerNorm(d_model)
+        self.dropout1, self.dropout3 = nn.Dropout(dropout), nn.Dropout(dropout)
         self.d_model, self.num_heads, self.norm_first = d_model, num_heads, norm_first
 
-    def forward(self, x: Tensor, memory: Tensor, tgt_mask: Tensor | None = None,
+    def forward(self, x: Tensor, memory: Tensor | None = None, tgt_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, cache: DecoderLayerCache | None = None) -> Tensor:
         """Causal self-attention over ``x``, attention from ``x`` to ``memory``, feed-forward.
 
         Args:
             x: the target vectors, ``(B, T, d_model)``.
-            memory: the encoder's output, ``(B, S, d_model)``.
+            memory: the encoder's output, ``(B, S, d_model)``; None (and no ``memory_mask``)
+                for a layer built with ``cross_attention=False``.
             tgt_mask: optional bool mask, True = may not attend, added to the causal mask of the
                 self-attention; broadcastable to ``(B, num_heads, T, T)``, e.g. the target's
                 padding ``(B, 1, 1, T)``. The causal mask is applied whether or not it is given.
@@ -160,13 +186,15 @@ class DecoderLayer(nn.Module):
             raise TypeError(f"cache must be a DecoderLayerCache or None, got {type(cache).__name__}")
         self_cache, cross_cache = (None, None) if cache is None else (cache.self_attn, cache.cross_attn)
         past = 0 if cache is None else self_cache.length  # target positions already cached
-        _check_decoder_inputs(x, memory, tgt_mask, memory_mask, self.d_model, self.num_heads, past)
+        _check_decoder_inputs(x, memory, tgt_mask, memory_mask, self.d_model, self.num_heads, past,
+                              cross_attention=self.cross_attn is not None)
         self_mask = _self_attention_mask(tgt_mask, x.shape[1], x.device, past)  # to (B, H, T, past + T)
         x = add_and_norm(x, lambda y: self.self_attn(y, y, y, mask=self_mask, cache=self_cache),
                          self.norm1, self.dropout1, self.norm_first)  # (B, T, d_model)
-        x = add_and_norm(x, lambda y: self.cross_attn(y, memory, memory, mask=memory_mask,
-                                                      cache=cross_cache),
-                         self.norm2, self.dropout2, self.norm_first)  # (B, T, d_model)
+        if self.cross_attn is not None:
+            x = add_and_norm(x, lambda y: self.cross_attn(y, memory, memory, mask=memory_mask,
+                                                          cache=cross_cache),
+                             self.norm2, self.dropout2, self.norm_first)  # (B, T, d_model)
         return add_and_norm(x, self.feed_forward, self.norm3, self.dropout3, self.norm_first)
 
 
@@ -176,8 +204,8 @@ class Decoder(nn.Module):
 
     Args:
         num_layers: number of layers N (6 in the paper).
-        d_model, num_heads, d_ff, dropout, norm_first: as for ``DecoderLayer``; every layer gets
-            the same values and weights of its own.
+        d_model, num_heads, d_ff, dropout, norm_first, cross_attention, self_attention: as for
+            ``DecoderLayer``; every layer gets the same values and weights of its own.
 
     Attributes:
         layers: the ``DecoderLayer``s, an ``nn.ModuleList``, each built fresh.
@@ -190,22 +218,25 @@ class Decoder(nn.Module):
     """
 
     def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int,
-                 dropout: float = 0.1, norm_first: bool = False):
+                 dropout: float = 0.1, norm_first: bool = False, cross_attention: bool = True,
+                 self_attention: Callable[..., nn.Module] = MultiHeadAttention):
         super().__init__()
         check_positive_int("num_layers", num_layers)
         self.layers = nn.ModuleList(
-            [DecoderLayer(d_model, num_heads, d_ff, dropout, norm_first) for _ in range(num_layers)]
+            [DecoderLayer(d_model, num_heads, d_ff, dropout, norm_first, cross_attention, self_attention)
+             for _ in range(num_layers)]
         )
         self.norm = LayerNorm(d_model) if norm_first else None
 
-    def forward(self, x: Tensor, memory: Tensor, tgt_mask: Tensor | None = None,
+    def forward(self, x: Tensor, memory: Tensor | None = None, tgt_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, cache: DecoderCache | None = None) -> Tensor:
         """Run the target ``x`` through every layer in turn, each attending to ``memory``.
 
         Args:
             x: the target vectors (embedded, shifted-right target tokens with positions),
                 ``(B, T, d_model)``.
-            memory: the encoder's output, ``(B, S, d_model)``.
+            memory: the encoder's output, ``(B, S, d_model)``; None for a stack built with
+                ``cross_attention=False``.
             tgt_mask: optional bool mask added to the causal mask of every self-attention,
                 broadcastable to ``(B, num_heads, T, T)``; the causal mask is always applied.
             memory_mask: optional bool mask for every cross-attention, broadcastable to

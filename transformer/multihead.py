@@ -177,21 +177,36 @@ class MultiHeadAttention(nn.Module):
             ``(B, L, d_model)``, weights ``(B, num_heads, L, S)``.
         """
         B, L, _ = _check_inputs(query, key, value, self.d_model)
+        if cache is not None and not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
+        query_start = 0 if cache is None or cache.static else cache.length  # cached positions before query[:, 0]
         q = _split_heads(self.w_q(query), self.num_heads)  # (B, L, d_model) -> (B, H, L, d_k)
         k, v = self._keys_values(key, value, cache)  # (B, H, S, d_k), (B, H, S, d_v)
         mask = check_attention_mask(mask, (B, self.num_heads, L, k.shape[2]))  # S: cached ones too
         dropout_p = self.dropout if self.training else 0.0
-        if need_weights:
-            heads, weights = scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=dropout_p)
-        else:
-            heads = _fused_attention(q, k, v, mask=mask, dropout_p=dropout_p)  # (B, H, L, d_v)
+        heads, weights = self.attend(q, k, v, mask, dropout_p, need_weights, query_start)  # (B, H, L, d_v)
         output = self.w_o(_merge_heads(heads))  # (B, L, H * d_v) @ W^O -> (B, L, d_model)
         return (output, weights) if need_weights else output
 
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float,
+               need_weights: bool, query_start: int = 0) -> tuple[Tensor, Tensor | None]:
+        """Scaled dot-product attention of every head at once; the weights only when asked for.
+
+        The one step a subclass replaces to put positions inside attention (the book's chapter
+        "Positional encodings compared"): key j is position j, and query i is position
+        ``query_start + i`` (``query_start`` counts the positions already in a self-attention
+        cache; it is 0 without one).
+
+        Shape:
+            q ``(B, H, L, d_k)``, k ``(B, H, S, d_k)``, v ``(B, H, S, d_v)`` -> heads
+            ``(B, H, L, d_v)``, weights ``(B, H, L, S)`` or None.
+        """
+        if need_weights:
+            return scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=dropout_p)
+        return _fused_attention(q, k, v, mask=mask, dropout_p=dropout_p), None  # no (L, S) matrix kept
+
     def _keys_values(self, key: Tensor, value: Tensor, cache: KVCache | None) -> tuple[Tensor, Tensor]:
         """Project and split key and value into heads; with a cache, return what it holds too."""
-        if cache is not None and not isinstance(cache, KVCache):
-            raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
         if cache is not None and cache.static and cache.key is not None:
             cache.check_batch(key.shape[0])
             return cache.key, cache.value  # the memory's keys and values, projected at the first call
