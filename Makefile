@@ -25,15 +25,18 @@ test: setup export-check unit nbval html browser
 
 # Create the environment once; reinstall when the requirements change.
 setup: $(STAMP) $(MATHJAX)
+# The installs print errors only (-qq, --loglevel=error): the warnings they print otherwise come from
+# the machine's own pip and npm settings (find-links folders that do not exist, npm settings that
+# npm no longer knows), not from the project, and `make book` is meant to show no warnings at all.
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -r requirements.txt
-	$(BIN)/python -m pip install --quiet --no-deps -e .
+	$(BIN)/python -m pip install -qq -r requirements.txt
+	$(BIN)/python -m pip install -qq --no-deps -e .
 	@touch $@
 
 $(MATHJAX): package.json package-lock.json
 	@command -v npm >/dev/null || { echo "npm is needed to install MathJax for the book (e.g. apt-get install npm)"; exit 1; }
-	npm ci --no-audit --no-fund --ignore-scripts
+	npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
 	@touch $@
 
 export: setup
@@ -54,17 +57,18 @@ nbval: notebooks
 	$(BIN)/python -m pytest --nbval-lax $(NOTEBOOKS)
 
 # Strict: every page rebuilt and every notebook executed; a warning or a failing cell fails.
+# tools/book_config.py writes the build's configuration, _build/_config.yml, from _config.yml:
 # BOOK_EXECUTION=cache reuses notebooks executed by an earlier build from _build/.jupyter_cache (the
-# Pages workflow does, under a cache key of the chapters, the package and the requirements).
+# Pages workflow does, under a cache key of the chapters, the package and the requirements), and
+# REPOSITORY_URL (default: the checkout's origin remote, when it is on GitHub) turns on the
+# repository, edit-this-page, issue and Binder buttons.
 BOOK_EXECUTION ?= force
+REPOSITORY_URL ?=
+REPOSITORY_BRANCH ?= main
 html: setup assets
-ifeq ($(BOOK_EXECUTION),force)
-	$(BIN)/jupyter-book build . --all -W -n --keep-going
-else
-	sed 's/^  execute_notebooks: force$$/  execute_notebooks: $(BOOK_EXECUTION)/' _config.yml > _build/_config.yml
-	grep -q '^  execute_notebooks: $(BOOK_EXECUTION)$$' _build/_config.yml
+	$(BIN)/python -m tools.book_config --execution $(BOOK_EXECUTION) --repository "$(REPOSITORY_URL)" \
+		--branch $(REPOSITORY_BRANCH) --out _build/_config.yml
 	$(BIN)/jupyter-book build . --all -W -n --keep-going --config _build/_config.yml
-endif
 
 # The built site in headless Chromium (Debian's `chromium` package): equations, figures, console,
 # no request leaving the local server, sidebar and search. Screenshots go to _build/screenshots/.

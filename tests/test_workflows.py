@@ -53,7 +53,14 @@ def test_book_workflow_caches_notebooks_keyed_on_chapters_package_and_requiremen
     build = load("book.yml")["jobs"]["build"]
     cache = next(s for s in build["steps"] if s.get("uses", "").startswith("actions/cache"))
     key = cache["with"]["key"]
-    for part in ("chapters/**", "transformer/**", "requirements.txt"):
+    for part in ("chapters/**", "transformer/**", "data/**", "requirements.txt", "pyproject.toml"):
         assert part in key
     assert cache["with"]["path"] == "_build/.jupyter_cache"
     assert "restore-keys" not in cache["with"]  # a partial match could publish stale outputs
+
+
+def test_book_workflow_builds_the_repository_buttons():
+    build = load("book.yml")["jobs"]["build"]
+    make = next(cmd for cmd in commands(build) if cmd.startswith("make book"))
+    assert "REPOSITORY_URL=https://github.com/${{ github.repository }}" in make
+    assert "BOOK_EXECUTION=cache" in make

@@ -1,0 +1,80 @@
+"""tools/book_config.py: the build's configuration, with the repository buttons and Binder."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tools.book_config import book_config, github_url, main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def config():
+    return yaml.safe_load((ROOT / "_config.yml").read_text())
+
+
+@pytest.mark.parametrize("remote", [
+    "https://github.com/owner/the-book",
+    "https://github.com/owner/the-book.git",
+    "https://github.com/owner/the-book/",
+    "git@github.com:owner/the-book.git",
+    "ssh://git@github.com/owner/the-book.git",
+])
+def test_github_remotes_give_the_https_url(remote):
+    assert github_url(remote + "\n") == "https://github.com/owner/the-book"
+
+
+@pytest.mark.parametrize("remote", ["/srv/git/book.git", "https://gitlab.com/owner/book", "", "github.com/owner"])
+def test_other_remotes_give_none(remote):
+    assert github_url(remote) is None
+
+
+def test_without_a_repository_the_local_configuration_is_unchanged(config):
+    assert book_config(config) == config
+    assert "repository_url" not in config["sphinx"]["config"]["html_theme_options"]
+
+
+def test_execution_mode_is_set_and_checked(config):
+    assert book_config(config, execution="cache")["execute"]["execute_notebooks"] == "cache"
+    assert config["execute"]["execute_notebooks"] == "force"  # the input is not modified
+    with pytest.raises(ValueError, match="execution must be one of"):
+        book_config(config, execution="sometimes")
+
+
+def test_a_repository_turns_on_its_buttons_and_binder_only(config):
+    built = book_config(config, repository="git@github.com:owner/the-book.git", branch="main")
+    theme = built["sphinx"]["config"]["html_theme_options"]
+    assert theme["repository_url"] == "https://github.com/owner/the-book"
+    assert theme["repository_branch"] == "main" and theme["path_to_docs"] == ""
+    assert theme["use_repository_button"] and theme["use_edit_page_button"] and theme["use_issues_button"]
+    # Binder opens the MyST .md chapters through jupytext; Colab cannot, so it has no button.
+    assert theme["launch_buttons"] == {"binderhub_url": "https://mybinder.org", "notebook_interface": "jupyterlab"}
+    assert theme["search_bar_text"] == config["sphinx"]["config"]["html_theme_options"]["search_bar_text"]
+    assert built["repository"]["url"] == "https://github.com/owner/the-book"
+
+
+def test_a_repository_that_is_not_on_github_is_refused(config):
+    with pytest.raises(ValueError, match="repository must be a GitHub repository URL, got '/srv/book'"):
+        book_config(config, repository="/srv/book")
+
+
+def test_command_writes_a_configuration_jupyter_book_reads(tmp_path):
+    out = tmp_path / "_config.yml"
+    assert main(["--execution", "cache", "--repository", "https://github.com/owner/the-book", "--out", str(out)]) == 0
+    written = yaml.safe_load(out.read_text())
+    assert written["execute"]["execute_notebooks"] == "cache"
+    assert written["sphinx"]["config"]["html_theme_options"]["use_edit_page_button"] is True
+    assert main(["--repository", "/not/github", "--out", str(out)]) == 2
+
+
+def test_binder_environment_installs_the_book_with_jupytext():
+    requirements = (ROOT / "binder" / "requirements.txt").read_text().splitlines()
+    assert "-r ../requirements.txt" in requirements
+    assert any(line.startswith("--extra-index-url https://download.pytorch.org/whl/cpu") for line in requirements)
+    assert any(line.startswith("jupytext==") for line in (ROOT / "requirements.txt").read_text().splitlines())
+    post_build = ROOT / "binder" / "postBuild"
+    assert post_build.stat().st_mode & 0o111  # executable, as Binder requires
+    text = post_build.read_text()
+    assert "pip install --no-deps -e ." in text and '"markdown": "Jupytext Notebook"' in text
