@@ -15,6 +15,9 @@ from transformer.data import MAX_NUMBER, number_to_words, Vocab, source_vocab, t
 from transformer.training import label_smoothed_cross_entropy, warmup_lr, warmup_scheduler, train_step, save_checkpoint, load_checkpoint, TrainConfig, make_model, make_optimizer, training_batches, predict, exact_match, evaluate_loss, model_cache_dir, fit
 from transformer.decoding import greedy_decode, beam_search
 from transformer.complexity import self_attention_macs, recurrent_macs, convolution_macs, restricted_attention_macs, loglog_slope, autograd_depth, band_mask, banded_attention, saved_tensor_bytes
+from transformer.classifier import BRACKET_VOCAB, is_balanced, encode_brackets, decode_brackets, random_balanced, near_miss, bracket_split, bracket_dataset, SequenceClassifier, accuracy, train_classifier
+from transformer.language_model import data_file, CharVocab, DecoderOnlyLM, random_windows, loss_by_position, evaluate_language_model, train_language_model, top_k_filter, sample
+from transformer.relative import relative_positions, RelativeMultiHeadAttention, rotary, RotaryMultiHeadAttention
 
 __all__ = [
     'TokenEmbedding',
@@ -72,4 +75,28 @@ __all__ = [
     'band_mask',
     'banded_attention',
     'saved_tensor_bytes',
+    'BRACKET_VOCAB',
+    'is_balanced',
+    'encode_brackets',
+    'decode_brackets',
+    'random_balanced',
+    'near_miss',
+    'bracket_split',
+    'bracket_dataset',
+    'SequenceClassifier',
+    'accuracy',
+    'train_classifier',
+    'data_file',
+    'CharVocab',
+    'DecoderOnlyLM',
+    'random_windows',
+    'loss_by_position',
+    'evaluate_language_model',
+    'train_language_model',
+    'top_k_filter',
+    'sample',
+    'relative_positions',
+    'RelativeMultiHeadAttention',
+    'rotary',
+    'RotaryMultiHeadAttention',
 ]
