@@ -6,8 +6,8 @@ message saying how to install it, when there is none.
 
 For every page in the table of contents it checks that the equations were typeset by MathJax with no
 error, that every figure loaded, that the console shows no error, and that no request left the local
-server. It also checks the sidebar and the search page, and saves screenshots of two chapters under
-`_build/screenshots/`.
+server. It also checks that every chapter ends with exercises whose solutions stay hidden until clicked, the
+sidebar and the search page, and saves screenshots of two chapters under `_build/screenshots/`.
 """
 
 import functools
@@ -163,6 +163,27 @@ def test_chapter_pages_have_equations_and_figures(visit):
     v = visit("chapters/03_positional_encoding.html")
     assert v.page.locator(".math").count() > 10
     assert v.page.locator("figure img").count() >= 2
+
+
+CHAPTERS = [doc for doc in PAGES if doc.startswith("chapters/")]
+
+
+@pytest.mark.parametrize("doc", CHAPTERS)
+def test_chapter_ends_with_exercises_whose_solutions_are_hidden(doc, visit):
+    page = visit(f"{doc}.html").page
+    exercises = page.locator("section#exercises")
+    assert exercises.count() == 1, "the chapter has no Exercises section"
+    prose = exercises.locator(".dropdown.admonition")  # solutions in words
+    code = exercises.locator("details")  # executed solutions, behind a toggle
+    assert prose.count() + code.count() >= 2, "fewer than two solutions"
+    for i in range(code.count()):
+        assert code.nth(i).get_attribute("open") is None, "a code solution is shown without a click"
+    for i in range(prose.count()):
+        solution = prose.nth(i)
+        body = solution.locator(":scope > :not(.admonition-title)").first
+        assert not body.is_visible(), "a solution is shown without a click"
+        solution.locator(".admonition-title").click()
+        body.wait_for(state="visible", timeout=5_000)  # and one click shows it
 
 
 def test_sidebar_lists_every_page(visit):
