@@ -88,7 +88,10 @@ def test_refuses_cuda_without_a_gpu_and_save_every_without_a_folder(monkeypatch)
 
 def test_command_runs_saves_a_checkpoint_and_resumes_from_it(tmp_path, capsys):
     folder = tmp_path / "run"
-    first = subprocess.run([sys.executable, "-m", "transformer.train", *TINY, "--steps", "3",
+    # Without a cooldown, a run of 3 steps is the start of a run of 5, so carrying it on to 5 steps must
+    # give the straight run of 5 (with one, its rate would already have fallen to zero at step 3).
+    paper = [*TINY, "--cooldown", "0"]
+    first = subprocess.run([sys.executable, "-m", "transformer.train", *paper, "--steps", "3",
                             "--checkpoint-dir", str(folder)],
                            cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
     assert first.returncode == 0, first.stderr
@@ -96,12 +99,12 @@ def test_command_runs_saves_a_checkpoint_and_resumes_from_it(tmp_path, capsys):
     checkpoint = folder / "checkpoint.pt"
     assert torch.load(checkpoint, weights_only=True)["step"] == 3
     # On to step 5, in this process: the command resumes from the checkpoint ...
-    main(TINY + ["--steps", "5", "--checkpoint-dir", str(folder)])
+    main(paper + ["--steps", "5", "--checkpoint-dir", str(folder)])
     assert f"resuming from {checkpoint}" in capsys.readouterr().out
     resumed = torch.load(checkpoint, weights_only=True)
     assert resumed["step"] == 5 and resumed["history"]["step"] == [1, 2, 3, 4, 5]
     # ... and ends where an uninterrupted run of 5 steps ends.
-    main(TINY + ["--steps", "5", "--checkpoint-dir", str(tmp_path / "straight")])
+    main(paper + ["--steps", "5", "--checkpoint-dir", str(tmp_path / "straight")])
     straight = torch.load(tmp_path / "straight" / "checkpoint.pt", weights_only=True)
     assert resumed["model"].keys() == straight["model"].keys()
     for name, value in straight["model"].items():

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from transformer.data import make_batch, source_vocab, split_numbers, target_vocab
 from transformer.training import (
-    TrainConfig, exact_match, label_smoothed_cross_entropy, load_checkpoint, make_model, make_optimizer,
+    TrainConfig, cooldown_factor, exact_match, label_smoothed_cross_entropy, load_checkpoint, make_model, make_optimizer,
     fit, model_cache_dir, predict, save_checkpoint, train_step, training_batches, warmup_lr,
     warmup_scheduler,
 )
@@ -69,7 +69,54 @@ def test_make_optimizer_uses_the_papers_adam():
     assert math.isclose(group["lr"], 0.5 * paper_rate(1, 16, 4))
 
 
+def test_cooldown_is_a_line_to_zero_over_the_last_share_of_the_run():
+    steps, cooldown = 40, 0.25  # the last 10 steps cool down
+    expected = [1.0] * 31 + [(steps - s + 1) / 10 for s in range(32, 41)]  # 9/10, 8/10, ..., 1/10
+    assert [cooldown_factor(s, steps, cooldown) for s in range(1, steps + 1)] == pytest.approx(expected)
+    assert [cooldown_factor(s, steps, 0.0) for s in range(1, steps + 1)] == [1.0] * steps
+
+
+def test_scheduler_with_cooldown_multiplies_the_papers_rate_and_makes_the_config_default():
+    weight = torch.nn.Parameter(torch.zeros(3))
+    optimizer = torch.optim.Adam([weight], lr=1.0)
+    scheduler = warmup_scheduler(optimizer, d_model=32, warmup=10, factor=0.5, steps=40, cooldown=0.25)
+    for step in range(1, 41):
+        line = min(1.0, (40 - step + 1) / 10)  # written out, independently of cooldown_factor
+        assert math.isclose(optimizer.param_groups[0]["lr"], 0.5 * paper_rate(step, 32, 10) * line)
+        weight.grad = torch.ones(3)
+        optimizer.step()
+        scheduler.step()
+    assert TrainConfig().cooldown == 0.25  # the book's runs cool down; cooldown=0 is the paper's schedule
+
+
+def test_an_interrupted_run_with_a_cooldown_resumes_exactly(data, tmp_path):
+    train_numbers, valid_numbers = data
+    config = tiny_config(dropout=0.1, steps=12, cooldown=0.5)
+    straight_model, straight = fit(config, train_numbers, valid_numbers, progress=False)
+    taken = []
+
+    def stop_after_five(batch):  # the shard hook sees every batch: a stand-in for a crash
+        taken.append(1)
+        if len(taken) > 5:
+            raise KeyboardInterrupt
+        return batch
+
+    with pytest.raises(KeyboardInterrupt):
+        fit(config, train_numbers, valid_numbers, progress=False, checkpoint_path=tmp_path / "run.pt",
+            checkpoint_every=5, shard=stop_after_five)
+    assert torch.load(tmp_path / "run.pt", weights_only=True)["step"] == 5
+    resumed_model, resumed = fit(config, train_numbers, valid_numbers, progress=False, resume_from=tmp_path / "run.pt")
+    assert resumed["loss"] == straight["loss"] and resumed["lr"] == straight["lr"]
+    assert resumed["lr"][-1] < resumed["lr"][5] / 5  # the cooldown did happen
+    for a, b in zip(straight_model.state_dict().values(), resumed_model.state_dict().values()):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("call, message", [
+    (lambda: TrainConfig(cooldown=1.0), r"cooldown must be in \[0, 1\), got 1.0"),
+    (lambda: cooldown_factor(0, 10, 0.5), "step must be a positive int"),
+    (lambda: warmup_scheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), 8, 4, cooldown=0.5),
+     "cooldown needs steps"),
     (lambda: warmup_lr(0, 512, 4000), "step must be a positive int"),
     (lambda: warmup_lr(1, 0, 4000), "d_model must be a positive int"),
     (lambda: warmup_lr(1, 512, -1), "warmup must be a positive int"),
@@ -237,9 +284,10 @@ def test_checkpoint_of_another_shape_names_the_parameter(tmp_path):
 def test_resumed_run_continues_the_same_loss_trajectory(data, tmp_path):
     train_numbers, valid_numbers = data
     k = 7  # 200 numbers in batches of 16: the second half crosses an epoch boundary (13 per epoch)
-    config = tiny_config(dropout=0.1, steps=2 * k)
+    # No cooldown: then a run of k steps is the start of a run of 2k, and carrying it on gives the same run.
+    config = tiny_config(dropout=0.1, steps=2 * k, cooldown=0.0)
     straight_model, straight = fit(config, train_numbers, valid_numbers, progress=False)
-    fit(tiny_config(dropout=0.1, steps=k), train_numbers, valid_numbers, progress=False,
+    fit(tiny_config(dropout=0.1, steps=k, cooldown=0.0), train_numbers, valid_numbers, progress=False,
           checkpoint_path=tmp_path / "half.pt")
     assert load_checkpoint(tmp_path / "half.pt", make_model(config, SRC, TGT)) == k
     resumed_model, resumed = fit(config, train_numbers, valid_numbers, progress=False, resume_from=tmp_path / "half.pt")

@@ -59,6 +59,8 @@ def _add_training_options(parser: argparse.ArgumentParser, default: TrainConfig)
     run.add_argument("--batch-size", type=_positive_int, default=default.batch_size,
                      help="global batch, in sequences: shared out between the processes")
     run.add_argument("--warmup", type=_positive_int, default=default.warmup, help="warm-up steps")
+    run.add_argument("--cooldown", type=float, default=default.cooldown,
+                     help="share of the steps at the end over which the rate falls to zero (0: none)")
     run.add_argument("--seed", type=int, default=default.seed, help="seed of the data split and the model")
     run.add_argument("--num-threads", type=_positive_int, default=default.num_threads, help="CPU threads")
     run.add_argument("--train-size", type=_positive_int, default=200_000, help="numbers to train on")

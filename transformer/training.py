@@ -7,7 +7,7 @@ Defined in the book's chapter "Training" (chapters/12_training.md).
 """
 
 
-__all__ = ['label_smoothed_cross_entropy', 'warmup_lr', 'warmup_scheduler', 'train_step', 'save_checkpoint', 'load_checkpoint', 'TrainConfig', 'make_model', 'make_optimizer', 'training_batches', 'predict', 'exact_match', 'evaluate_loss', 'model_cache_dir', 'fit']
+__all__ = ['label_smoothed_cross_entropy', 'warmup_lr', 'warmup_scheduler', 'cooldown_factor', 'train_step', 'save_checkpoint', 'load_checkpoint', 'TrainConfig', 'make_model', 'make_optimizer', 'training_batches', 'predict', 'exact_match', 'evaluate_loss', 'model_cache_dir', 'fit']
 
 
 # chapters/12_training.md: Training
@@ -71,9 +71,12 @@ def warmup_lr(step: int, d_model: int, warmup: int) -> float:
 
 
 def warmup_scheduler(optimizer: torch.optim.Optimizer, d_model: int, warmup: int,
-                     factor: float = 1.0) -> torch.optim.lr_scheduler.LambdaLR:
+                     factor: float = 1.0, steps: int | None = None,
+                     cooldown: float = 0.0) -> torch.optim.lr_scheduler.LambdaLR:
     """A scheduler that sets the learning rate to ``factor * warmup_lr(step, d_model, warmup)``.
 
+    With ``cooldown > 0`` (a share of the run's ``steps``), the rate is also multiplied by
+    ``cooldown_factor(step, steps, cooldown)``: it falls linearly to zero over the run's last steps.
     Create the optimiser with ``lr=1.0``: LambdaLR multiplies that base rate. The rate of the
     first ``optimizer.step()`` is that of step 1; call ``scheduler.step()`` after each one.
     """
@@ -81,8 +84,22 @@ def warmup_scheduler(optimizer: torch.optim.Optimizer, d_model: int, warmup: int
     check_positive_int("warmup", warmup)
     if not factor > 0:
         raise ValueError(f"factor must be > 0, got {factor}")
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda done: factor * warmup_lr(done + 1, d_model, warmup))  # done: steps taken
+    cooldown = check_dropout("cooldown", cooldown)  # a share in [0, 1), like a dropout rate
+    if cooldown and steps is None:
+        raise ValueError("cooldown needs steps, the length of the run")
+    if steps is not None:
+        check_positive_int("steps", steps)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: factor * warmup_lr(done + 1, d_model, warmup)
+                                             * cooldown_factor(done + 1, steps or 1, cooldown))  # done: steps taken
+
+
+# chapters/12_training.md: Cooling down at the end
+def cooldown_factor(step: int, steps: int, cooldown: float) -> float:
+    """The factor f(step) of a cooldown over the last share ``cooldown`` of ``steps``: 1 before it,
+    then a line falling to 1 / (cooldown * steps) at the last step; always 1 for ``cooldown=0``."""
+    step, steps = check_positive_int("step", step), check_positive_int("steps", steps)
+    length = round(check_dropout("cooldown", cooldown) * steps)  # the number of steps that cool down
+    return min(1.0, (steps - step + 1) / length) if length else 1.0
 
 
 # chapters/12_training.md: Gradient clipping
@@ -174,8 +191,10 @@ class TrainConfig:
     """The choices of one training run (the defaults: this book's number-words model).
 
     Model: d_model, num_heads, num_layers, d_ff, dropout, max_len (see ``Transformer``).
-    Optimisation: batch_size, steps (in total), warmup and lr_factor (``warmup_scheduler``),
-    betas and adam_eps (Adam), label_smoothing, clip (gradient norm; None: no clipping).
+    Optimisation: batch_size, steps (in total), warmup, lr_factor and cooldown (the share of the
+    steps at the end over which the rate falls to zero; 0: the paper's schedule alone; see
+    ``warmup_scheduler``), betas and adam_eps (Adam), label_smoothing, clip (gradient norm; None:
+    no clipping).
     Bookkeeping: seed (weights, dropout and data order), eval_every and eval_size (validation
     loss and exact match on the first eval_size validation numbers; 0: never), num_threads
     (CPU threads while training; None: leave torch's setting alone).
@@ -191,6 +210,7 @@ class TrainConfig:
     steps: int = 800
     warmup: int = 100
     lr_factor: float = 0.5
+    cooldown: float = 0.25
     betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-9
     label_smoothing: float = 0.1
@@ -208,6 +228,7 @@ class TrainConfig:
             raise ValueError(f"eval_size must be an int >= 0, got {self.eval_size!r}")
         check_dropout("dropout", self.dropout)
         check_dropout("label_smoothing", self.label_smoothing)
+        check_dropout("cooldown", self.cooldown)
         if not self.lr_factor > 0:
             raise ValueError(f"lr_factor must be > 0, got {self.lr_factor}")
         if self.clip is not None and not self.clip > 0:
@@ -228,7 +249,8 @@ def make_model(config: TrainConfig, src_vocab: Vocab, tgt_vocab: Vocab) -> Trans
 def make_optimizer(config: TrainConfig, model: nn.Module) -> tuple[torch.optim.Adam, torch.optim.lr_scheduler.LambdaLR]:
     """Adam with the paper's betas and eps, and the warm-up schedule: (optimizer, scheduler)."""
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=config.betas, eps=config.adam_eps)
-    return optimizer, warmup_scheduler(optimizer, config.d_model, config.warmup, config.lr_factor)
+    return optimizer, warmup_scheduler(optimizer, config.d_model, config.warmup, config.lr_factor, config.steps,
+                                       config.cooldown)
 
 
 def training_batches(numbers: Sequence[int], batch_size: int, src_vocab: Vocab, tgt_vocab: Vocab,
@@ -307,9 +329,14 @@ def _run_settings(seed: int, num_threads: int | None) -> Iterator[None]:
 
 
 def _cache_file(cache_dir, config: TrainConfig, train_numbers, valid_numbers, src_vocab, tgt_vocab, device) -> Path:
-    """The file of a finished run, named by a hash of everything that decides its result."""
+    """The file of a finished run, named by a hash of everything that decides its result.
+
+    The CPU's arithmetic path is part of it: torch's kernels for AVX2, AVX-512 or none
+    (``ATEN_CPU_CAPABILITY=default``) round differently, and a run then ends elsewhere.
+    """
     key = json.dumps([asdict(config), list(train_numbers), list(valid_numbers or []), src_vocab.itos,
-                      tgt_vocab.itos, torch.device(device).type, torch.__version__])
+                      tgt_vocab.itos, torch.device(device).type, torch.__version__,
+                      torch.backends.cpu.get_cpu_capability()])
     return Path(cache_dir) / f"numbers-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
 
 

@@ -1,0 +1,222 @@
+"""Every claim the book makes about a trained model, rerun over seeds and CPU arithmetic paths.
+
+A training run is deterministic on one machine but not across machines: another CPU picks other
+kernels (AVX-512 or AVX2, other MKL code paths), rounds differently, and a long run ends somewhere
+else. A number the book asserts about a trained model must therefore hold for the whole spread of
+runs, not for the one trajectory of the machine the book was built on.
+
+Each chapter that trains defines its seed in one cell tagged ``parameters`` (``SEED = 0``). This
+script executes the chapter itself, as a notebook, once per seed and arithmetic path, with that cell
+replaced (``SEED = k``), and reads back the numbers the chapter glued (``myst_nb.glue``). Nothing
+about the runs is copied here: the chapter is the experiment. For each claim below it prints the
+threshold and the min / median / max over all runs, and for each chapter how many runs had a
+failing cell (an ``assert`` that did not hold, say).
+
+Arithmetic paths:
+    native   torch's kernels for this CPU (AVX2 or AVX-512 on x86-64)
+    default  ``ATEN_CPU_CAPABILITY=default``: torch's plain, non-vectorised kernels
+
+    make robustness                                   # every chapter, seeds 0-7, both paths
+    .venv/bin/python -m benchmarks.robustness --chapters 12 13 --seeds 0 1 --jobs 2
+    .venv/bin/python -m benchmarks.robustness --table _build/robustness/results.json   # print again
+
+Runs go two at a time (``--jobs``), each in its own kernel; the chapters train on one thread. It is
+a measurement, not a test: it exits 1 when a claim's worst case misses its threshold or a run has a
+failing cell, and says which.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PATHS = {"native": {}, "default": {"ATEN_CPU_CAPABILITY": "default"}}
+OPERATORS = {">": float.__gt__, ">=": float.__ge__, "<": float.__lt__, "<=": float.__le__}
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One asserted number: ``glued op threshold`` must hold in every run of ``chapter``."""
+
+    chapter: str  # the chapter's number, "12"
+    name: str  # the glue name the chapter records the number under
+    op: str  # one of OPERATORS
+    threshold: float
+    text: str  # what the claim says, for the table
+
+    def holds(self, value: float) -> bool:
+        return OPERATORS[self.op](float(value), float(self.threshold))
+
+
+# The chapters' asserts about trained models, each as the number it tests. Relations between two
+# measured numbers (a < b) are glued as one number (b - a, or a / b) so that each row has a margin.
+CLAIMS = [
+    Claim("07", "warmup_stalled", ">", 0.5, "post-LN, constant peak rate: final loss / var(y)"),
+    Claim("07", "warmup_worst_trained", "<", 0.1, "the four other settings: worst final loss / stalled"),
+    Claim("12", "test_exact_match", ">=", 0.98, "number words: exact match, 5,000 test numbers"),
+    Claim("13", "gen_close_runner_up", "<", 0.05, "share of digits whose runner-up is above 0.1"),
+    Claim("13", "gen_last_layer_in_order", ">", 0.9, "last layer's cross-attention reads in order"),
+    Claim("13", "gen_last_layer_sharper", ">", 0.0, "last layer sharper than the first (weight)"),
+    Claim("13", "gen_cold_same_as_greedy", ">=", 0.99, "sampling at tau = 0.05: same as greedy"),
+    Claim("13", "gen_sampled_exact", ">", 0.35, "sampling at tau = 1: exact match, lower bound"),
+    Claim("13", "gen_sampled_exact", "<", 0.7, "sampling at tau = 1: exact match, upper bound"),
+    Claim("13", "gen_sampling_cost", ">", 0.2, "exact match lost at tau = 1 against tau = 0.05"),
+    Claim("16", "brackets_test_accuracy", ">", 90, "brackets: test accuracy (%)"),
+    Claim("16", "brackets_train_test_gap", "<", 0.05, "brackets: |test - training accuracy|"),
+    Claim("16", "brackets_min_seen", ">", 85, "brackets: worst accuracy at a trained length (%)"),
+    Claim("16", "brackets_long_drop", ">", 0.0, "brackets: margin of the drop at length 36"),
+    Claim("16", "brackets_gram_margin", ">", 0.0, "brackets: windows between counts and model (margin)"),
+    Claim("17", "lm_gain_nats", ">", 0.5, "characters: held-out loss below the unigram (nats)"),
+    Claim("17", "lm_valid_falls", ">", 0.0, "characters: smallest fall between validations"),
+    Claim("17", "lm_context_steps", ">", 0.0, "characters: loss falls from 0 to 1-3 to 4-15"),
+    Claim("17", "lm_context_first", ">", 0.0, "characters: first characters of context worth most"),
+    Claim("17", "lm_repeat_share", ">", 0.5, "characters: greedy continuations that loop"),
+    Claim("17", "lm_speaker_share", ">", 0.1, "characters: samples that start a new speaker"),
+    Claim("17", "lm_best_tau", ">", 0.7, "characters: best temperature, lower bound"),
+    Claim("17", "lm_best_tau", "<", 1.4, "characters: best temperature, upper bound"),
+    Claim("17", "lm_bigram_margin", ">", 0.0, "characters: position 0 near the bigram (margin)"),
+    Claim("18", "positions_relative_ahead", ">", 0.0, "positions: a relative scheme best on 0-31"),
+    Claim("18", "positions_relative_ratio", "<", 1.05, "positions: relative, loss 64-127 / loss 0-31"),
+    Claim("18", "positions_relative_steadiest", ">", 0.0, "positions: relative's ratio the lowest"),
+    Claim("18", "positions_sinusoidal_jump", ">", 0.2, "positions: sinusoidal's jump at 32 (nats)"),
+    Claim("18", "positions_learned_beats_sinusoidal", ">", 0.0, "positions: learned below sinusoidal, 64-127"),
+    Claim("18", "positions_rotary_worst", ">", 0.0, "positions: rotary the worst on 64-127"),
+]
+
+
+def chapter_path(number: str) -> Path:
+    (path,) = sorted((ROOT / "chapters").glob(f"{number}_*.md"))
+    return path
+
+
+def run_one(number: str, seed: int, path_name: str, timeout: int) -> dict:
+    """Execute one chapter with ``SEED = seed``; return its glued numbers and failing cells."""
+    import nbclient  # noqa: PLC0415 (only in the worker: the parent needs no Jupyter)
+
+    from tools.chapters import read_chapter  # noqa: PLC0415
+
+    nb = read_chapter(chapter_path(number))
+    cells = [cell for cell in nb.cells if "parameters" in cell.metadata.get("tags", [])]
+    if len(cells) != 1:
+        raise SystemExit(f"chapter {number} has {len(cells)} cells tagged 'parameters', expected 1")
+    cells[0].source = f"SEED = {seed}"
+    start = time.perf_counter()
+    client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
+                                     resources={"metadata": {"path": str(ROOT / "chapters")}})
+    client.execute()
+    glued, errors = {}, []
+    for index, cell in enumerate(nb.cells):
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error":
+                errors.append(f"cell {index}: {output['ename']}: {output['evalue']}".strip())
+            name = output.get("metadata", {}).get("scrapbook", {}).get("name")
+            plain = [value for key, value in output.get("data", {}).items() if key.endswith("text/plain")]
+            if name and plain:
+                try:
+                    glued[name] = float(plain[0])
+                except ValueError:
+                    pass  # a glued string (a formatted figure): not a claim
+    return {"chapter": number, "seed": seed, "path": path_name, "glued": glued, "errors": errors,
+            "seconds": time.perf_counter() - start}
+
+
+def launch(number: str, seed: int, path_name: str, timeout: int) -> dict:
+    """``run_one`` in a child process whose environment selects the arithmetic path."""
+    env = {**os.environ, **PATHS[path_name]}
+    command = [sys.executable, "-m", "benchmarks.robustness", "--one", number, str(seed), path_name,
+               "--timeout", str(timeout)]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"chapter": number, "seed": seed, "path": path_name, "glued": {}, "seconds": 0.0,
+                "errors": [f"the run itself failed: {done.stderr.strip().splitlines()[-1:]}"]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def table(results: list[dict]) -> tuple[str, bool]:
+    """The Markdown table of every claim over ``results``, and whether everything held."""
+    lines = ["| ch. | claim | threshold | min | median | max | runs | worst run |",
+             "|---|---|---|---|---|---|---|---|"]
+    ok = True
+    for claim in CLAIMS:
+        runs = [(r["glued"][claim.name], r) for r in results if r["chapter"] == claim.chapter
+                and claim.name in r["glued"]]
+        expected = sum(r["chapter"] == claim.chapter for r in results)
+        if not runs:
+            if expected:
+                lines.append(f"| {claim.chapter} | {claim.text} | {claim.op} {claim.threshold:g} | - | - | - | "
+                             f"0/{expected} | never glued |")
+                ok = False
+            continue
+        values = sorted(value for value, _ in runs)
+        worst_value, worst = (min if claim.op.startswith(">") else max)(runs, key=lambda pair: pair[0])
+        missed = sum(not claim.holds(value) for value in values)
+        ok &= missed == 0 and len(runs) == expected
+        lines.append(f"| {claim.chapter} | {claim.text} | {claim.op} {claim.threshold:g} | {values[0]:.4g} | "
+                     f"{statistics.median(values):.4g} | {values[-1]:.4g} | {len(runs)}/{expected} | "
+                     f"seed {worst['seed']}, {worst['path']}{'' if claim.holds(worst_value) else ' **MISSED**'} |")
+    chapters = sorted({r["chapter"] for r in results})
+    lines += ["", "| ch. | runs | runs with a failing cell | time per run (s), min - max |", "|---|---|---|---|"]
+    for number in chapters:
+        mine = [r for r in results if r["chapter"] == number]
+        failing = [r for r in mine if r["errors"]]
+        ok &= not failing
+        seconds = [r["seconds"] for r in mine]
+        lines.append(f"| {number} | {len(mine)} | {len(failing)} | {min(seconds):.0f} - {max(seconds):.0f} |")
+    for r in results:
+        for error in r["errors"]:
+            lines.append(f"\nchapter {r['chapter']}, seed {r['seed']}, {r['path']}: {error[:300]}")
+    return "\n".join(lines), ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--chapters", nargs="*", default=sorted({claim.chapter for claim in CLAIMS}))
+    parser.add_argument("--seeds", nargs="*", type=int, default=list(range(8)))
+    parser.add_argument("--paths", nargs="*", default=list(PATHS), choices=list(PATHS))
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
+    parser.add_argument("--timeout", type=int, default=1800, help="seconds a cell may take")
+    parser.add_argument("--out", type=Path, default=ROOT / "_build" / "robustness" / "results.json")
+    parser.add_argument("--table", type=Path, help="print the table of an earlier run's results and stop")
+    parser.add_argument("--one", nargs=3, metavar=("CHAPTER", "SEED", "PATH"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one:
+        number, seed, path_name = args.one
+        print(json.dumps(run_one(number, int(seed), path_name, args.timeout)))
+        return 0
+    if args.table:
+        text, ok = table(json.loads(args.table.read_text()))
+        print(text)
+        return 0 if ok else 1
+    import torch  # noqa: PLC0415
+
+    jobs = [(number, seed, path_name) for number in args.chapters for path_name in args.paths for seed in args.seeds]
+    print(f"{len(jobs)} runs ({len(args.chapters)} chapters x {len(args.paths)} paths x {len(args.seeds)} seeds), "
+          f"{args.jobs} at a time; torch {torch.__version__}, native capability "
+          f"{torch.backends.cpu.get_cpu_capability()}", flush=True)
+    results, start = [], time.perf_counter()
+    with ThreadPoolExecutor(args.jobs) as pool:
+        futures = [pool.submit(launch, *job, args.timeout) for job in jobs]  # in order: 12 before 13
+        for future in futures:
+            r = future.result()
+            results.append(r)
+            print(f"  chapter {r['chapter']} seed {r['seed']} {r['path']:7}: {r['seconds']:4.0f} s, "
+                  f"{len(r['errors'])} failing cells", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1))
+    text, ok = table(results)
+    print(f"\n{text}\n\n{len(jobs)} runs in {(time.perf_counter() - start) / 60:.1f} min; results in {args.out}")
+    print("every claim held in every run" if ok else "SOME CLAIM DID NOT HOLD IN EVERY RUN (see above)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
