@@ -20,7 +20,7 @@ Arithmetic paths:
     .venv/bin/python -m benchmarks.robustness --chapters 12 13 --seeds 0 1 --jobs 2
     .venv/bin/python -m benchmarks.robustness --table _build/robustness/results.json   # print again
 
-Runs go two at a time (``--jobs``), each in its own kernel; the chapters train on one thread. It is
+Runs go two at a time (``--jobs``), each in its own kernel on one thread (``OMP_NUM_THREADS=1``). It is
 a measurement, not a test: it exits 1 when a claim's worst case misses its threshold or a run has a
 failing cell, and says which.
 """
@@ -131,7 +131,8 @@ def run_one(number: str, seed: int, path_name: str, timeout: int) -> dict:
 
 def launch(number: str, seed: int, path_name: str, timeout: int) -> dict:
     """``run_one`` in a child process whose environment selects the arithmetic path."""
-    env = {**os.environ, **PATHS[path_name]}
+    # One thread per run: two runs at a time on two cores, and no chapter's result hangs on the count.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **PATHS[path_name]}
     command = [sys.executable, "-m", "benchmarks.robustness", "--one", number, str(seed), path_name,
                "--timeout", str(timeout)]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)

@@ -7,7 +7,7 @@ Defined in the book's chapter "Training" (chapters/12_training.md).
 """
 
 
-__all__ = ['label_smoothed_cross_entropy', 'warmup_lr', 'warmup_scheduler', 'cooldown_factor', 'train_step', 'save_checkpoint', 'load_checkpoint', 'TrainConfig', 'make_model', 'make_optimizer', 'training_batches', 'predict', 'exact_match', 'evaluate_loss', 'model_cache_dir', 'fit']
+__all__ = ['label_smoothed_cross_entropy', 'warmup_lr', 'cooldown_factor', 'warmup_scheduler', 'train_step', 'save_checkpoint', 'load_checkpoint', 'TrainConfig', 'make_model', 'make_optimizer', 'training_batches', 'predict', 'exact_match', 'evaluate_loss', 'model_cache_dir', 'fit']
 
 
 # chapters/12_training.md: Training
@@ -70,6 +70,16 @@ def warmup_lr(step: int, d_model: int, warmup: int) -> float:
     return d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
 
 
+# chapters/12_training.md: Cooling down at the end
+def cooldown_factor(step: int, steps: int, cooldown: float) -> float:
+    """The factor f(step) of a cooldown over the last share ``cooldown`` of ``steps``: 1 before it,
+    then a line falling to 1 / (cooldown * steps) at the last step; always 1 for ``cooldown=0``."""
+    step, steps = check_positive_int("step", step), check_positive_int("steps", steps)
+    length = round(check_dropout("cooldown", cooldown) * steps)  # the number of steps that cool down
+    return min(1.0, (steps - step + 1) / length) if length else 1.0
+
+
+# chapters/12_training.md: Cooling down at the end
 def warmup_scheduler(optimizer: torch.optim.Optimizer, d_model: int, warmup: int,
                      factor: float = 1.0, steps: int | None = None,
                      cooldown: float = 0.0) -> torch.optim.lr_scheduler.LambdaLR:
@@ -91,15 +101,6 @@ def warmup_scheduler(optimizer: torch.optim.Optimizer, d_model: int, warmup: int
         check_positive_int("steps", steps)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: factor * warmup_lr(done + 1, d_model, warmup)
                                              * cooldown_factor(done + 1, steps or 1, cooldown))  # done: steps taken
-
-
-# chapters/12_training.md: Cooling down at the end
-def cooldown_factor(step: int, steps: int, cooldown: float) -> float:
-    """The factor f(step) of a cooldown over the last share ``cooldown`` of ``steps``: 1 before it,
-    then a line falling to 1 / (cooldown * steps) at the last step; always 1 for ``cooldown=0``."""
-    step, steps = check_positive_int("step", step), check_positive_int("steps", steps)
-    length = round(check_dropout("cooldown", cooldown) * steps)  # the number of steps that cool down
-    return min(1.0, (steps - step + 1) / length) if length else 1.0
 
 
 # chapters/12_training.md: Gradient clipping
