@@ -281,11 +281,12 @@ def train_classifier(model: nn.Module, tokens: Tensor, labels: Tensor, steps: in
                      batch_size: int = 128, lr: float = 2e-3, warmup: int = 60, seed: int = 0,
                      valid: tuple[Tensor, Tensor] | None = None, eval_every: int = 50,
                      clip: float | None = 1.0, pad_id: int | None = 0, num_threads: int | None = 1,
-                     progress: bool = False) -> dict[str, list]:
+                     progress: bool = False, cooldown: float = 0.25) -> dict[str, list]:
     """Train ``model`` in place on (tokens (M, N), labels (M,)) with cross-entropy; return the history.
 
     Adam (betas 0.9, 0.98, eps 1e-9); the learning rate rises linearly to ``lr`` in ``warmup`` steps,
-    then falls as 1/sqrt(step) (the paper's schedule, scaled); gradients clipped to norm ``clip``.
+    then falls as 1/sqrt(step) (the paper's schedule, scaled), and over the last share ``cooldown`` of
+    the steps linearly to zero (``cooldown_factor``; 0: no cooldown); gradients clipped to norm ``clip``.
     ``seed`` fixes the batch order and dropout; ``num_threads`` CPU threads (None: torch's setting).
     Trailing columns that hold only ``pad_id`` in a batch are cut off (None: never): the model must
     ignore padding, as ``SequenceClassifier`` does. The model is left in eval mode.
@@ -300,7 +301,8 @@ def train_classifier(model: nn.Module, tokens: Tensor, labels: Tensor, steps: in
     with _run_settings(seed, num_threads):
         optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
         # the paper's schedule with d_model = 1, times lr * sqrt(warmup): lr * min(s / warmup, sqrt(warmup / s))
-        scheduler = warmup_scheduler(optimizer, 1, warmup, factor=lr * math.sqrt(warmup))
+        scheduler = warmup_scheduler(optimizer, 1, warmup, factor=lr * math.sqrt(warmup), steps=steps,
+                                     cooldown=cooldown)
         batches = _batches(tokens, labels, batch_size, seed, pad_id)
         model.train()
         for step in tqdm(range(1, steps + 1), desc="training", unit="step", disable=not progress,
