@@ -374,6 +374,12 @@ def test_training_schedule_peaks_at_lr():
     lrs = history["lr"]
     assert lrs[:4] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])  # linear warm-up to lr
     assert lrs[8] == pytest.approx(1e-3 * math.sqrt(4 / 9))  # then lr * sqrt(warmup / step)
+    # the default cooldown, the last quarter (3 of 12 steps): the same times 3/3, 2/3, 1/3
+    assert lrs[9:] == pytest.approx([1e-3 * math.sqrt(4 / s) * (12 - s + 1) / 3 for s in (10, 11, 12)])
+    torch.manual_seed(0)
+    plain = train_classifier(make_model("mean", vocab_size=3, num_classes=2), tokens, labels, steps=12,
+                             batch_size=16, lr=1e-3, warmup=4, cooldown=0.0)["lr"]
+    assert plain[4:] == pytest.approx([1e-3 * math.sqrt(4 / s) for s in range(5, 13)])  # no cooldown
 
 
 def test_training_is_seeded_and_restores_threads():
