@@ -465,6 +465,61 @@ def test_beam_search_rows_are_independent(src):
         assert (together[i, width:] == PAD).all()
 
 
+# ---------------------------------------------------------------------------------------------
+# The paper's limit: input length + extra_len
+
+def test_extra_len_stops_each_row_at_its_source_length_plus_extra(src):
+    model = small()
+    src_mask = padding_mask(src, PAD)  # row 1 has 4 real tokens, rows 0 and 2 have 6
+    tokens = greedy_decode(model, src, 12, BOS, src_mask=src_mask, extra_len=2)  # no end token
+    reference = reference_greedy(model, src, src_mask, 8)  # (3, 9): 8 tokens after <bos>, unlimited
+    assert tokens.shape == (3, 9)
+    assert torch.equal(tokens[[0, 2]], reference[[0, 2]])  # 6 + 2 = 8 generated: the whole width
+    assert torch.equal(tokens[1, :7], reference[1, :7]) and (tokens[1, 7:] == PAD).all()  # 4 + 2 = 6
+
+
+def test_extra_len_within_max_len_and_without_a_mask(src):
+    model = small()
+    capped = greedy_decode(model, src, 5, BOS, extra_len=50)  # 6 + 50 tokens allowed, max_len 5 wins
+    assert torch.equal(capped, greedy_decode(model, src, 5, BOS))
+    unmasked = greedy_decode(model, src, 20, BOS, extra_len=0)  # no mask: every source counts S = 6
+    assert unmasked.shape == (3, 7)
+    assert torch.equal(unmasked, reference_greedy(model, src, None, 6))
+
+
+def test_an_end_token_still_ends_a_row_before_its_limit(src):
+    model = small()
+    src_mask = padding_mask(src, PAD)
+    free = greedy_decode(model, src, 12, BOS, src_mask=src_mask)
+    eos = int(free[2, 2])  # row 2 ends at position 2
+    tokens = greedy_decode(model, src, 12, BOS, eos, src_mask=src_mask, extra_len=3)
+    assert first_end(tokens[2], eos) <= 2 and (tokens[2, first_end(tokens[2], eos) + 1:] == PAD).all()
+    assert (tokens[1, 1 + 4 + 3:] == PAD).all()  # row 1: at most 4 + 3 tokens after <bos>
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_beam_search_keeps_each_rows_limit(src, beam_size):
+    model = small()
+    src_mask = padding_mask(src, PAD)
+    free = greedy_decode(model, src, 15, BOS, src_mask=src_mask)
+    eos = int(free[0, 3])
+    beams = beam_search(model, src, 15, BOS, eos, beam_size=beam_size, src_mask=src_mask, extra_len=1)
+    for row, limit in zip(beams, (7, 5, 7)):  # source lengths 6, 4, 6, plus 1
+        stop = first_end(row, eos)
+        generated = (stop if stop is not None else int((row != PAD).sum()) - 1)
+        assert generated <= limit and (row[1 + limit:] == PAD).all()
+    if beam_size == 1:  # a beam of one is greedy decoding, the limit included
+        assert torch.equal(beams, greedy_decode(model, src, 15, BOS, eos, src_mask, extra_len=1))
+
+
+@pytest.mark.parametrize("extra_len", [-1, 1.5, True, "50"])
+def test_bad_extra_len_is_refused(src, extra_len):
+    with pytest.raises(ValueError, match="extra_len must be None or an int >= 0"):
+        greedy_decode(small(), src, 5, BOS, extra_len=extra_len)
+    with pytest.raises(ValueError, match="extra_len must be None or an int >= 0"):
+        beam_search(small(), src, 5, BOS, EOS, extra_len=extra_len)
+
+
 def test_beam_search_accepts_a_broadcast_mask_or_none(src):
     model = small()
     full = src.clone()

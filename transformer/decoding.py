@@ -46,6 +46,23 @@ def _check_generation(model: nn.Module, src, max_len, bos_id, pad_id) -> tuple[i
     return max_len, bos_id, _check_token_id("pad_id", pad_id, vocab_size)
 
 
+def _output_limits(src: Tensor, src_mask: Tensor | None, max_len: int, extra_len) -> Tensor:
+    """How many tokens each row may generate after the start token, (B,): ``max_len - 1``, or with
+    ``extra_len`` at most its source length (the positions ``src_mask`` leaves open) + ``extra_len``."""
+    B, S = src.shape
+    limits = torch.full((B,), max_len - 1, dtype=torch.long, device=src.device)
+    if extra_len is None:
+        return limits
+    if isinstance(extra_len, bool) or not isinstance(extra_len, numbers.Integral) or extra_len < 0:
+        raise ValueError(f"extra_len must be None or an int >= 0, got {extra_len!r}")
+    if src_mask is None:
+        lengths = torch.full((B,), S, dtype=torch.long, device=src.device)
+    else:  # a source position is padding when it is masked for every query and head
+        padded = src_mask.reshape(src_mask.shape[0] if src_mask.dim() > 1 else 1, -1, S).all(dim=1)  # (B or 1, S)
+        lengths = (~padded).sum(dim=-1).expand(B)  # (B,)
+    return torch.minimum(limits, lengths + int(extra_len))
+
+
 @contextlib.contextmanager
 def _evaluating(model: nn.Module) -> Iterator[None]:
     """Eval mode and no gradients inside the block; the model's mode is restored after it."""
@@ -71,7 +88,8 @@ def _next_logits(model: nn.Module, tokens: Tensor, memory: Tensor, src_mask: Ten
 
 # chapters/13_generation.md: Greedy decoding
 def greedy_decode(model: nn.Module, src: Tensor, max_len: int, bos_id: int, eos_id: int | None = None,
-                  src_mask: Tensor | None = None, use_cache: bool = True, pad_id: int = 0) -> Tensor:
+                  src_mask: Tensor | None = None, use_cache: bool = True, pad_id: int = 0,
+                  extra_len: int | None = None) -> Tensor:
     """Generate with the most likely token at every step, until ``eos_id`` or ``max_len``.
 
     Args:
@@ -85,27 +103,33 @@ def greedy_decode(model: nn.Module, src: Tensor, max_len: int, bos_id: int, eos_
         use_cache: keep the keys and values of earlier steps (``DecoderCache``): the same tokens,
             each step costing O(t) instead of O(t^2).
         pad_id: what a row holds after its end token while other rows still generate.
+        extra_len: the paper's limit, per row: at most (its source length + extra_len) tokens after
+            the start token (the paper: 50); the source length counts the positions ``src_mask``
+            leaves open. ``max_len`` still caps every row. None: ``max_len`` alone.
 
     Returns:
         LongTensor ``(B, T)``, ``T <= max_len``; generation stops early when every row has produced
-        ``eos_id``. The model runs in eval mode without gradients; its mode is restored.
+        ``eos_id`` or reached its limit. The model runs in eval mode without gradients; its mode is
+        restored.
     """
     max_len, bos_id, pad_id = _check_generation(model, src, max_len, bos_id, pad_id)
     if eos_id is not None:
         eos_id = _check_token_id("eos_id", eos_id, model.tgt_embed.vocab_size)
+    limits = _output_limits(src, src_mask, max_len, extra_len)  # (B,)
     with _evaluating(model):
         memory = model.encode(src, src_mask)  # (B, S, d_model), once for all steps
         cache = DecoderCache(len(model.decoder.layers)) if use_cache else None
         tokens = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)  # (B, 1)
         finished = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)  # (B,)
-        for _ in range(max_len - 1):
-            next_token = _next_logits(model, tokens, memory, src_mask, cache).argmax(dim=-1)  # (B,)
-            if eos_id is not None:
-                next_token = next_token.masked_fill(finished, pad_id)  # ended rows get padding
-                finished |= next_token == eos_id
-            tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # (B, t + 1)
+        for step in range(max_len - 1):  # step: the tokens generated so far
+            finished |= step >= limits  # rows at their limit end here
             if finished.all():
                 break
+            next_token = _next_logits(model, tokens, memory, src_mask, cache).argmax(dim=-1)  # (B,)
+            next_token = next_token.masked_fill(finished, pad_id)  # ended rows get padding
+            if eos_id is not None:
+                finished |= next_token == eos_id
+            tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # (B, t + 1)
     return tokens
 
 
@@ -144,15 +168,16 @@ def _expand_beams(src_mask: Tensor | None, beam_size: int) -> Tensor | None:
 
 
 def _beams_done(scores: Tensor, lengths: Tensor, finished: Tensor, alpha: float,
-                max_generated: int) -> bool:
+                max_generated: int | Tensor) -> bool:
     """True when, in every beam, no live hypothesis can beat the best finished one any more.
 
     A live hypothesis's log P can only fall, and lp(Y) grows at most to lp(max_generated), so
-    log P / lp(max_generated) bounds every score it can still reach. scores etc. are (B, k).
+    log P / lp(max_generated) bounds every score it can still reach. scores etc. are (B, k);
+    max_generated is a number or one per beam, (B, 1).
     """
     finished_scores = scores / _length_penalty(lengths, alpha)  # (B, k): s(Y)
     best_finished = torch.where(finished, finished_scores, float("-inf")).amax(dim=1)  # (B,)
-    bound = scores / _length_penalty(float(max_generated), alpha)  # (B, k)
+    bound = scores / _length_penalty(torch.as_tensor(max_generated, dtype=scores.dtype), alpha)  # (B, k)
     best_live = torch.where(finished, float("-inf"), bound).amax(dim=1)  # (B,)
     return bool((best_finished >= best_live).all())
 
@@ -180,11 +205,12 @@ def _beam_step(log_probs: Tensor, scores: Tensor, lengths: Tensor, finished: Ten
 # chapters/13_generation.md: Beam search
 def beam_search(model: nn.Module, src: Tensor, max_len: int, bos_id: int, eos_id: int,
                 beam_size: int = 4, length_penalty: float = 0.6, src_mask: Tensor | None = None,
-                use_cache: bool = True, pad_id: int = 0) -> Tensor:
+                use_cache: bool = True, pad_id: int = 0, extra_len: int | None = None) -> Tensor:
     """Generate with beam search and GNMT's length penalty; return the best hypothesis per source.
 
     Args:
-        model, src, max_len, bos_id, src_mask, use_cache, pad_id: as for ``greedy_decode``.
+        model, src, max_len, bos_id, src_mask, use_cache, pad_id, extra_len: as for
+            ``greedy_decode``; a hypothesis that reaches its row's limit is finished there.
         eos_id: the end token; a hypothesis that produces it is finished.
         beam_size: the number k of hypotheses kept per source (1 is greedy decoding).
         length_penalty: alpha of lp(Y) = ((5 + |Y|) / 6) ** alpha; hypotheses are ranked by
@@ -198,6 +224,7 @@ def beam_search(model: nn.Module, src: Tensor, max_len: int, bos_id: int, eos_id
     k = check_positive_int("beam_size", beam_size)
     alpha = _check_length_penalty(length_penalty)
     B = src.shape[0]
+    limits = _output_limits(src, src_mask, max_len, extra_len)[:, None]  # (B, 1)
     with _evaluating(model):
         memory = model.encode(src, src_mask).repeat_interleave(k, dim=0)  # (B * k, S, d_model)
         beam_mask = _expand_beams(src_mask, k)
@@ -205,7 +232,8 @@ def beam_search(model: nn.Module, src: Tensor, max_len: int, bos_id: int, eos_id
         tokens = torch.full((B * k, 1), bos_id, dtype=torch.long, device=src.device)  # (B * k, 1)
         scores, lengths, finished = _start_beams(B, k, src.device)  # (B, k) each
         rows_of = torch.arange(B, device=src.device)[:, None] * k  # (B, 1): first row of each beam
-        for _ in range(max_len - 1):
+        for step in range(max_len - 1):  # step: the tokens generated so far
+            finished = finished | (step >= limits)  # hypotheses at their row's limit end here
             log_probs = _next_logits(model, tokens, memory, beam_mask, cache).log_softmax(-1)  # (B * k, V)
             parent, token, scores, lengths, finished = _beam_step(
                 log_probs.view(B, k, -1), scores, lengths, finished, alpha, pad_id)
@@ -214,6 +242,6 @@ def beam_search(model: nn.Module, src: Tensor, max_len: int, bos_id: int, eos_id
             tokens = torch.cat([tokens[rows], token.view(-1, 1)], dim=1)  # (B * k, t + 1)
             if cache is not None:
                 cache.reorder(rows)
-            if _beams_done(scores, lengths, finished, alpha, max_len - 1):
+            if _beams_done(scores, lengths, finished | (step + 1 >= limits), alpha, limits):
                 break
     return tokens.view(B, k, -1)[:, 0]  # (B, T): the best of each beam
