@@ -66,6 +66,7 @@ CLAIMS = [
     Claim("13", "gen_close_runner_up", "<", 0.05, "share of digits whose runner-up is above 0.1"),
     Claim("13", "gen_last_layer_in_order", ">", 0.8, "last layer: steps that do not go back"),
     Claim("13", "gen_last_layer_sharper", ">", 0.0, "last layer sharper than the first (weight)"),
+    Claim("13", "gen_self_attention_peak", ">", 1.5, "encoder: largest weight / uniform, worst layer"),
     Claim("13", "gen_cold_same_as_greedy", ">=", 0.99, "sampling at tau = 0.05: same as greedy"),
     Claim("13", "gen_sampled_exact", ">", 0.35, "sampling at tau = 1: exact match, lower bound"),
     Claim("13", "gen_sampled_exact", "<", 0.7, "sampling at tau = 1: exact match, upper bound"),
