@@ -78,11 +78,11 @@ def test_layer_submodules():
     layer = DecoderLayer(D_MODEL, NUM_HEADS, D_FF, dropout=0.2, norm_first=True)
     for attn in (layer.self_attn, layer.cross_attn):
         assert isinstance(attn, MultiHeadAttention)
-        assert attn.num_heads == NUM_HEADS and attn.dropout == 0.2
+        assert attn.num_heads == NUM_HEADS and attn.dropout == 0.0  # the paper's dropout only
     assert layer.self_attn is not layer.cross_attn
     assert isinstance(layer.feed_forward, PositionwiseFeedForward)
     assert layer.feed_forward.w_1.weight.shape == (D_FF, D_MODEL)
-    assert layer.feed_forward.dropout.p == 0.2
+    assert layer.feed_forward.dropout.p == 0.0
     for norm in (layer.norm1, layer.norm2, layer.norm3):
         assert isinstance(norm, LayerNorm)
     for dropout in (layer.dropout1, layer.dropout2, layer.dropout3):
@@ -388,8 +388,8 @@ def test_self_attention_factory_builds_each_layers_self_attention():
             super().__init__(d_model, num_heads, dropout=dropout)
             built.append((d_model, num_heads, dropout))
 
-    decoder = Decoder(3, D_MODEL, NUM_HEADS, D_FF, dropout=0.25, self_attention=Recorded)
-    assert built == [(D_MODEL, NUM_HEADS, 0.25)] * 3
+    decoder = Decoder(3, D_MODEL, NUM_HEADS, D_FF, dropout=0.25, self_attention=Recorded, attention_dropout=0.125)
+    assert built == [(D_MODEL, NUM_HEADS, 0.125)] * 3  # the factory gets the attention-weight dropout
     assert all(type(layer.self_attn) is Recorded for layer in decoder.layers)
     assert all(type(layer.cross_attn) is MultiHeadAttention for layer in decoder.layers)
 

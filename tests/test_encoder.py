@@ -73,10 +73,11 @@ def assert_same_values_and_grads(ours, ref, x, run_ours, run_ref):
 def test_layer_submodules():
     layer = EncoderLayer(D_MODEL, NUM_HEADS, D_FF, dropout=0.2, norm_first=True)
     assert isinstance(layer.self_attn, MultiHeadAttention)
-    assert layer.self_attn.num_heads == NUM_HEADS and layer.self_attn.dropout == 0.2
+    # the paper's dropout only: none on the attention weights or the feed-forward hidden units
+    assert layer.self_attn.num_heads == NUM_HEADS and layer.self_attn.dropout == 0.0
     assert isinstance(layer.feed_forward, PositionwiseFeedForward)
     assert layer.feed_forward.w_1.weight.shape == (D_FF, D_MODEL)
-    assert layer.feed_forward.dropout.p == 0.2
+    assert layer.feed_forward.dropout.p == 0.0
     assert isinstance(layer.norm1, LayerNorm) and isinstance(layer.norm2, LayerNorm)
     assert isinstance(layer.dropout1, nn.Dropout) and layer.dropout1.p == 0.2
     assert isinstance(layer.dropout2, nn.Dropout) and layer.dropout2.p == 0.2

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer import Transformer, padding_mask
+from transformer import MultiHeadAttention, Transformer, padding_mask
 
 PAD, BOS = 0, 1
 
@@ -205,3 +205,25 @@ def test_bad_input(batch, call, error, message):
 def test_bad_constructor_arguments(kwargs, error, message):
     with pytest.raises(error, match=message):
         small(**kwargs)
+
+
+def test_dropout_is_the_papers_by_default_and_the_other_two_are_options():
+    """Transformer(dropout=p) drops embeddings and sublayer outputs only (the paper, section 5.4);
+    attention_dropout and activation_dropout add the two places torch.nn also uses."""
+    paper = Transformer(11, 13, d_model=16, num_heads=2, num_layers=2, d_ff=32, dropout=0.1)
+    layers = [*paper.encoder.layers, *paper.decoder.layers]
+    residual = [m for layer in layers for name, m in layer.named_children() if name.startswith("dropout") and m]
+    assert len(residual) == 2 * 2 + 3 * 2 and all(m.p == 0.1 for m in residual)
+    assert paper.positional_encoding.dropout.p == 0.1
+    attentions = [m for m in paper.modules() if isinstance(m, MultiHeadAttention)]
+    assert len(attentions) == 2 + 2 * 2 and all(m.dropout == 0.0 for m in attentions)
+    assert all(layer.feed_forward.dropout.p == 0.0 for layer in layers)
+
+    like_torch = Transformer(11, 13, d_model=16, num_heads=2, num_layers=2, d_ff=32, dropout=0.1,
+                             attention_dropout=0.2, activation_dropout=0.3)
+    assert all(m.dropout == 0.2 for m in like_torch.modules() if isinstance(m, MultiHeadAttention))
+    assert all(layer.feed_forward.dropout.p == 0.3 for layer in [*like_torch.encoder.layers, *like_torch.decoder.layers])
+    with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\), got 1.5"):
+        Transformer(11, 13, d_model=16, num_heads=2, num_layers=1, d_ff=32, attention_dropout=1.5)
+    with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\), got -0.1"):
+        Transformer(11, 13, d_model=16, num_heads=2, num_layers=1, d_ff=32, activation_dropout=-0.1)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from transformer._checks import check_bool, check_features, check_positive_int
+from transformer._checks import check_bool, check_dropout, check_features, check_positive_int
 from transformer.attention import causal_mask, check_attention_mask
 from transformer.feedforward import PositionwiseFeedForward
 from transformer.multihead import KVCache, MultiHeadAttention
@@ -124,14 +124,18 @@ class DecoderLayer(nn.Module):
         d_model: width of the token vectors, in and out, and of the memory.
         num_heads: number of attention heads in both attentions; must divide ``d_model``.
         d_ff: hidden width of the feed-forward network.
-        dropout: dropout probability on the attention weights, the feed-forward hidden units and
-            each sublayer's output (before the residual addition); active in training mode only.
+        dropout: the paper's P_drop, on each sublayer's output before the residual addition;
+            active in training mode only.
+        attention_dropout: dropout on the attention weights of both attentions (not in the paper; 0 by default).
+        activation_dropout: dropout on the feed-forward hidden units (not in the paper; 0 by
+            default). ``nn.TransformerEncoderLayer`` and ``nn.TransformerDecoderLayer`` use
+            ``dropout`` for all three: set both to ``dropout`` for the same layer.
         norm_first: False for the paper's post-LN, ``LayerNorm(x + Sublayer(x))``; True for
             pre-LN, ``x + Sublayer(LayerNorm(x))``.
         cross_attention: False leaves out the cross-attention sublayer (``cross_attn``, ``norm2``
             and ``dropout2`` are then None) and the layer takes no memory.
         self_attention: what builds the self-attention, called as
-            ``self_attention(d_model, num_heads, dropout=dropout)``: ``MultiHeadAttention``, or a
+            ``self_attention(d_model, num_heads, dropout=attention_dropout)``: ``MultiHeadAttention``, or a
             subclass that puts positions inside attention.
 
     Example:
@@ -142,19 +146,21 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
                  norm_first: bool = False, cross_attention: bool = True,
-                 self_attention: Callable[..., nn.Module] = MultiHeadAttention):
+                 self_attention: Callable[..., nn.Module] = MultiHeadAttention,
+                 attention_dropout: float = 0.0, activation_dropout: float = 0.0):
         super().__init__()
         check_bool("norm_first", norm_first)
         check_bool("cross_attention", cross_attention)
         if not callable(self_attention):
             raise TypeError(f"self_attention must be callable (a class), got {type(self_attention).__name__}")
-        # MultiHeadAttention checks d_model, num_heads (and that it divides d_model) and dropout.
-        self.self_attn = self_attention(d_model, num_heads, dropout=dropout)
+        # MultiHeadAttention checks d_model, num_heads (and that it divides d_model) and its dropout.
+        dropout = check_dropout("dropout", dropout)
+        self.self_attn = self_attention(d_model, num_heads, dropout=attention_dropout)
         self.cross_attn, self.norm2, self.dropout2 = None, None, None
         if cross_attention:
-            self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout)
+            self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout=attention_dropout)
             self.norm2, self.dropout2 = LayerNorm(d_model), nn.Dropout(dropout)
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=dropout)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=activation_dropout)
         self.norm1, self.norm3 = LayerNorm(d_model), LayerNorm(d_model)
         self.dropout1, self.dropout3 = nn.Dropout(dropout), nn.Dropout(dropout)
         self.d_model, self.num_heads, self.norm_first = d_model, num_heads, norm_first
@@ -204,8 +210,9 @@ class Decoder(nn.Module):
 
     Args:
         num_layers: number of layers N (6 in the paper).
-        d_model, num_heads, d_ff, dropout, norm_first, cross_attention, self_attention: as for
-            ``DecoderLayer``; every layer gets the same values and weights of its own.
+        d_model, num_heads, d_ff, dropout, norm_first, cross_attention, self_attention,
+            attention_dropout, activation_dropout: as for ``DecoderLayer``; every layer gets the
+            same values and weights of its own.
 
     Attributes:
         layers: the ``DecoderLayer``s, an ``nn.ModuleList``, each built fresh.
@@ -219,11 +226,13 @@ class Decoder(nn.Module):
 
     def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int,
                  dropout: float = 0.1, norm_first: bool = False, cross_attention: bool = True,
-                 self_attention: Callable[..., nn.Module] = MultiHeadAttention):
+                 self_attention: Callable[..., nn.Module] = MultiHeadAttention,
+                 attention_dropout: float = 0.0, activation_dropout: float = 0.0):
         super().__init__()
         check_positive_int("num_layers", num_layers)
         self.layers = nn.ModuleList(
-            [DecoderLayer(d_model, num_heads, d_ff, dropout, norm_first, cross_attention, self_attention)
+            [DecoderLayer(d_model, num_heads, d_ff, dropout, norm_first, cross_attention, self_attention,
+                          attention_dropout, activation_dropout)
              for _ in range(num_layers)]
         )
         self.norm = LayerNorm(d_model) if norm_first else None

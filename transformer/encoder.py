@@ -13,7 +13,7 @@ __all__ = ['EncoderLayer', 'Encoder']
 # chapters/08_encoder.md: The encoder
 from torch import Tensor, nn
 
-from transformer._checks import check_bool, check_features, check_positive_int
+from transformer._checks import check_bool, check_dropout, check_features, check_positive_int
 from transformer.feedforward import PositionwiseFeedForward
 from transformer.multihead import MultiHeadAttention
 from transformer.residual import LayerNorm, add_and_norm
@@ -27,8 +27,12 @@ class EncoderLayer(nn.Module):
         d_model: width of the token vectors, in and out.
         num_heads: number of attention heads; must divide ``d_model``.
         d_ff: hidden width of the feed-forward network.
-        dropout: dropout probability on the attention weights, the feed-forward hidden units and
-            each sublayer's output (before the residual addition); active in training mode only.
+        dropout: the paper's P_drop, on each sublayer's output before the residual addition;
+            active in training mode only.
+        attention_dropout: dropout on the attention weights (not in the paper; 0 by default).
+        activation_dropout: dropout on the feed-forward hidden units (not in the paper; 0 by
+            default). ``nn.TransformerEncoderLayer`` and ``nn.TransformerDecoderLayer`` use
+            ``dropout`` for all three: set both to ``dropout`` for the same layer.
         norm_first: False for the paper's post-LN, ``LayerNorm(x + Sublayer(x))``; True for
             pre-LN, ``x + Sublayer(LayerNorm(x))``.
 
@@ -39,13 +43,14 @@ class EncoderLayer(nn.Module):
     """
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
-                 norm_first: bool = False):
+                 norm_first: bool = False, attention_dropout: float = 0.0, activation_dropout: float = 0.0):
         super().__init__()
         check_bool("norm_first", norm_first)
-        # MultiHeadAttention checks d_model, num_heads (and that it divides d_model) and dropout.
-        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout)
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=dropout)
+        # MultiHeadAttention checks d_model, num_heads (and that it divides d_model) and its dropout.
+        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=attention_dropout)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=activation_dropout)
         self.norm1, self.norm2 = LayerNorm(d_model), LayerNorm(d_model)
+        dropout = check_dropout("dropout", dropout)
         self.dropout1, self.dropout2 = nn.Dropout(dropout), nn.Dropout(dropout)
         self.d_model, self.norm_first = self.self_attn.d_model, norm_first
 
@@ -75,8 +80,8 @@ class Encoder(nn.Module):
 
     Args:
         num_layers: number of layers N (6 in the paper).
-        d_model, num_heads, d_ff, dropout, norm_first: as for ``EncoderLayer``; every layer gets
-            the same values and weights of its own.
+        d_model, num_heads, d_ff, dropout, norm_first, attention_dropout, activation_dropout: as
+            for ``EncoderLayer``; every layer gets the same values and weights of its own.
 
     Attributes:
         layers: the ``EncoderLayer``s, an ``nn.ModuleList``, each built fresh.
@@ -89,11 +94,13 @@ class Encoder(nn.Module):
     """
 
     def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int,
-                 dropout: float = 0.1, norm_first: bool = False):
+                 dropout: float = 0.1, norm_first: bool = False, attention_dropout: float = 0.0,
+                 activation_dropout: float = 0.0):
         super().__init__()
         check_positive_int("num_layers", num_layers)
         self.layers = nn.ModuleList(
-            [EncoderLayer(d_model, num_heads, d_ff, dropout, norm_first) for _ in range(num_layers)]
+            [EncoderLayer(d_model, num_heads, d_ff, dropout, norm_first, attention_dropout, activation_dropout)
+             for _ in range(num_layers)]
         )
         self.norm = LayerNorm(d_model) if norm_first else None
 

@@ -44,7 +44,11 @@ class Transformer(nn.Module):
 
     Args:
         src_vocab_size, tgt_vocab_size: sizes of the two vocabularies.
-        d_model, num_heads, num_layers, d_ff, dropout: as in the paper (base model defaults).
+        d_model, num_heads, num_layers, d_ff, dropout: as in the paper (base model defaults);
+            ``dropout`` is the paper's P_drop, on the embeddings with positions and on every
+            sublayer's output.
+        attention_dropout, activation_dropout: dropout on the attention weights and on the
+            feed-forward hidden units, which the paper does not have (0 by default).
         max_len: the longest source or target sequence accepted.
         pad_id: optional padding id; its embedding is zero and gets no gradient.
         share_embeddings: use one embedding table for source and target (one vocabulary).
@@ -60,7 +64,7 @@ class Transformer(nn.Module):
     def __init__(self, src_vocab_size: int, tgt_vocab_size: int, d_model: int = 512, num_heads: int = 8,
                  num_layers: int = 6, d_ff: int = 2048, dropout: float = 0.1, max_len: int = 5000,
                  pad_id: int | None = None, share_embeddings: bool = False, tie_output: bool = True,
-                 norm_first: bool = False):
+                 norm_first: bool = False, attention_dropout: float = 0.0, activation_dropout: float = 0.0):
         super().__init__()
         check_positive_int("src_vocab_size", src_vocab_size)
         check_positive_int("tgt_vocab_size", tgt_vocab_size)
@@ -74,8 +78,9 @@ class Transformer(nn.Module):
         self.tgt_embed = (self.src_embed if share_embeddings
                           else TokenEmbedding(tgt_vocab_size, d_model, padding_idx=pad_id))
         self.positional_encoding = SinusoidalPositionalEncoding(d_model, max_len, dropout)
-        self.encoder = Encoder(num_layers, d_model, num_heads, d_ff, dropout, norm_first)
-        self.decoder = Decoder(num_layers, d_model, num_heads, d_ff, dropout, norm_first)
+        extra = dict(attention_dropout=attention_dropout, activation_dropout=activation_dropout)
+        self.encoder = Encoder(num_layers, d_model, num_heads, d_ff, dropout, norm_first, **extra)
+        self.decoder = Decoder(num_layers, d_model, num_heads, d_ff, dropout, norm_first, **extra)
         self.output = nn.Linear(d_model, tgt_vocab_size)  # logits = h E^T + b
         nn.init.zeros_(self.output.bias)
         if tie_output:
