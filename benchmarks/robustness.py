@@ -133,7 +133,7 @@ def run_one(number: str, seed: int, path_name: str, timeout: int) -> dict:
 
 def launch(number: str, seed: int, path_name: str, timeout: int) -> dict:
     """``run_one`` in a child process whose environment selects the arithmetic path."""
-    # One thread per run: two runs at a time on two cores, and no chapter's result hangs on the count.
+    # One thread per run, so that two runs at a time share two cores without oversubscribing them.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **PATHS[path_name]}
     command = [sys.executable, "-m", "benchmarks.robustness", "--one", number, str(seed), path_name,
                "--timeout", str(timeout)]
