@@ -126,7 +126,8 @@ class DecoderLayer(nn.Module):
         d_ff: hidden width of the feed-forward network.
         dropout: the paper's P_drop, on each sublayer's output before the residual addition;
             active in training mode only.
-        attention_dropout: dropout on the attention weights of both attentions (not in the paper; 0 by default).
+        attention_dropout: dropout on the attention weights of both attentions (not in the paper; 0
+            by default).
         activation_dropout: dropout on the feed-forward hidden units (not in the paper; 0 by
             default). ``nn.TransformerEncoderLayer`` and ``nn.TransformerDecoderLayer`` use
             ``dropout`` for all three: set both to ``dropout`` for the same layer.
