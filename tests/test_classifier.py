@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+from torch import nn
 
 from transformer.attention import padding_mask
 from transformer.classifier import (
@@ -404,10 +405,28 @@ def test_training_bad_arguments():
         train_classifier(model, tokens, labels, lr=0.0)
     with pytest.raises(ValueError, match="clip must be > 0 or None"):
         train_classifier(model, tokens, labels, clip=-1.0)
-    with pytest.raises(ValueError, match=r"tokens must have shape \(M, N\) and labels \(M,\)"):
+    with pytest.raises(ValueError, match=r"inputs must have shape \(M, N\) of token ids and labels \(M,\)"):
         train_classifier(model, tokens, labels[:-1])
-    with pytest.raises(TypeError, match="tokens must hold integer token ids"):
+    with pytest.raises(TypeError, match="inputs must hold integer token ids when pad_id is set"):
         train_classifier(model, tokens.float(), labels)
+    with pytest.raises(TypeError, match="inputs must hold integer token ids"):
+        train_classifier(model, tokens.bool(), labels, pad_id=None)
+    with pytest.raises(ValueError, match=r"inputs must have shape \(M, \.\.\.\) and labels \(M,\)"):
+        train_classifier(model, tokens.float(), labels[:-1], pad_id=None)
+
+
+def test_training_float_inputs():
+    """With pad_id=None, inputs may be floats of any shape (images): a linear model learns a sign."""
+    torch.manual_seed(0)
+    images = torch.randn(256, 1, 2, 2)  # (M, C, H, W)
+    labels = (images.sum(dim=(1, 2, 3)) > 0).long()
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 2))
+    nn.init.zeros_(model[1].weight), nn.init.zeros_(model[1].bias)  # every logit 0: always class 0
+    before = accuracy(model, images, labels)
+    assert before == (labels == 0).float().mean().item()
+    train_classifier(model, images, labels, steps=100, batch_size=32, lr=1e-2, warmup=10, pad_id=None)
+    after = accuracy(model, images, labels)
+    assert after > 0.95 and after > before + 0.2
 
 
 def test_batches_are_cut_to_their_longest_row():

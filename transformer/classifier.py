@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from transformer._checks import check_positive_int, check_token_tensor
+from transformer._checks import check_positive_int, check_tensor, check_token_tensor
 from transformer.attention import padding_mask
 from transformer.embedding import TokenEmbedding, _check_token_ids
 from transformer.encoder import Encoder
@@ -238,38 +238,49 @@ class SequenceClassifier(nn.Module):
 
 # chapters/16_encoder_only.md: Training
 @torch.no_grad()
-def accuracy(model: nn.Module, tokens: Tensor, labels: Tensor, batch_size: int = 1000) -> float:
-    """The share of rows of ``tokens`` whose highest logit is their label (eval mode; mode restored)."""
-    _check_examples(tokens, labels)
+def accuracy(model: nn.Module, inputs: Tensor, labels: Tensor, batch_size: int = 1000) -> float:
+    """The share of ``inputs`` whose highest logit is their label (eval mode; mode restored).
+
+    ``inputs`` holds one example per row: token ids (M, N), or floats of any shape (M, ...), such as
+    images (M, C, H, W); ``labels`` holds their classes (M,).
+    """
+    _check_examples(inputs, labels)
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    right = sum((model(tokens[i:i + batch_size].to(device)).argmax(dim=-1).cpu() == labels[i:i + batch_size]).sum().item()
-                for i in range(0, len(tokens), batch_size))
+    right = sum((model(inputs[i:i + batch_size].to(device)).argmax(dim=-1).cpu() == labels[i:i + batch_size]).sum().item()
+                for i in range(0, len(inputs), batch_size))
     model.train(was_training)
-    return right / len(tokens)
+    return right / len(inputs)
 
 
-def _check_examples(tokens, labels) -> None:
-    """Check that ``tokens`` is an (M, N) tensor of ids and ``labels`` an (M,) tensor of class ids."""
-    check_token_tensor("tokens", tokens)
+def _check_examples(inputs, labels, pad_id: int | None = None) -> None:
+    """Check ``inputs``: token ids (M, N), or (without ``pad_id``) floats (M, ...); ``labels``: (M,) class ids."""
+    check_tensor("inputs", inputs)
+    if not inputs.is_floating_point() or pad_id is not None:
+        if inputs.is_floating_point():
+            raise TypeError(f"inputs must hold integer token ids when pad_id is set (pad_id={pad_id}), got "
+                            f"dtype {inputs.dtype}; for images or other float inputs pass pad_id=None")
+        check_token_tensor("inputs", inputs)
     if not isinstance(labels, Tensor) or labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
         got = f"dtype {labels.dtype}" if isinstance(labels, Tensor) else type(labels).__name__
         raise TypeError(f"labels must be an integer tensor of class ids, got {got}")
-    if tokens.dim() != 2 or labels.shape != tokens.shape[:1]:
-        raise ValueError(f"tokens must have shape (M, N) and labels (M,), got {tuple(tokens.shape)} "
+    rows_ok = inputs.dim() == 2 or (inputs.is_floating_point() and inputs.dim() >= 1)
+    if not rows_ok or labels.shape != inputs.shape[:1]:
+        expected = "(M, ...)" if inputs.is_floating_point() else "(M, N) of token ids"
+        raise ValueError(f"inputs must have shape {expected} and labels (M,), got {tuple(inputs.shape)} "
                          f"and {tuple(labels.shape)}")
 
 
 # chapters/16_encoder_only.md: Training
-def _batches(tokens: Tensor, labels: Tensor, batch_size: int, seed: int, pad_id: int | None):
-    """Endless (tokens, labels) batches, epoch by epoch in a seeded order, cut to their longest row."""
+def _batches(inputs: Tensor, labels: Tensor, batch_size: int, seed: int, pad_id: int | None):
+    """Endless (inputs, labels) batches, epoch by epoch in a seeded order; token batches cut to their longest row."""
     generator = torch.Generator().manual_seed(seed)
     while True:
-        order = torch.randperm(len(tokens), generator=generator)
+        order = torch.randperm(len(inputs), generator=generator)
         for start in range(0, len(order) - batch_size + 1, batch_size):  # full batches only
             rows = order[start:start + batch_size]
-            x = tokens[rows]  # (batch_size, N)
+            x = inputs[rows]  # (batch_size, N) or (batch_size, ...)
             if pad_id is not None:
                 used = (x != pad_id).any(dim=0).nonzero()  # columns with a real token somewhere
                 x = x[:, :int(used[-1]) + 1] if len(used) else x[:, :1]
@@ -277,25 +288,27 @@ def _batches(tokens: Tensor, labels: Tensor, batch_size: int, seed: int, pad_id:
 
 
 # chapters/16_encoder_only.md: Training
-def train_classifier(model: nn.Module, tokens: Tensor, labels: Tensor, steps: int = 600,
+def train_classifier(model: nn.Module, inputs: Tensor, labels: Tensor, steps: int = 600,
                      batch_size: int = 128, lr: float = 2e-3, warmup: int = 60, seed: int = 0,
                      valid: tuple[Tensor, Tensor] | None = None, eval_every: int = 50,
                      clip: float | None = 1.0, pad_id: int | None = 0, num_threads: int | None = 1,
                      progress: bool = False, cooldown: float = 0.25) -> dict[str, list]:
-    """Train ``model`` in place on (tokens (M, N), labels (M,)) with cross-entropy; return the history.
+    """Train ``model`` in place on (inputs (M, ...), labels (M,)) with cross-entropy; return the history.
 
     Adam (betas 0.9, 0.98, eps 1e-9); the learning rate rises linearly to ``lr`` in ``warmup`` steps,
     then falls as 1/sqrt(step) (the paper's schedule, scaled), and over the last share ``cooldown`` of
     the steps linearly to zero (``cooldown_factor``; 0: no cooldown); gradients clipped to norm ``clip``.
     ``seed`` fixes the batch order and dropout; ``num_threads`` CPU threads (None: torch's setting).
-    Trailing columns that hold only ``pad_id`` in a batch are cut off (None: never): the model must
-    ignore padding, as ``SequenceClassifier`` does. The model is left in eval mode.
+    ``inputs`` are token ids (M, N), whose trailing columns that hold only ``pad_id`` in a batch are
+    cut off (the model must ignore padding, as ``SequenceClassifier`` does), or, with
+    ``pad_id=None``, anything the model reads, such as images (M, C, H, W). The model is left in
+    eval mode.
 
     Returns:
         History lists: "step", "lr", "loss" and "accuracy" of each training batch; with ``valid``
-        (tokens, labels), "valid_step" and "valid_accuracy" every ``eval_every`` steps and at the end.
+        (inputs, labels), "valid_step" and "valid_accuracy" every ``eval_every`` steps and at the end.
     """
-    _check_training_args(tokens, labels, steps, batch_size, lr, warmup, eval_every, clip)
+    _check_training_args(inputs, labels, steps, batch_size, lr, warmup, eval_every, clip, pad_id)
     device = next(model.parameters()).device
     history = {key: [] for key in ("step", "lr", "loss", "accuracy", "valid_step", "valid_accuracy")}
     with _run_settings(seed, num_threads):
@@ -303,11 +316,11 @@ def train_classifier(model: nn.Module, tokens: Tensor, labels: Tensor, steps: in
         # the paper's schedule with d_model = 1, times lr * sqrt(warmup): lr * min(s / warmup, sqrt(warmup / s))
         scheduler = warmup_scheduler(optimizer, 1, warmup, factor=lr * math.sqrt(warmup), steps=steps,
                                      cooldown=cooldown)
-        batches = _batches(tokens, labels, batch_size, seed, pad_id)
+        batches = _batches(inputs, labels, batch_size, seed, pad_id)
         model.train()
         for step in tqdm(range(1, steps + 1), desc="training", unit="step", disable=not progress,
                          mininterval=1.0, ncols=100):  # on stderr
-            x, y = (t.to(device) for t in next(batches))  # (batch_size, N), (batch_size,)
+            x, y = (t.to(device) for t in next(batches))  # (batch_size, ...), (batch_size,)
             _record(history, step=step, lr=optimizer.param_groups[0]["lr"])
             logits = model(x)  # (batch_size, C)
             loss = F.cross_entropy(logits, y)
@@ -328,12 +341,12 @@ def _record(history: dict[str, list], **values) -> None:
         history[key].append(value)
 
 
-def _check_training_args(tokens, labels, steps, batch_size, lr, warmup, eval_every, clip) -> None:
-    _check_examples(tokens, labels)
+def _check_training_args(inputs, labels, steps, batch_size, lr, warmup, eval_every, clip, pad_id) -> None:
+    _check_examples(inputs, labels, pad_id)
     for name, value in [("steps", steps), ("batch_size", batch_size), ("warmup", warmup), ("eval_every", eval_every)]:
         check_positive_int(name, value)
-    if batch_size > len(tokens):
-        raise ValueError(f"batch_size must be at most the number of examples, {len(tokens)}, got {batch_size}")
+    if batch_size > len(inputs):
+        raise ValueError(f"batch_size must be at most the number of examples, {len(inputs)}, got {batch_size}")
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
         raise ValueError(f"lr must be a number > 0, got {lr!r}")
     if clip is not None and not clip > 0:

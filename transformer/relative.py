@@ -79,6 +79,9 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
     Attributes:
         rel_k, rel_v: ``nn.Embedding(2 * max_distance + 1, d_k)``; row r is distance r - k.
 
+    Subclasses that relate positions in another way (in two dimensions, say) override
+    ``num_relations`` (the rows of the tables) and ``relation_index`` (the row of each pair).
+
     Shape:
         as ``MultiHeadAttention``: query, key, value (B, N, d_model) -> (B, N, d_model).
     """
@@ -87,16 +90,24 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
                  max_distance: int = 16):
         super().__init__(d_model, num_heads, dropout=dropout, bias=bias)
         self.max_distance = check_positive_int("max_distance", max_distance)
-        self.rel_k = nn.Embedding(2 * self.max_distance + 1, self.d_k)  # w^K_{-k} .. w^K_k
-        self.rel_v = nn.Embedding(2 * self.max_distance + 1, self.d_k)  # w^V_{-k} .. w^V_k
+        self.rel_k = nn.Embedding(self.num_relations(), self.d_k)  # w^K_{-k} .. w^K_k
+        self.rel_v = nn.Embedding(self.num_relations(), self.d_k)  # w^V_{-k} .. w^V_k
         for table in (self.rel_k, self.rel_v):
             nn.init.xavier_uniform_(table.weight)  # like the projections (nn.Embedding's N(0, 1) is larger)
+
+    def num_relations(self) -> int:
+        """The number of rows of each table: one per clipped distance, 2k + 1."""
+        return 2 * self.max_distance + 1
+
+    def relation_index(self, query_len: int, key_len: int, query_start: int, device: torch.device) -> Tensor:
+        """The row of the tables for every (query, key) pair, ``(L, S)``: ``relative_positions``."""
+        return relative_positions(query_len, key_len, query_start, self.max_distance, device=device)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float,
                need_weights: bool, query_start: int = 0) -> tuple[Tensor, Tensor | None]:
         """Attention with relative positions; query i is position ``query_start + i``, key j is j."""
         B, H, L, d_k = q.shape
-        index = relative_positions(L, k.shape[2], query_start, self.max_distance, device=q.device)
+        index = self.relation_index(L, k.shape[2], query_start, q.device)  # (L, S)
         index = index.expand(B, H, L, -1)  # (L, S) -> (B, H, L, S)
         content = q @ k.transpose(-2, -1)  # (B, H, L, d_k) @ (B, H, d_k, S) -> (B, H, L, S)
         by_distance = q @ self.rel_k.weight.T  # (B, H, L, d_k) @ (d_k, 2k+1) -> (B, H, L, 2k+1)
