@@ -2,6 +2,14 @@
 """A literate, tested Transformer: the package exported from the chapters of the book.
 """
 
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _version
+
+try:
+    __version__ = _version("transformer-book")  # from the installed package's metadata
+except _PackageNotFoundError:  # the source folder on sys.path, not installed
+    __version__ = "0+unknown"
+
 from transformer.embedding import TokenEmbedding
 from transformer.positional import sinusoidal_encoding, SinusoidalPositionalEncoding, LearnedPositionalEncoding
 from transformer.attention import causal_mask, padding_mask, check_attention_mask, scaled_dot_product_attention

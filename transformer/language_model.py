@@ -46,7 +46,9 @@ def data_file(name: str = "shakespeare.txt") -> Path:
             if not path.is_file():
                 raise FileNotFoundError(f"the book has no data file {name!r}: {path} does not exist")
             return path
-    raise FileNotFoundError(f"no book (a folder with _toc.yml) above {Path.cwd()}, so no data/{name}")
+    raise FileNotFoundError(f"no book (a folder with _toc.yml) above {Path.cwd()}, so no data/{name}: the data "
+                            "is not installed with the package; run from inside a clone of the book's "
+                            "repository, or read a text file of your own")
 
 
 # chapters/17_decoder_only.md: A vocabulary of characters
