@@ -92,6 +92,7 @@ def test_export_of_transformer_forward():
     torch.testing.assert_close(program.module()(*other), model(*other))
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.:DeprecationWarning")  # still supported, and still used
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")  # shape checks become constants: expected
 @pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")  # vmap over the fused kernel
 def test_jit_trace_and_vmap():
