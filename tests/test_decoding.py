@@ -598,3 +598,23 @@ def test_src_must_be_a_batch_of_source_ids(bad, error, message):
         greedy_decode(small(), bad, max_len=5, bos_id=BOS)
     with pytest.raises(error, match=message):
         beam_search(small(), bad, max_len=5, bos_id=BOS, eos_id=EOS)
+
+
+def test_generation_misuse_gets_clear_errors_issue_13():
+    from transformer import DecoderOnlyLM, Transformer, beam_search, greedy_decode, sample
+
+    torch.manual_seed(0)
+    model = Transformer(7, 7, d_model=8, num_heads=2, num_layers=1, d_ff=16, dropout=0.0, max_len=10)
+    lm = DecoderOnlyLM(7, d_model=8, num_heads=2, d_ff=16, num_layers=1, max_len=10, dropout=0.0)
+    with pytest.raises(ValueError, match=r"src must hold at least one sequence, got shape \(0, 3\)"):
+        beam_search(model, torch.zeros(0, 3, dtype=torch.long), 5, bos_id=1, eos_id=2)
+    with pytest.raises(ValueError, match=r"src must hold at least one sequence"):
+        greedy_decode(model, torch.zeros(0, 3, dtype=torch.long), 5, bos_id=1)
+    with pytest.raises(TypeError, match="model must be an encoder-decoder model .* got DecoderOnlyLM; "
+                                        "a decoder-only model generates with sample"):
+        greedy_decode(lm, torch.ones(1, 3, dtype=torch.long), 5, bos_id=1)
+    with pytest.raises(TypeError, match="model must be a DecoderOnlyLM, got Transformer; an encoder-decoder"):
+        sample(model, torch.ones(1, 3, dtype=torch.long), 2)
+    ids = torch.tensor([[3, 4, 5]])
+    torch.testing.assert_close(greedy_decode(model, ids.to(torch.uint8), 5, bos_id=1),
+                               greedy_decode(model, ids, 5, bos_id=1))

@@ -227,3 +227,67 @@ def test_dropout_is_the_papers_by_default_and_the_other_two_are_options():
         Transformer(11, 13, d_model=16, num_heads=2, num_layers=1, d_ff=32, attention_dropout=1.5)
     with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\), got -0.1"):
         Transformer(11, 13, d_model=16, num_heads=2, num_layers=1, d_ff=32, activation_dropout=-0.1)
+
+
+# Issue 13: no silent wrong results, no cryptic errors.
+
+def test_meta_build_then_to_empty_and_load_gives_the_eager_outputs():
+    """The sinusoidal table is not in the state dict: it must be refilled when the weights are loaded."""
+    from transformer import DecoderOnlyLM
+
+    model = small()
+    with torch.device("meta"):
+        empty = Transformer(src_vocab_size=13, tgt_vocab_size=11, d_model=16, num_heads=4, num_layers=2,
+                            d_ff=32, dropout=0.0, pad_id=PAD)
+    empty = empty.to_empty(device="cpu")
+    empty.load_state_dict(model.state_dict(), strict=True)
+    src, tgt = torch.tensor([[3, 4, 5, 0]]), torch.tensor([[BOS, 6, 7]])
+    torch.testing.assert_close(empty.eval()(src, tgt), model(src, tgt), rtol=0, atol=0)
+    torch.manual_seed(0)
+    lm = DecoderOnlyLM(9, d_model=16, num_heads=2, d_ff=32, num_layers=1, max_len=12, dropout=0.0,
+                       position="sinusoidal").eval()
+    with torch.device("meta"):
+        lm_empty = DecoderOnlyLM(9, d_model=16, num_heads=2, d_ff=32, num_layers=1, max_len=12, dropout=0.0,
+                                 position="sinusoidal")
+    lm_empty = lm_empty.to_empty(device="cpu")
+    lm_empty.load_state_dict(lm.state_dict())
+    tokens = torch.tensor([[1, 2, 3, 4, 5]])
+    torch.testing.assert_close(lm_empty.eval()(tokens), lm(tokens), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["share_embeddings", "tie_output"])
+def test_switches_must_be_bools(name):
+    with pytest.raises(TypeError, match=f"{name} must be a bool, got str 'no'"):
+        small(**{name: "no"})
+
+
+def test_small_integer_dtypes_of_ids_give_the_long_result():
+    model = small()
+    src, tgt = torch.tensor([[3, 4, 5, 0]]), torch.tensor([[BOS, 6, 7]])
+    for dtype in (torch.uint8, torch.int16, torch.int32):
+        torch.testing.assert_close(model(src.to(dtype), tgt.to(dtype)), model(src, tgt), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_features_of_another_dtype_than_the_model_are_refused(dtype):
+    model = small()
+    x = torch.randn(2, 4, 16, dtype=dtype)
+    with pytest.raises(TypeError, match=f"x must have the dtype of the module's parameters, torch.float32, got {dtype}"):
+        model.encoder(x)
+    with pytest.raises(TypeError, match=f"memory must have the dtype of the module's parameters"):
+        model.decoder(torch.randn(2, 3, 16), x)
+
+
+def test_errors_name_what_the_user_passed():
+    model = small(max_len=6)
+    src, tgt = torch.tensor([[3, 4, 5, 0]]), torch.tensor([[BOS, 6, 7]])
+    with pytest.raises(ValueError, match=r"tgt must hold at least one position, got shape \(1, 0\)"):
+        model(src, tgt[:, :0])
+    with pytest.raises(ValueError, match="src has 7 positions, more than the model's max_len=6"):
+        model(torch.ones(1, 7, dtype=torch.long), tgt)
+    with pytest.raises(ValueError, match="tgt has 7 positions, more than the model's max_len=6"):
+        model(src, torch.ones(1, 7, dtype=torch.long))
+    with pytest.raises(TypeError, match="src_mask: mask must be a bool tensor"):
+        model(src, tgt, src_mask=torch.zeros(1, 1, 1, 4))
+    with pytest.raises(ValueError, match=r"src_mask: mask must broadcast .* got shape \(3, 1, 1, 4\)"):
+        model(src, tgt, src_mask=torch.zeros(3, 1, 1, 4, dtype=torch.bool))

@@ -448,3 +448,13 @@ def test_attend_is_the_step_a_subclass_replaces_and_sees_the_query_positions():
     mha(x[:, :1], memory, memory, cache=static)
     mha(x[:, 1:2], memory, memory, cache=static)
     assert seen == [(1, 7, 0), (1, 7, 0)]  # cross-attention: no self-attention positions before
+
+
+@pytest.mark.parametrize("name", ["bias", "need_weights"])
+def test_switches_must_be_bools_issue_13(name):
+    with pytest.raises(TypeError, match=f"{name} must be a bool, got str 'no'"):
+        if name == "bias":
+            MultiHeadAttention(8, 2, bias="no")
+        else:
+            x = torch.randn(1, 3, 8)
+            MultiHeadAttention(8, 2)(x, x, x, need_weights="no")

@@ -1,6 +1,7 @@
 """Tests of transformer.train: the command line, and data parallelism over two CPU processes."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -204,3 +205,40 @@ def test_two_processes_keep_identical_replicas_equal_to_one_process(tmp_path):
         # Measured: about 1e-15 for most parameters, 1e-9 for the key biases; averaging the
         # gradients instead of weighting them by tokens misses by about 0.1.
         torch.testing.assert_close(replicas[0][name], value, rtol=1e-7, atol=1e-7, msg=name)
+
+
+# Issue 13: usage errors, not tracebacks; resuming says where it stands.
+
+@pytest.mark.parametrize("options, message", [
+    (["--d-model", "30", "--num-heads", "4"], "d_model must be divisible by num_heads"),
+    (["--dropout", "1.5"], r"dropout must be in \[0, 1\), got 1.5"),
+])
+def test_model_settings_that_cannot_build_are_usage_errors(options, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main([*TINY, *options])
+    assert stop.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "error:" in error and re.search(message, error) and "Traceback" not in error
+
+
+def test_a_checkpoint_dir_that_cannot_be_written_is_refused_before_training(tmp_path, capsys):
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(SystemExit) as stop:
+        main([*TINY, "--checkpoint-dir", str(tmp_path / "file" / "run")])
+    assert stop.value.code == 2
+    assert re.search(r"error: --checkpoint-dir .*file/run cannot be written", capsys.readouterr().err)
+    assert not (tmp_path / "file" / "run").exists()
+
+
+def test_resuming_says_from_which_step_refuses_other_settings_and_knows_a_finished_run(tmp_path, capsys):
+    folder = str(tmp_path / "run")
+    main([*TINY, "--steps", "2", "--checkpoint-dir", folder])
+    capsys.readouterr()
+    main([*TINY, "--steps", "3", "--checkpoint-dir", folder])
+    assert "at step 2 of 3" in capsys.readouterr().out
+    main([*TINY, "--steps", "3", "--checkpoint-dir", folder])
+    assert "the run is already complete, step 3 of 3" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stop:
+        main([*TINY, "--steps", "4", "--d-model", "32", "--checkpoint-dir", folder])
+    assert stop.value.code == 2
+    assert "cannot resume from" in capsys.readouterr().err

@@ -405,3 +405,41 @@ def test_bad_training_data():
 def test_config_defaults_are_the_books_run():
     config = TrainConfig()
     assert asdict(config)["betas"] == (0.9, 0.98) and config.adam_eps == 1e-9 and config.label_smoothing == 0.1
+
+
+# Issue 13: checkpoints that describe their model, and clear errors.
+
+def test_label_smoothing_refuses_a_float_target():
+    with pytest.raises(TypeError, match="target must hold integer token ids"):
+        label_smoothed_cross_entropy(torch.randn(2, 3, 5), torch.zeros(2, 3))
+
+
+def test_load_checkpoint_refuses_a_plain_state_dict(tmp_path):
+    model = make_model(TrainConfig(**TINY), SRC, TGT)
+    torch.save(model.state_dict(), tmp_path / "plain.pt")
+    with pytest.raises(ValueError, match="plain.pt is not a checkpoint of save_checkpoint .* plain state_dict"):
+        load_checkpoint(tmp_path / "plain.pt", model)
+
+
+def test_a_checkpoint_of_fit_rebuilds_its_model_and_refuses_other_settings(tmp_path):
+    from transformer.training import check_resume
+
+    config = TrainConfig(**TINY, steps=3, seed=1)
+    numbers = list(range(1, 40))
+    model, _ = fit(config, numbers, progress=False, checkpoint_path=tmp_path / "c.pt")
+    rebuilt = load_checkpoint(tmp_path / "c.pt")  # from the file alone
+    assert isinstance(rebuilt, type(model)) and not rebuilt.training
+    batch = make_batch([12, 345], SRC, TGT)
+    torch.testing.assert_close(rebuilt(batch.src, batch.tgt_in, batch.src_mask),
+                               model(batch.src, batch.tgt_in, batch.src_mask), rtol=0, atol=0)
+    # Going on for more steps is allowed; another width or learning rate is not.
+    fit(TrainConfig(**TINY, steps=4, seed=1), numbers, progress=False, resume_from=tmp_path / "c.pt")
+    with pytest.raises(ValueError, match=r"cannot resume from .*c.pt: .* d_model=16 there, 32 here"):
+        fit(TrainConfig(**{**TINY, "d_model": 32}, steps=4, seed=1), numbers, progress=False,
+            resume_from=tmp_path / "c.pt")
+    checkpoint = torch.load(tmp_path / "c.pt", weights_only=True)
+    with pytest.raises(ValueError, match="lr_factor=0.5 there, 1.0 here"):
+        check_resume(checkpoint, TrainConfig(**TINY, steps=3, seed=1, lr_factor=1.0), "c.pt")
+    save_checkpoint(tmp_path / "bare.pt", model, None, None, step=0)
+    with pytest.raises(ValueError, match="does not describe its model"):
+        load_checkpoint(tmp_path / "bare.pt")

@@ -8,7 +8,7 @@ the package instead of deep inside torch. Defined in the book's introduction.
 """
 
 
-__all__ = ['check_positive_int', 'check_dropout', 'check_tensor', 'check_features', 'check_token_tensor', 'check_bool']
+__all__ = ['check_positive_int', 'check_dropout', 'check_tensor', 'check_features', 'check_token_tensor', 'check_bool', 'check_dtype']
 
 
 # chapters/01_introduction.md: The Transformer, tested
@@ -73,3 +73,14 @@ def check_bool(name: str, value) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
     return value
+
+
+def check_dtype(name: str, x: Tensor, dtype: torch.dtype) -> Tensor:
+    """Check that the features ``x`` have ``dtype``, that of the module's parameters.
+
+    Under autocast the two may differ by design, and nothing is checked.
+    """
+    if x.dtype != dtype and not (x.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(x.device.type)):
+        raise TypeError(f"{name} must have the dtype of the module's parameters, {dtype}, got {x.dtype}: "
+                        f"convert one to the other, e.g. {name}.to({dtype}) or module.to({x.dtype})")
+    return x

@@ -37,7 +37,8 @@ def causal_mask(size: int, device: torch.device | str | None = None) -> Tensor:
     Shape:
         (size, size), broadcastable to the scores (..., size, size).
     """
-    check_positive_int("size", size)
+    if not (isinstance(size, torch.SymInt) or torch.jit.is_tracing()):  # a length being traced: no int yet
+        check_positive_int("size", size)
     return torch.ones(size, size, dtype=torch.bool, device=device).triu(diagonal=1)
 
 

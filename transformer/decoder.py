@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from transformer._checks import check_bool, check_dropout, check_features, check_positive_int
+from transformer._checks import check_bool, check_dropout, check_dtype, check_features, check_positive_int
 from transformer.attention import causal_mask, check_attention_mask
 from transformer.feedforward import PositionwiseFeedForward
 from transformer.multihead import KVCache, MultiHeadAttention
@@ -195,6 +195,9 @@ class DecoderLayer(nn.Module):
         past = 0 if cache is None else self_cache.length  # target positions already cached
         _check_decoder_inputs(x, memory, tgt_mask, memory_mask, self.d_model, self.num_heads, past,
                               cross_attention=self.cross_attn is not None)
+        for name, value in (("x", x), ("memory", memory)):
+            if value is not None:
+                check_dtype(name, value, self.norm1.weight.dtype)  # before any LayerNorm or projection
         self_mask = _self_attention_mask(tgt_mask, x.shape[1], x.device, past)  # to (B, H, T, past + T)
         x = add_and_norm(x, lambda y: self.self_attn(y, y, y, mask=self_mask, cache=self_cache),
                          self.norm1, self.dropout1, self.norm_first)  # (B, T, d_model)

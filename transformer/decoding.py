@@ -35,7 +35,13 @@ def _check_token_id(name: str, value, vocab_size: int) -> int:
 
 def _check_generation(model: nn.Module, src, max_len, bos_id, pad_id) -> tuple[int, int, int]:
     """Check src (B, S), 1 <= max_len <= the model's max_len, bos_id and pad_id; return the ints."""
-    _check_token_batch("src", src, model.src_embed.vocab_size)
+    if not all(hasattr(model, name) for name in ("encode", "decode", "output", "src_embed", "tgt_embed")):
+        raise TypeError(f"model must be an encoder-decoder model such as Transformer (with encode and "
+                        f"decode), got {type(model).__name__}"
+                        + ("; a decoder-only model generates with sample" if hasattr(model, "new_cache") else ""))
+    _check_token_batch("src", src, model.src_embed.vocab_size, any_device=True)
+    if src.shape[0] == 0:
+        raise ValueError(f"src must hold at least one sequence, got shape {tuple(src.shape)}")
     max_len = check_positive_int("max_len", max_len)
     if max_len > model.positional_encoding.max_len:
         raise ValueError(

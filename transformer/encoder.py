@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
-from transformer._checks import check_bool, check_dropout, check_features, check_positive_int
+from transformer._checks import check_bool, check_dropout, check_dtype, check_features, check_positive_int
 from transformer.feedforward import PositionwiseFeedForward
 from transformer.multihead import MultiHeadAttention
 from transformer.residual import LayerNorm, add_and_norm
@@ -77,6 +77,7 @@ class EncoderLayer(nn.Module):
             ``(B, N, d_model) -> (B, N, d_model)``.
         """
         check_features("x", x, self.d_model)
+        check_dtype("x", x, self.norm1.weight.dtype)  # before the first LayerNorm or projection
         x = add_and_norm(x, lambda y: self.self_attn(y, y, y, mask=mask), self.norm1, self.dropout1,
                          self.norm_first)  # (B, N, d_model)
         return add_and_norm(x, self.feed_forward, self.norm2, self.dropout2, self.norm_first)

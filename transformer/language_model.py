@@ -46,7 +46,9 @@ def data_file(name: str = "shakespeare.txt") -> Path:
             if not path.is_file():
                 raise FileNotFoundError(f"the book has no data file {name!r}: {path} does not exist")
             return path
-    raise FileNotFoundError(f"no book (a folder with _toc.yml) above {Path.cwd()}, so no data/{name}")
+    raise FileNotFoundError(f"no book (a folder with _toc.yml) above {Path.cwd()}, so no data/{name}: the data "
+                            "is not installed with the package; run from inside a clone of the book's "
+                            "repository, or read a text file of your own")
 
 
 # chapters/17_decoder_only.md: A vocabulary of characters
@@ -364,10 +366,14 @@ def _next_token(logits: Tensor, temperature: float, top_k: int | None,
 
 def _check_prompt(model: nn.Module, prompt, max_new_tokens) -> tuple[Tensor, int]:
     """The prompt as (B, P) and ``max_new_tokens`` as an int, checked against the model's positions."""
+    if not isinstance(model, DecoderOnlyLM):
+        raise TypeError(f"model must be a DecoderOnlyLM, got {type(model).__name__}"
+                        + ("; an encoder-decoder model generates with greedy_decode or beam_search"
+                           if hasattr(model, "encode") else ""))
     check_token_tensor("prompt", prompt)
     if prompt.dim() not in (1, 2) or prompt.shape[-1] == 0:
         raise ValueError(f"prompt must have shape (P,) or (B, P) with P >= 1, got {tuple(prompt.shape)}")
-    _check_token_ids("prompt", prompt, model.vocab_size)
+    _check_token_ids("prompt", prompt, model.vocab_size, any_device=True)
     prompt = prompt.reshape(-1, prompt.shape[-1]).to(next(model.parameters()).device)  # (B, P)
     max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
     longest = prompt.shape[1] + max_new_tokens - 1  # the model reads every token but the last

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer._checks import check_dropout, check_features, check_positive_int
+from transformer._checks import check_bool, check_dropout, check_dtype, check_features, check_positive_int
 from transformer.attention import check_attention_mask, scaled_dot_product_attention
 
 
@@ -138,6 +138,7 @@ class MultiHeadAttention(nn.Module):
             )
         self.d_model, self.num_heads, self.d_k = d_model, num_heads, d_model // num_heads
         self.dropout = check_dropout("dropout", dropout)
+        bias = check_bool("bias", bias)
         self.w_q = nn.Linear(d_model, d_model, bias=bias)  # W^Q = w_q.weight.T: the W_i^Q side by side
         self.w_k = nn.Linear(d_model, d_model, bias=bias)  # W^K
         self.w_v = nn.Linear(d_model, d_model, bias=bias)  # W^V
@@ -177,6 +178,8 @@ class MultiHeadAttention(nn.Module):
             ``(B, L, d_model)``, weights ``(B, num_heads, L, S)``.
         """
         B, L, _ = _check_inputs(query, key, value, self.d_model)
+        check_dtype("query", query, self.w_q.weight.dtype)
+        check_bool("need_weights", need_weights)
         if cache is not None and not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
         query_start = 0 if cache is None or cache.static else cache.length  # cached positions before query[:, 0]

@@ -94,9 +94,21 @@ class SinusoidalPositionalEncoding(_AddPositionTable):
         self.max_len = check_positive_int("max_len", max_len)
         self.dropout = nn.Dropout(check_dropout("dropout", dropout))
         self.register_buffer("table", sinusoidal_encoding(max_len, d_model), persistent=False)
+        self.register_load_state_dict_post_hook(_refill_table)  # the table is not in a state dict
+
+    def reset_parameters(self) -> None:
+        """Compute the table again, in place: after ``to_empty()`` it holds whatever was in memory."""
+        if self.table.device.type != "meta":
+            with torch.no_grad():
+                self.table.copy_(sinusoidal_encoding(self.max_len, self.d_model))
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, max_len={self.max_len}"
+
+
+def _refill_table(module: SinusoidalPositionalEncoding, incompatible_keys) -> None:
+    """After ``load_state_dict``: a model built on the meta device gets its table only here."""
+    module.reset_parameters()
 
 
 # chapters/03_positional_encoding.md: The layer: add, then dropout

@@ -18,6 +18,7 @@ __all__ = ['build_parser', 'config_from_args', 'shard_batch', 'DataParallelHooks
 import argparse
 import dataclasses
 import os
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -25,7 +26,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from transformer.data import Batch, source_vocab, split_numbers, target_vocab
-from transformer.training import TrainConfig, exact_match, fit
+from transformer.training import TrainConfig, _read_checkpoint, check_resume, exact_match, fit, make_model
 
 
 # chapters/14_scaling_out.md: The command
@@ -178,6 +179,24 @@ def check_arguments(args: argparse.Namespace, world_size: int = 1) -> None:
         raise ValueError("--device cuda was asked for, but torch.cuda.is_available() is False")
     if args.save_every is not None and args.checkpoint_dir is None:
         raise ValueError("--save-every needs --checkpoint-dir, the folder to save in")
+    config = config_from_args(args)  # TrainConfig's checks, e.g. of the dropout rate
+    with torch.device("meta"):
+        make_model(config, source_vocab(), target_vocab())  # the model's checks, e.g. d_model % num_heads
+    if args.checkpoint_dir is not None:
+        _check_checkpoint_dir(args.checkpoint_dir, config)
+
+
+def _check_checkpoint_dir(folder: str, config: TrainConfig) -> None:
+    """The folder can be written to, and a checkpoint in it continues a run with these settings."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise ValueError(f"--checkpoint-dir {folder} cannot be written: {err.strerror or err}") from None
+    path = os.path.join(folder, "checkpoint.pt")
+    if os.path.isfile(path):
+        check_resume(_read_checkpoint(path), config, path)
 
 
 # chapters/14_scaling_out.md: Putting it together
@@ -187,7 +206,9 @@ def _train_here(args: argparse.Namespace, rank: int, world_size: int, device: to
     path = None if args.checkpoint_dir is None else os.path.join(args.checkpoint_dir, "checkpoint.pt")
     resume = path if path is not None and os.path.isfile(path) else None
     if resume is not None and rank == 0:
-        print(f"resuming from {resume}")
+        step = _read_checkpoint(resume)["step"]
+        print(f"resuming from {resume} at step {step} of {args.steps}" if step < args.steps else
+              f"resuming from {resume}: the run is already complete, step {step} of {args.steps}")
     parallel = {}
     if world_size > 1:
         hooks = DataParallelHooks(rank, world_size, target_vocab().pad_id)
@@ -239,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         check_arguments(args, _world_size())
-    except ValueError as err:
+    except (TypeError, ValueError) as err:
         parser.error(str(err))
     run_training(args)
     return 0

@@ -7,7 +7,7 @@ Defined in the book's chapter "Training" (chapters/12_training.md).
 """
 
 
-__all__ = ['label_smoothed_cross_entropy', 'warmup_lr', 'cooldown_factor', 'warmup_scheduler', 'train_step', 'save_checkpoint', 'load_checkpoint', 'TrainConfig', 'make_model', 'make_optimizer', 'training_batches', 'predict', 'exact_match', 'evaluate_loss', 'model_cache_dir', 'fit']
+__all__ = ['label_smoothed_cross_entropy', 'warmup_lr', 'cooldown_factor', 'warmup_scheduler', 'train_step', 'save_checkpoint', 'load_checkpoint', 'TrainConfig', 'make_model', 'make_optimizer', 'training_batches', 'predict', 'exact_match', 'evaluate_loss', 'model_cache_dir', 'check_resume', 'fit']
 
 
 # chapters/12_training.md: Training
@@ -21,13 +21,14 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import overload
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from transformer._checks import check_dropout, check_positive_int, check_tensor
+from transformer._checks import check_dropout, check_positive_int, check_tensor, check_token_tensor
 from transformer.data import MAX_NUMBER, Batch, Vocab, _check_numbers, make_batch, source_vocab, target_vocab
 from transformer.decoding import greedy_decode
 from transformer.model import Transformer
@@ -46,7 +47,7 @@ def label_smoothed_cross_entropy(logits: Tensor, target: Tensor, epsilon: float 
         logits (..., V), target (...) integer ids -> a scalar.
     """
     check_tensor("logits", logits)
-    check_tensor("target", target)
+    check_token_tensor("target", target)
     if target.shape != logits.shape[:-1]:
         raise ValueError(f"target must have shape {tuple(logits.shape[:-1])} (logits without V), "
                          f"got {tuple(target.shape)}")
@@ -130,8 +131,13 @@ def train_step(model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer,
 # chapters/12_training.md: Checkpoints
 def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None,
                     scheduler: torch.optim.lr_scheduler.LRScheduler | None, step: int,
-                    history: dict | None = None) -> None:
-    """Save the model, optimiser and scheduler states, the step, the CPU RNG state and ``history``."""
+                    history: dict | None = None, *, config: "TrainConfig | None" = None,
+                    src_vocab: Vocab | None = None, tgt_vocab: Vocab | None = None) -> None:
+    """Save the model, optimiser and scheduler states, the step, the CPU RNG state and ``history``.
+
+    With ``config`` and the two vocabularies (``fit`` passes them), the file also describes the
+    model, and ``load_checkpoint(path)`` can rebuild it from the file alone.
+    """
     checkpoint = {
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict() if optimizer is not None else None,
@@ -139,6 +145,9 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.
         "step": int(step),
         "rng_state": torch.get_rng_state(),
         "history": history,
+        "config": asdict(config) if config is not None else None,
+        "vocabs": ([{"tokens": v.itos[len(v.SPECIALS):], "split": v.split} for v in (src_vocab, tgt_vocab)]
+                   if src_vocab is not None and tgt_vocab is not None else None),
     }
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     torch.save(checkpoint, path)
@@ -162,7 +171,23 @@ def _check_model_state(state: dict, model: nn.Module) -> None:
 # chapters/12_training.md: Checkpoints
 def _read_checkpoint(path: str | os.PathLike) -> dict:
     """The checkpoint dictionary, loaded safely (weights_only) onto the CPU."""
-    return torch.load(path, map_location="cpu", weights_only=True)
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(checkpoint, dict) or not {"model", "step"} <= checkpoint.keys():
+        plain = isinstance(checkpoint, dict) and all(isinstance(v, Tensor) for v in checkpoint.values())
+        raise ValueError(f"{os.fspath(path)} is not a checkpoint of save_checkpoint (no 'model' and 'step' "
+                         "entries)" + ("; it looks like a plain state_dict: load it with "
+                                       "model.load_state_dict(torch.load(path))" if plain else ""))
+    return checkpoint
+
+
+def _model_of(checkpoint: dict, path: str | os.PathLike) -> Transformer:
+    """The untrained model that a checkpoint's configuration and vocabularies describe."""
+    if checkpoint.get("config") is None or checkpoint.get("vocabs") is None:
+        raise ValueError(f"{os.fspath(path)} does not describe its model (saved without config and "
+                         "vocabularies): build the model and pass it, load_checkpoint(path, model)")
+    config = TrainConfig(**checkpoint["config"])
+    src_vocab, tgt_vocab = (Vocab(**vocab) for vocab in checkpoint["vocabs"])
+    return make_model(config, src_vocab, tgt_vocab)
 
 
 def _restore(checkpoint: dict, model: nn.Module, optimizer=None, scheduler=None) -> int:
@@ -176,14 +201,24 @@ def _restore(checkpoint: dict, model: nn.Module, optimizer=None, scheduler=None)
     return checkpoint["step"]
 
 
+@overload
+def load_checkpoint(path: str | os.PathLike, model: None = None) -> Transformer: ...
+@overload
 def load_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None) -> int:
+                    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None) -> int: ...
+def load_checkpoint(path, model=None, optimizer=None, scheduler=None):
     """Load a checkpoint of ``save_checkpoint`` into ``model`` (and the optimiser and scheduler).
 
     Returns the step it was saved at. Raises ValueError, naming the parameter, when a parameter's
-    name or shape does not fit the model, before anything is changed.
+    name or shape does not fit the model, before anything is changed. Without ``model``, returns
+    the model the checkpoint describes (one saved by ``fit``), with its weights, in eval mode.
     """
-    return _restore(_read_checkpoint(path), model, optimizer, scheduler)
+    checkpoint = _read_checkpoint(path)
+    if model is None:
+        model = _model_of(checkpoint, path)
+        _restore(checkpoint, model)
+        return model.eval()
+    return _restore(checkpoint, model, optimizer, scheduler)
 
 
 # chapters/12_training.md: The training loop
@@ -363,6 +398,24 @@ def _record_validation(history, model, step, valid_numbers, config, src_vocab, t
     history["valid_accuracy"].append(exact_match(model, numbers, src_vocab, tgt_vocab, device=device))
 
 
+# A resumed run may go on for more steps, evaluate differently or use other threads; anything else
+# would silently continue another run than the one it claims to continue.
+_MAY_CHANGE_ON_RESUME = ("steps", "eval_every", "eval_size", "num_threads")
+
+
+def check_resume(checkpoint: dict, config: TrainConfig, path) -> None:
+    """Raise ValueError, naming every setting that differs, if ``config`` does not continue the run
+    saved in ``checkpoint`` (read from ``path``). A checkpoint without a configuration passes."""
+    saved = checkpoint.get("config")
+    if saved is None:
+        return
+    differ = [f"{name}={saved[name]!r} there, {value!r} here" for name, value in asdict(config).items()
+              if name not in _MAY_CHANGE_ON_RESUME and name in saved and saved[name] != value]
+    if differ:
+        raise ValueError(f"cannot resume from {os.fspath(path)}: it was trained with other settings: "
+                         + "; ".join(differ))
+
+
 # chapters/12_training.md: The training loop
 def fit(config: TrainConfig, train_numbers: Sequence[int], valid_numbers: Sequence[int] | None = None,
           src_vocab: Vocab | None = None, tgt_vocab: Vocab | None = None, *, device=None,
@@ -404,9 +457,11 @@ def fit(config: TrainConfig, train_numbers: Sequence[int], valid_numbers: Sequen
         history, step = _new_history(), 0
         if resume_from is not None:
             checkpoint = _read_checkpoint(resume_from)
+            check_resume(checkpoint, config, resume_from)
             step, history = _restore(checkpoint, model, optimizer, scheduler), checkpoint["history"]
             torch.set_rng_state(checkpoint["rng_state"])
         stream = training_batches(train_numbers, config.batch_size, src_vocab, tgt_vocab, config.seed, step, device)
+        described = dict(config=config, src_vocab=src_vocab, tgt_vocab=tgt_vocab)  # what rebuilds the model
         model.train()
         net = model if wrap_model is None else wrap_model(model)
         bar = tqdm(range(step + 1, config.steps + 1), desc="training", unit="step", disable=not progress,
@@ -422,9 +477,9 @@ def fit(config: TrainConfig, train_numbers: Sequence[int], valid_numbers: Sequen
                 _record_validation(history, model, step, valid_numbers, config, src_vocab, tgt_vocab, device)
                 bar.set_postfix(loss=f"{loss:.3f}", valid_exact=f"{history['valid_accuracy'][-1]:.1%}", refresh=False)
             if checkpoint_path is not None and checkpoint_every and step % checkpoint_every == 0:
-                save_checkpoint(checkpoint_path, model, optimizer, scheduler, step, history)
+                save_checkpoint(checkpoint_path, model, optimizer, scheduler, step, history, **described)
         bar.close()
         for path in (checkpoint_path, cached):
             if path is not None:
-                save_checkpoint(path, model, optimizer, scheduler, step, history)
+                save_checkpoint(path, model, optimizer, scheduler, step, history, **described)
     return model.eval(), history
