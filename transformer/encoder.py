@@ -35,6 +35,8 @@ class EncoderLayer(nn.Module):
             ``dropout`` for all three: set both to ``dropout`` for the same layer.
         norm_first: False for the paper's post-LN, ``LayerNorm(x + Sublayer(x))``; True for
             pre-LN, ``x + Sublayer(LayerNorm(x))``.
+        activation: the feed-forward network's activation, "relu" (the paper) or another name
+            ``PositionwiseFeedForward`` accepts ("gelu", "gelu_tanh", "silu").
 
     Example:
         >>> layer = EncoderLayer(d_model=8, num_heads=2, d_ff=32)
@@ -43,12 +45,13 @@ class EncoderLayer(nn.Module):
     """
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
-                 norm_first: bool = False, attention_dropout: float = 0.0, activation_dropout: float = 0.0):
+                 norm_first: bool = False, attention_dropout: float = 0.0, activation_dropout: float = 0.0,
+                 activation: str = "relu"):
         super().__init__()
         check_bool("norm_first", norm_first)
         # MultiHeadAttention checks d_model, num_heads (and that it divides d_model) and its dropout.
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=attention_dropout)
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=activation_dropout)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=activation_dropout, activation=activation)
         self.norm1, self.norm2 = LayerNorm(d_model), LayerNorm(d_model)
         dropout = check_dropout("dropout", dropout)
         self.dropout1, self.dropout2 = nn.Dropout(dropout), nn.Dropout(dropout)
@@ -80,8 +83,9 @@ class Encoder(nn.Module):
 
     Args:
         num_layers: number of layers N (6 in the paper).
-        d_model, num_heads, d_ff, dropout, norm_first, attention_dropout, activation_dropout: as
-            for ``EncoderLayer``; every layer gets the same values and weights of its own.
+        d_model, num_heads, d_ff, dropout, norm_first, attention_dropout, activation_dropout,
+            activation: as for ``EncoderLayer``; every layer gets the same values and weights of
+            its own.
 
     Attributes:
         layers: the ``EncoderLayer``s, an ``nn.ModuleList``, each built fresh.
@@ -95,11 +99,12 @@ class Encoder(nn.Module):
 
     def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int,
                  dropout: float = 0.1, norm_first: bool = False, attention_dropout: float = 0.0,
-                 activation_dropout: float = 0.0):
+                 activation_dropout: float = 0.0, activation: str = "relu"):
         super().__init__()
         check_positive_int("num_layers", num_layers)
         self.layers = nn.ModuleList(
-            [EncoderLayer(d_model, num_heads, d_ff, dropout, norm_first, attention_dropout, activation_dropout)
+            [EncoderLayer(d_model, num_heads, d_ff, dropout, norm_first, attention_dropout, activation_dropout,
+                          activation)
              for _ in range(num_layers)]
         )
         self.norm = LayerNorm(d_model) if norm_first else None
