@@ -18,6 +18,7 @@ from transformer.complexity import self_attention_macs, recurrent_macs, convolut
 from transformer.classifier import BRACKET_VOCAB, is_balanced, encode_brackets, decode_brackets, random_balanced, near_miss, bracket_split, bracket_dataset, SequenceClassifier, accuracy, train_classifier
 from transformer.language_model import data_file, CharVocab, DecoderOnlyLM, random_windows, loss_by_position, evaluate_language_model, train_language_model, top_k_filter, sample
 from transformer.relative import relative_positions, RelativeMultiHeadAttention, rotary, RotaryMultiHeadAttention
+from transformer.pretrained import marian_permutation, from_huggingface, load_pretrained
 
 __all__ = [
     'TokenEmbedding',
@@ -100,4 +101,7 @@ __all__ = [
     'RelativeMultiHeadAttention',
     'rotary',
     'RotaryMultiHeadAttention',
+    'marian_permutation',
+    'from_huggingface',
+    'load_pretrained',
 ]
