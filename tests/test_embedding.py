@@ -234,3 +234,27 @@ def test_rejects_padding_idx_out_of_range(padding_idx):
 def test_rejects_padding_idx_of_wrong_type(padding_idx, type_name):
     with pytest.raises(TypeError, match=rf"padding_idx must be None or an int, got {type_name}"):
         TokenEmbedding(10, 4, padding_idx=padding_idx)
+
+
+def test_scale_false_returns_the_rows_unscaled():
+    scaled = TokenEmbedding(vocab_size=10, d_model=16)
+    unscaled = TokenEmbedding(vocab_size=10, d_model=16, scale=False)
+    unscaled.load_state_dict(scaled.state_dict())
+    tokens = _tokens((2, 5), 10)
+    torch.testing.assert_close(unscaled(tokens), F.embedding(tokens, scaled.weight))
+    torch.testing.assert_close(scaled(tokens), unscaled(tokens) * 4.0)
+
+
+def test_scale_must_be_a_bool():
+    with pytest.raises(TypeError, match="scale must be a bool, got int 0"):
+        TokenEmbedding(vocab_size=10, d_model=16, scale=0)
+
+
+def test_models_pass_scale_embedding_on():
+    from transformer.language_model import DecoderOnlyLM
+    from transformer.model import Transformer
+
+    model = Transformer(11, 13, d_model=8, num_heads=2, num_layers=1, d_ff=16, scale_embedding=False)
+    assert model.src_embed.scale is False and model.tgt_embed.scale is False
+    assert Transformer(11, 13, d_model=8, num_heads=2, num_layers=1, d_ff=16).src_embed.scale is True
+    assert DecoderOnlyLM(11, d_model=8, num_heads=2, d_ff=16, num_layers=1, scale_embedding=False).embed.scale is False

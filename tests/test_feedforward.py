@@ -294,3 +294,47 @@ def test_integer_tensor():
 def test_not_a_tensor():
     with pytest.raises(TypeError, match=r"x must be a torch.Tensor, got list"):
         make_ffn()([[0.0] * D_MODEL])
+
+
+@pytest.mark.parametrize("name, reference", [
+    ("relu", nn.ReLU()), ("gelu", nn.GELU()), ("gelu_tanh", nn.GELU(approximate="tanh")),
+    ("silu", nn.SiLU()), ("swish", nn.SiLU()),
+])
+def test_activation_option_equals_torch_activation_modules(name, reference):
+    base = make_ffn()
+    ffn = PositionwiseFeedForward(D_MODEL, D_FF, activation=name).eval()
+    ffn.load_state_dict(base.state_dict())
+    x = torch.randn(2, 5, D_MODEL)
+    torch.testing.assert_close(ffn(x), ffn.w_2(reference(ffn.w_1(x))))
+    assert PositionwiseFeedForward(D_MODEL, D_FF).activation == "relu"  # the paper by default
+
+
+def test_activations_differ_from_each_other():
+    base, x = make_ffn(), torch.randn(2, 5, D_MODEL)
+    outputs = {}
+    for name in ("relu", "gelu", "gelu_tanh", "silu"):
+        ffn = PositionwiseFeedForward(D_MODEL, D_FF, activation=name).eval()
+        ffn.load_state_dict(base.state_dict())
+        outputs[name] = ffn(x)
+    names = list(outputs)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            assert not torch.allclose(outputs[a], outputs[b]), (a, b)
+
+
+def test_bad_activation_is_refused_with_its_name():
+    with pytest.raises(ValueError, match=r"activation must be one of .*'relu'.*, got 'tanh'"):
+        PositionwiseFeedForward(D_MODEL, D_FF, activation="tanh")
+    with pytest.raises(TypeError, match="activation must be a str"):
+        PositionwiseFeedForward(D_MODEL, D_FF, activation=torch.relu)
+
+
+def test_activation_reaches_every_layer_of_the_models():
+    from transformer.language_model import DecoderOnlyLM
+    from transformer.model import Transformer
+
+    model = Transformer(11, 11, d_model=8, num_heads=2, num_layers=2, d_ff=16, activation="silu")
+    lm = DecoderOnlyLM(11, d_model=8, num_heads=2, d_ff=16, num_layers=2, activation="gelu_tanh")
+    ffns = [m for m in model.modules() if isinstance(m, PositionwiseFeedForward)]
+    assert len(ffns) == 4 and all(f.activation == "silu" for f in ffns)
+    assert all(m.activation == "gelu_tanh" for m in lm.modules() if isinstance(m, PositionwiseFeedForward))

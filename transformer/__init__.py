@@ -27,6 +27,7 @@ from transformer.classifier import BRACKET_VOCAB, is_balanced, encode_brackets, 
 from transformer.language_model import data_file, CharVocab, DecoderOnlyLM, random_windows, loss_by_position, evaluate_language_model, train_language_model, top_k_filter, sample
 from transformer.relative import relative_positions, RelativeMultiHeadAttention, rotary, RotaryMultiHeadAttention
 from transformer.vision import DIGITS_SHA256, load_digits, stratified_split, patches, PatchEmbedding, sinusoidal_encoding_2d, grid_relations, GridRelativeMultiHeadAttention, VisionTransformer
+from transformer.pretrained import marian_permutation, from_huggingface, load_pretrained
 
 __all__ = [
     'TokenEmbedding',
@@ -119,4 +120,7 @@ __all__ = [
     'grid_relations',
     'GridRelativeMultiHeadAttention',
     'VisionTransformer',
+    'marian_permutation',
+    'from_huggingface',
+    'load_pretrained',
 ]

@@ -138,6 +138,8 @@ class DecoderLayer(nn.Module):
         self_attention: what builds the self-attention, called as
             ``self_attention(d_model, num_heads, dropout=attention_dropout)``: ``MultiHeadAttention``, or a
             subclass that puts positions inside attention.
+        activation: the feed-forward network's activation, "relu" (the paper) or another name
+            ``PositionwiseFeedForward`` accepts ("gelu", "gelu_tanh", "silu").
 
     Example:
         >>> layer = DecoderLayer(d_model=8, num_heads=2, d_ff=32)
@@ -148,7 +150,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
                  norm_first: bool = False, cross_attention: bool = True,
                  self_attention: Callable[..., nn.Module] = MultiHeadAttention,
-                 attention_dropout: float = 0.0, activation_dropout: float = 0.0):
+                 attention_dropout: float = 0.0, activation_dropout: float = 0.0, activation: str = "relu"):
         super().__init__()
         check_bool("norm_first", norm_first)
         check_bool("cross_attention", cross_attention)
@@ -161,7 +163,7 @@ class DecoderLayer(nn.Module):
         if cross_attention:
             self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout=attention_dropout)
             self.norm2, self.dropout2 = LayerNorm(d_model), nn.Dropout(dropout)
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=activation_dropout)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=activation_dropout, activation=activation)
         self.norm1, self.norm3 = LayerNorm(d_model), LayerNorm(d_model)
         self.dropout1, self.dropout3 = nn.Dropout(dropout), nn.Dropout(dropout)
         self.d_model, self.num_heads, self.norm_first = d_model, num_heads, norm_first
@@ -215,8 +217,8 @@ class Decoder(nn.Module):
     Args:
         num_layers: number of layers N (6 in the paper).
         d_model, num_heads, d_ff, dropout, norm_first, cross_attention, self_attention,
-            attention_dropout, activation_dropout: as for ``DecoderLayer``; every layer gets the
-            same values and weights of its own.
+            attention_dropout, activation_dropout, activation: as for ``DecoderLayer``; every layer
+            gets the same values and weights of its own.
 
     Attributes:
         layers: the ``DecoderLayer``s, an ``nn.ModuleList``, each built fresh.
@@ -231,12 +233,12 @@ class Decoder(nn.Module):
     def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int,
                  dropout: float = 0.1, norm_first: bool = False, cross_attention: bool = True,
                  self_attention: Callable[..., nn.Module] = MultiHeadAttention,
-                 attention_dropout: float = 0.0, activation_dropout: float = 0.0):
+                 attention_dropout: float = 0.0, activation_dropout: float = 0.0, activation: str = "relu"):
         super().__init__()
         check_positive_int("num_layers", num_layers)
         self.layers = nn.ModuleList(
             [DecoderLayer(d_model, num_heads, d_ff, dropout, norm_first, cross_attention, self_attention,
-                          attention_dropout, activation_dropout)
+                          attention_dropout, activation_dropout, activation)
              for _ in range(num_layers)]
         )
         self.norm = LayerNorm(d_model) if norm_first else None

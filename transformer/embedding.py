@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch._subclasses.fake_tensor import FakeTensor
 
-from transformer._checks import check_positive_int, check_token_tensor
+from transformer._checks import check_bool, check_positive_int, check_token_tensor
 
 
 # chapters/02_embeddings.md: `TokenEmbedding`
@@ -60,13 +60,16 @@ class TokenEmbedding(nn.Module):
         vocab_size: number of token ids V; every id must lie in [0, V).
         d_model: width of each vector.
         padding_idx: optional id whose vector is zero and receives no gradient.
+        scale: multiply by sqrt(d_model) (the paper); False returns the rows of E as they are,
+            as GPT-2 does.
 
     Shape:
         tokens (B, N) integer ids -> (B, N, d_model). Any leading shape works: (*) -> (*, d_model).
     """
 
-    def __init__(self, vocab_size: int, d_model: int, padding_idx: int | None = None):
+    def __init__(self, vocab_size: int, d_model: int, padding_idx: int | None = None, scale: bool = True):
         super().__init__()
+        self.scale = check_bool("scale", scale)
         self.vocab_size = check_positive_int("vocab_size", vocab_size)
         self.d_model = check_positive_int("d_model", d_model)
         if padding_idx is not None:
@@ -96,7 +99,7 @@ class TokenEmbedding(nn.Module):
         """
         tokens = _check_token_ids("tokens", tokens, self.vocab_size)
         x = F.embedding(tokens, self.weight, self.padding_idx)  # (B, N) -> (B, N, d_model)
-        return x * math.sqrt(self.d_model)
+        return x * math.sqrt(self.d_model) if self.scale else x
 
     def extra_repr(self) -> str:
         return f"vocab_size={self.vocab_size}, d_model={self.d_model}, padding_idx={self.padding_idx}"

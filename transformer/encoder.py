@@ -37,6 +37,8 @@ class EncoderLayer(nn.Module):
             ``dropout`` for all three: set both to ``dropout`` for the same layer.
         norm_first: False for the paper's post-LN, ``LayerNorm(x + Sublayer(x))``; True for
             pre-LN, ``x + Sublayer(LayerNorm(x))``.
+        activation: the feed-forward network's activation, "relu" (the paper) or another name
+            ``PositionwiseFeedForward`` accepts ("gelu", "gelu_tanh", "silu").
         self_attention: what builds the self-attention, called as
             ``self_attention(d_model, num_heads, dropout=attention_dropout)``: ``MultiHeadAttention``, or a
             subclass that puts positions inside attention (as ``DecoderLayer`` takes it).
@@ -49,14 +51,14 @@ class EncoderLayer(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
                  norm_first: bool = False, attention_dropout: float = 0.0, activation_dropout: float = 0.0,
-                 self_attention: Callable[..., nn.Module] = MultiHeadAttention):
+                 activation: str = "relu", self_attention: Callable[..., nn.Module] = MultiHeadAttention):
         super().__init__()
         check_bool("norm_first", norm_first)
         if not callable(self_attention):
             raise TypeError(f"self_attention must be callable (a class), got {type(self_attention).__name__}")
         # MultiHeadAttention checks d_model, num_heads (and that it divides d_model) and its dropout.
         self.self_attn = self_attention(d_model, num_heads, dropout=attention_dropout)
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=activation_dropout)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=activation_dropout, activation=activation)
         self.norm1, self.norm2 = LayerNorm(d_model), LayerNorm(d_model)
         dropout = check_dropout("dropout", dropout)
         self.dropout1, self.dropout2 = nn.Dropout(dropout), nn.Dropout(dropout)
@@ -90,8 +92,8 @@ class Encoder(nn.Module):
     Args:
         num_layers: number of layers N (6 in the paper).
         d_model, num_heads, d_ff, dropout, norm_first, attention_dropout, activation_dropout,
-            self_attention: as for ``EncoderLayer``; every layer gets the same values and weights of
-            its own.
+            activation, self_attention: as for ``EncoderLayer``; every layer gets the same values and
+            weights of            its own.
 
     Attributes:
         layers: the ``EncoderLayer``s, an ``nn.ModuleList``, each built fresh.
@@ -105,12 +107,13 @@ class Encoder(nn.Module):
 
     def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int,
                  dropout: float = 0.1, norm_first: bool = False, attention_dropout: float = 0.0,
-                 activation_dropout: float = 0.0, self_attention: Callable[..., nn.Module] = MultiHeadAttention):
+                 activation_dropout: float = 0.0, activation: str = "relu",
+                 self_attention: Callable[..., nn.Module] = MultiHeadAttention):
         super().__init__()
         check_positive_int("num_layers", num_layers)
         self.layers = nn.ModuleList(
             [EncoderLayer(d_model, num_heads, d_ff, dropout, norm_first, attention_dropout, activation_dropout,
-                          self_attention)
+                          activation=activation, self_attention=self_attention)
              for _ in range(num_layers)]
         )
         self.norm = LayerNorm(d_model) if norm_first else None

@@ -11,10 +11,33 @@ __all__ = ['PositionwiseFeedForward']
 
 
 # chapters/06_feedforward.md: Position-wise feed-forward networks
+from collections.abc import Callable
+from functools import partial
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer._checks import check_dropout, check_features, check_positive_int, check_tensor
+
+
+# chapters/06_feedforward.md: The module
+_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": torch.relu_,  # the paper; in place, see forward
+    "gelu": F.gelu,  # x Phi(x), exact
+    "gelu_tanh": partial(F.gelu, approximate="tanh"),  # GPT-2's approximation of x Phi(x)
+    "silu": F.silu,  # x sigmoid(x), also called swish
+    "swish": F.silu,
+}
+
+
+def _check_activation(activation) -> str:
+    """Return ``activation`` if it names one of ``_ACTIVATIONS``, else raise naming the argument."""
+    if not isinstance(activation, str):
+        raise TypeError(f"activation must be a str, one of {sorted(_ACTIVATIONS)}, got {type(activation).__name__}")
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+    return activation
 
 
 # chapters/06_feedforward.md: The module
@@ -28,6 +51,8 @@ class PositionwiseFeedForward(nn.Module):
         d_ff: width of the hidden layer (2048 in the paper).
         dropout: dropout probability on the hidden activations, in training mode only. The paper
             has none there (0.0); ``nn.TransformerEncoderLayer`` applies its dropout there.
+        activation: the function between the two maps: "relu" (the paper), "gelu",
+            "gelu_tanh" (GPT-2's tanh approximation of the GELU), "silu" or its other name "swish".
 
     Example:
         >>> ffn = PositionwiseFeedForward(d_model=8, d_ff=32)
@@ -35,10 +60,11 @@ class PositionwiseFeedForward(nn.Module):
         torch.Size([2, 5, 8])
     """
 
-    def __init__(self, d_model: int, d_ff: int = 2048, dropout: float = 0.0):
+    def __init__(self, d_model: int, d_ff: int = 2048, dropout: float = 0.0, activation: str = "relu"):
         super().__init__()
         self.d_model = check_positive_int("d_model", d_model)
         self.d_ff = check_positive_int("d_ff", d_ff)
+        self.activation = _check_activation(activation)
         self.w_1 = nn.Linear(d_model, d_ff)  # W_1 = w_1.weight.T, (d_model, d_ff); b_1 = w_1.bias
         self.w_2 = nn.Linear(d_ff, d_model)  # W_2 = w_2.weight.T, (d_ff, d_model); b_2 = w_2.bias
         self.dropout = nn.Dropout(check_dropout("dropout", dropout))
@@ -59,8 +85,8 @@ class PositionwiseFeedForward(nn.Module):
         """
         check_tensor("x", x)
         check_features("x", x, self.d_model, ndim=max(x.dim(), 1))  # any leading dims, last d_model
-        # In place: the (B, N, d_ff) product is fresh, so ReLU may overwrite it instead of allocating
-        # another tensor of the largest size in the layer (autograd allows it: ReLU's backward needs
-        # only its output).
-        hidden = torch.relu_(self.w_1(x))  # (B, N, d_model) @ W_1 -> (B, N, d_ff)
+        # ReLU works in place: the (B, N, d_ff) product is fresh, so it may overwrite it instead of
+        # allocating another tensor of the largest size in the layer (autograd allows it: ReLU's
+        # backward needs only its output).
+        hidden = _ACTIVATIONS[self.activation](self.w_1(x))  # (B, N, d_model) @ W_1 -> (B, N, d_ff)
         return self.w_2(self.dropout(hidden))  # (B, N, d_ff) @ W_2 -> (B, N, d_model)

@@ -129,6 +129,8 @@ class DecoderOnlyLM(nn.Module):
         position: "learned" (GPT), "sinusoidal" (the paper), or None for no absolute positions
             (a ``self_attention`` that puts positions inside attention, or none at all).
         self_attention: what builds each layer's self-attention, as for ``Decoder``.
+        activation: the feed-forward activation, as for ``Decoder`` ("relu"; GPT-2: "gelu_tanh").
+        scale_embedding: multiply the token embeddings by sqrt(d_model) (the paper; GPT-2 does not).
 
     Attributes:
         embed, positional_encoding (None when ``position`` is None), decoder, output (its
@@ -141,15 +143,16 @@ class DecoderOnlyLM(nn.Module):
     def __init__(self, vocab_size: int, d_model: int = 128, num_heads: int = 4, d_ff: int = 512,
                  num_layers: int = 4, max_len: int = 256, dropout: float = 0.1,
                  position: str | None = "learned",
-                 self_attention: Callable[..., nn.Module] = MultiHeadAttention, norm_first: bool = True):
+                 self_attention: Callable[..., nn.Module] = MultiHeadAttention, norm_first: bool = True,
+                 activation: str = "relu", scale_embedding: bool = True):
         super().__init__()
         self.max_len = check_positive_int("max_len", max_len)
         self.position = position
-        self.embed = TokenEmbedding(vocab_size, d_model)  # checks vocab_size and d_model
+        self.embed = TokenEmbedding(vocab_size, d_model, scale=scale_embedding)  # checks its arguments
         self.positional_encoding = _positional_encoding(position, d_model, max_len)
         self.dropout = nn.Dropout(check_dropout("dropout", dropout))
         self.decoder = Decoder(num_layers, d_model, num_heads, d_ff, dropout, norm_first,
-                               cross_attention=False, self_attention=self_attention)
+                               cross_attention=False, self_attention=self_attention, activation=activation)
         self.output = nn.Linear(d_model, vocab_size)  # logits = h E^T + b
         nn.init.zeros_(self.output.bias)
         self.output.weight = self.embed.weight  # (V, d_model): the same Parameter

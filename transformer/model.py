@@ -69,6 +69,8 @@ class Transformer(nn.Module):
         share_embeddings: use one embedding table for source and target (one vocabulary).
         tie_output: share the output layer's weight with the target embedding (the paper).
         norm_first: pre-LN layers instead of the paper's post-LN.
+        activation: the feed-forward activation, "relu" (the paper), "gelu", "gelu_tanh" or "silu".
+        scale_embedding: multiply the embeddings by sqrt(d_model) (the paper).
 
     Shape:
         src (B, S), tgt (B, T) integer ids -> logits (B, T, tgt_vocab_size).
@@ -79,7 +81,8 @@ class Transformer(nn.Module):
     def __init__(self, src_vocab_size: int, tgt_vocab_size: int, d_model: int = 512, num_heads: int = 8,
                  num_layers: int = 6, d_ff: int = 2048, dropout: float = 0.1, max_len: int = 5000,
                  pad_id: int | None = None, share_embeddings: bool = False, tie_output: bool = True,
-                 norm_first: bool = False, attention_dropout: float = 0.0, activation_dropout: float = 0.0):
+                 norm_first: bool = False, attention_dropout: float = 0.0, activation_dropout: float = 0.0,
+                 activation: str = "relu", scale_embedding: bool = True):
         super().__init__()
         check_positive_int("src_vocab_size", src_vocab_size)
         check_positive_int("tgt_vocab_size", tgt_vocab_size)
@@ -91,11 +94,12 @@ class Transformer(nn.Module):
                 f"src_vocab_size={src_vocab_size} and tgt_vocab_size={tgt_vocab_size}"
             )
         self.d_model = d_model
-        self.src_embed = TokenEmbedding(src_vocab_size, d_model, padding_idx=pad_id)
+        self.src_embed = TokenEmbedding(src_vocab_size, d_model, padding_idx=pad_id, scale=scale_embedding)
         self.tgt_embed = (self.src_embed if share_embeddings
-                          else TokenEmbedding(tgt_vocab_size, d_model, padding_idx=pad_id))
+                          else TokenEmbedding(tgt_vocab_size, d_model, padding_idx=pad_id, scale=scale_embedding))
         self.positional_encoding = SinusoidalPositionalEncoding(d_model, max_len, dropout)
-        extra = dict(attention_dropout=attention_dropout, activation_dropout=activation_dropout)
+        extra = dict(attention_dropout=attention_dropout, activation_dropout=activation_dropout,
+                     activation=activation)
         self.encoder = Encoder(num_layers, d_model, num_heads, d_ff, dropout, norm_first, **extra)
         self.decoder = Decoder(num_layers, d_model, num_heads, d_ff, dropout, norm_first, **extra)
         self.output = nn.Linear(d_model, tgt_vocab_size)  # logits = h E^T + b
