@@ -19,6 +19,7 @@ import gzip
 import hashlib
 import io
 import numbers
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -27,6 +28,7 @@ from torch import Tensor, nn
 from transformer._checks import check_dropout, check_positive_int, check_tensor
 from transformer.encoder import Encoder
 from transformer.language_model import data_file
+from transformer.multihead import MultiHeadAttention
 from transformer.positional import sinusoidal_encoding
 from transformer.relative import RelativeMultiHeadAttention
 
@@ -272,11 +274,13 @@ class VisionTransformer(nn.Module):
         if positions == "sinusoidal" and d_model % 4:
             raise ValueError(f"d_model must be a multiple of 4 for 2-D sinusoidal positions, got {d_model}")
         # the 2-D relative attention in every layer, or the encoder's own MultiHeadAttention
-        attention = functools.partial(GridRelativeMultiHeadAttention, max_distance=max_distance,
-                                      grid_size=self.patch_embed.grid_size) if positions == "relative" else None
+        attention: Callable[..., nn.Module] = MultiHeadAttention
+        if positions == "relative":
+            attention = functools.partial(GridRelativeMultiHeadAttention, max_distance=max_distance,
+                                          grid_size=self.patch_embed.grid_size)
         self.dropout = nn.Dropout(check_dropout("dropout", dropout))
         self.encoder = Encoder(num_layers, d_model, num_heads, d_ff, dropout, norm_first=True,
-                               **({} if attention is None else {"self_attention": attention}))
+                               self_attention=attention)
         self.head = nn.Linear(d_model, num_classes)
         self.d_model, self.positions = d_model, positions
 
