@@ -28,9 +28,10 @@ def _check_token_id(name: str, value, vocab_size: int) -> int:
     """Return ``value`` as an int if it is a token id in [0, vocab_size), else raise naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int token id, got {type(value).__name__} {value!r}")
-    if not 0 <= value < vocab_size:
+    token_id = int(value)
+    if not 0 <= token_id < vocab_size:
         raise ValueError(f"{name} must be a token id in the target vocabulary [0, {vocab_size}), got {value}")
-    return int(value)
+    return token_id
 
 
 def _check_generation(model: nn.Module, src, max_len, bos_id, pad_id) -> tuple[int, int, int]:
@@ -149,9 +150,10 @@ def _check_length_penalty(alpha) -> float:
     """Return ``alpha`` as a float if it is a number >= 0, else raise."""
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
         raise TypeError(f"length_penalty must be a number >= 0, got {type(alpha).__name__} {alpha!r}")
-    if not alpha >= 0:
+    value = float(alpha)
+    if not value >= 0:
         raise ValueError(f"length_penalty must be a number >= 0, got {alpha}")
-    return float(alpha)
+    return value
 
 
 # chapters/13_generation.md: Beam search

@@ -270,9 +270,10 @@ def _check_number(name: str, value, low: float = 0.0) -> float:
     """Return ``value`` as a float if it is a real number > ``low``, else raise naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number > {low:g}, got {type(value).__name__} {value!r}")
-    if not value > low:
+    number = float(value)
+    if not number > low:
         raise ValueError(f"{name} must be a number > {low:g}, got {value}")
-    return float(value)
+    return number
 
 
 # chapters/17_decoder_only.md: Training
