@@ -93,16 +93,13 @@ CLAIMS = [
     Claim("18", "positions_rotary_later", ">", 0.0, "positions: rotary below sinusoidal on 32-63"),
     Claim("18", "positions_rotary_behind", ">", 0.0, "positions: rotary above learned, relative on 64-127"),
     Claim("19", "vit_all_above", ">", 0.0, "digits: every model above 90% (margin)"),
-    Claim("19", "vit_cnn_ahead", ">", 0.0, "digits: CNN ahead of both ViTs by 0.5 (margin)"),
-    Claim("19", "vit_acc_linear", ">", 0, "digits: linear"),
-    Claim("19", "vit_acc_cnn", ">", 0, "digits: cnn"),
-    Claim("19", "vit_acc_learned", ">", 0, "digits: learned"),
-    Claim("19", "vit_acc_relative", ">", 0, "digits: relative"),
-    Claim("19", "vit_relative_minus_learned", ">", -100, "digits: relative - learned"),
-    Claim("19", "vit_learned_minus_linear", ">", -100, "digits: learned - linear"),
-    Claim("19", "vit_layout_learned", ">", -100, "digits: layout learned"),
-    Claim("19", "vit_local_learned", ">", 0, "digits: local learned"),
-    Claim("19", "vit_local_relative", ">", 0, "digits: local relative"),
+    Claim("19", "vit_cnn_ahead", ">", 0.0, "digits: CNN above both ViTs + 0.5 points (margin)"),
+    Claim("19", "vit_learned_ahead", ">", 0.0, "digits: learned positions above relative + 0.5 (margin)"),
+    Claim("19", "vit_learned_near_linear", ">", 0.0, "digits: |learned ViT - linear| < 1.5 points (margin)"),
+    Claim("19", "vit_layout_learned", ">", -0.5, "digits: learned positions, similarity-distance corr."),
+    Claim("19", "vit_local_learned", ">", 1.0, "digits: learned, layer 1 weight near / far"),
+    Claim("19", "vit_local_relative", ">", 0.8, "digits: relative, layer 1 weight near / far, lower"),
+    Claim("19", "vit_local_relative", "<", 1.4, "digits: relative, layer 1 weight near / far, upper"),
 ]
 
 
