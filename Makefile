@@ -1,6 +1,6 @@
 # The two commands of the README:
 #   make book   set up .venv, export the package, execute every chapter, build _build/html
-#   make test   set up .venv, check the export, run pytest, nbval, the strict book build and a browser test
+#   make test   set up .venv, check the export, run mypy, pytest, nbval, the strict book build and a browser test
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -21,7 +21,7 @@ export JUPYTER_PATH := $(CURDIR)/tools/jupyter
 
 book: setup export html
 
-test: setup export-check unit nbval html browser
+test: setup export-check typecheck unit nbval html browser
 
 # Create the environment once; reinstall when the requirements change.
 setup: $(STAMP) $(MATHJAX)
@@ -48,8 +48,7 @@ export-check: setup
 unit: setup
 	$(BIN)/python -m pytest tests --ignore=tests/browser
 
-# mypy over the package, as a user's type checker sees it (settings in pyproject.toml). Not yet part of
-# `make test`: the package still has type errors to fix (issue 13).
+# mypy over the package, as a user's type checker sees it (settings in pyproject.toml); part of `make test`.
 typecheck: setup
 	$(BIN)/python -m mypy transformer
 

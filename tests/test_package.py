@@ -1,9 +1,16 @@
 """The installed package: importable from anywhere, public names at the top, in step with the chapters."""
 
 import importlib
+import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: tomli, which mypy (in requirements.txt) installs there
+    import tomli as tomllib
 
 import transformer
 from tools import export
@@ -56,3 +63,31 @@ def test_every_module_names_the_chapter_it_comes_from():
         if path.name != "__init__.py":
             chapter = first_line[len(export.MARKER):].split(".md")[0] + ".md"
             assert (ROOT / chapter).is_file(), (path, chapter)
+
+
+def test_package_carries_a_py_typed_marker():
+    # PEP 561: without the (empty) marker, a user's type checker ignores the package's annotations.
+    assert Path(transformer.__file__).with_name("py.typed").is_file()
+
+
+def test_pyproject_declares_the_marker_as_package_data():
+    # setuptools ships a py.typed by itself only from version 69; the build accepts setuptools>=64.
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "py.typed" in config["tool"]["setuptools"]["package-data"]["transformer"]
+
+
+def test_a_built_wheel_ships_the_py_typed_marker(tmp_path):
+    # What `pip install` puts in site-packages: the package data of pyproject.toml, not the checkout.
+    # Built from a copy, so that setuptools writes no build/ or *.egg-info here.
+    source = tmp_path / "source"
+    shutil.copytree(ROOT / "transformer", source / "transformer", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
+         "-w", str(tmp_path / "dist"), str(source)],
+        capture_output=True, text=True, check=True,
+    )
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        assert "transformer/py.typed" in archive.namelist()

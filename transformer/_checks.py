@@ -35,9 +35,10 @@ def check_dropout(name: str, value) -> float:
     """Return ``value`` as a float if it is a probability in [0, 1), else raise."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a float in [0, 1), got {type(value).__name__} {value!r}")
-    if not 0.0 <= value < 1.0:
+    p = float(value)
+    if not 0.0 <= p < 1.0:
         raise ValueError(f"{name} must be in [0, 1), got {value}")
-    return float(value)
+    return p
 
 
 # chapters/01_introduction.md: How the package checks its input

@@ -310,7 +310,8 @@ def train_classifier(model: nn.Module, inputs: Tensor, labels: Tensor, steps: in
     """
     _check_training_args(inputs, labels, steps, batch_size, lr, warmup, eval_every, clip, pad_id)
     device = next(model.parameters()).device
-    history = {key: [] for key in ("step", "lr", "loss", "accuracy", "valid_step", "valid_accuracy")}
+    history: dict[str, list] = {key: [] for key in ("step", "lr", "loss", "accuracy",
+                                                    "valid_step", "valid_accuracy")}
     with _run_settings(seed, num_threads):
         optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
         # the paper's schedule with d_model = 1, times lr * sqrt(warmup): lr * min(s / warmup, sqrt(warmup / s))

@@ -96,7 +96,8 @@ def autograd_depth(output: Tensor) -> int:
     root = output.grad_fn
     if root is None:
         return 0
-    depth, stack = {}, [(root, False)]
+    depth: dict[object, int] = {}  # node -> the longest chain of operations ending at it
+    stack = [(root, False)]
     while stack:  # iterative depth-first search: an RNN's graph is thousands of nodes deep
         node, children_done = stack.pop()
         if node in depth:

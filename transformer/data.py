@@ -56,9 +56,10 @@ def _check_number(name: str, n) -> int:
     """Return ``n`` as an int if it is an integer in [0, MAX_NUMBER], else raise naming ``name``."""
     if isinstance(n, bool) or not isinstance(n, numbers.Integral):
         raise TypeError(f"{name} must be an int in [0, {MAX_NUMBER}], got {type(n).__name__} {n!r}")
-    if not 0 <= n <= MAX_NUMBER:
+    number = int(n)
+    if not 0 <= number <= MAX_NUMBER:
         raise ValueError(f"{name} must be an int in [0, {MAX_NUMBER}], got {n}")
-    return int(n)
+    return number
 
 
 def number_to_words(n: int) -> str:

@@ -51,7 +51,7 @@ def _check_decoder_inputs(x: Tensor, memory: Tensor | None, tgt_mask: Tensor | N
                                  f"got a {type(value).__name__}")
         _check_mask("tgt_mask", tgt_mask, (B, num_heads, T, past + T))
         return
-    check_features("memory", memory, d_model)
+    memory = check_features("memory", memory, d_model)
     S = memory.shape[1]
     if memory.shape[0] != B:
         raise ValueError(
@@ -149,7 +149,7 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
                  norm_first: bool = False, cross_attention: bool = True,
-                 self_attention: Callable[..., nn.Module] = MultiHeadAttention,
+                 self_attention: Callable[..., MultiHeadAttention] = MultiHeadAttention,
                  attention_dropout: float = 0.0, activation_dropout: float = 0.0, activation: str = "relu"):
         super().__init__()
         check_bool("norm_first", norm_first)
@@ -159,7 +159,9 @@ class DecoderLayer(nn.Module):
         # MultiHeadAttention checks d_model, num_heads (and that it divides d_model) and its dropout.
         dropout = check_dropout("dropout", dropout)
         self.self_attn = self_attention(d_model, num_heads, dropout=attention_dropout)
-        self.cross_attn, self.norm2, self.dropout2 = None, None, None
+        self.cross_attn: MultiHeadAttention | None = None
+        self.norm2: LayerNorm | None = None
+        self.dropout2: nn.Dropout | None = None
         if cross_attention:
             self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout=attention_dropout)
             self.norm2, self.dropout2 = LayerNorm(d_model), nn.Dropout(dropout)
@@ -193,8 +195,9 @@ class DecoderLayer(nn.Module):
         """
         if cache is not None and not isinstance(cache, DecoderLayerCache):
             raise TypeError(f"cache must be a DecoderLayerCache or None, got {type(cache).__name__}")
-        self_cache, cross_cache = (None, None) if cache is None else (cache.self_attn, cache.cross_attn)
-        past = 0 if cache is None else self_cache.length  # target positions already cached
+        self_cache = None if cache is None else cache.self_attn
+        cross_cache = None if cache is None else cache.cross_attn
+        past = 0 if self_cache is None else self_cache.length  # target positions already cached
         _check_decoder_inputs(x, memory, tgt_mask, memory_mask, self.d_model, self.num_heads, past,
                               cross_attention=self.cross_attn is not None)
         for name, value in (("x", x), ("memory", memory)):
@@ -203,9 +206,11 @@ class DecoderLayer(nn.Module):
         self_mask = _self_attention_mask(tgt_mask, x.shape[1], x.device, past)  # to (B, H, T, past + T)
         x = add_and_norm(x, lambda y: self.self_attn(y, y, y, mask=self_mask, cache=self_cache),
                          self.norm1, self.dropout1, self.norm_first)  # (B, T, d_model)
-        if self.cross_attn is not None:
-            x = add_and_norm(x, lambda y: self.cross_attn(y, memory, memory, mask=memory_mask,
-                                                          cache=cross_cache),
+        cross_attn = self.cross_attn
+        if cross_attn is not None:
+            # memory was checked above; norm2 and dropout2 are built with cross_attn
+            assert memory is not None and self.norm2 is not None and self.dropout2 is not None
+            x = add_and_norm(x, lambda y: cross_attn(y, memory, memory, mask=memory_mask, cache=cross_cache),
                              self.norm2, self.dropout2, self.norm_first)  # (B, T, d_model)
         return add_and_norm(x, self.feed_forward, self.norm3, self.dropout3, self.norm_first)
 
@@ -232,7 +237,7 @@ class Decoder(nn.Module):
 
     def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int,
                  dropout: float = 0.1, norm_first: bool = False, cross_attention: bool = True,
-                 self_attention: Callable[..., nn.Module] = MultiHeadAttention,
+                 self_attention: Callable[..., MultiHeadAttention] = MultiHeadAttention,
                  attention_dropout: float = 0.0, activation_dropout: float = 0.0, activation: str = "relu"):
         super().__init__()
         check_positive_int("num_layers", num_layers)

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from transformer._checks import check_positive_int
 from transformer.decoder import DecoderCache
-from transformer.model import _check_token_batch
+from transformer.model import Transformer, _check_token_batch
 
 
 # chapters/13_generation.md: Greedy decoding
@@ -28,12 +28,13 @@ def _check_token_id(name: str, value, vocab_size: int) -> int:
     """Return ``value`` as an int if it is a token id in [0, vocab_size), else raise naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int token id, got {type(value).__name__} {value!r}")
-    if not 0 <= value < vocab_size:
+    token_id = int(value)
+    if not 0 <= token_id < vocab_size:
         raise ValueError(f"{name} must be a token id in the target vocabulary [0, {vocab_size}), got {value}")
-    return int(value)
+    return token_id
 
 
-def _check_generation(model: nn.Module, src, max_len, bos_id, pad_id) -> tuple[int, int, int]:
+def _check_generation(model: Transformer, src, max_len, bos_id, pad_id) -> tuple[int, int, int]:
     """Check src (B, S), 1 <= max_len <= the model's max_len, bos_id and pad_id; return the ints."""
     if not all(hasattr(model, name) for name in ("encode", "decode", "output", "src_embed", "tgt_embed")):
         raise TypeError(f"model must be an encoder-decoder model such as Transformer (with encode and "
@@ -82,7 +83,7 @@ def _evaluating(model: nn.Module) -> Iterator[None]:
 
 
 # chapters/13_generation.md: Greedy decoding
-def _next_logits(model: nn.Module, tokens: Tensor, memory: Tensor, src_mask: Tensor | None,
+def _next_logits(model: Transformer, tokens: Tensor, memory: Tensor, src_mask: Tensor | None,
                  cache: DecoderCache | None) -> Tensor:
     """Scores of the token after ``tokens`` (B, t): (B, V). With a cache, only new tokens are fed."""
     if cache is None:
@@ -93,7 +94,7 @@ def _next_logits(model: nn.Module, tokens: Tensor, memory: Tensor, src_mask: Ten
 
 
 # chapters/13_generation.md: Greedy decoding
-def greedy_decode(model: nn.Module, src: Tensor, max_len: int, bos_id: int, eos_id: int | None = None,
+def greedy_decode(model: Transformer, src: Tensor, max_len: int, bos_id: int, eos_id: int | None = None,
                   src_mask: Tensor | None = None, use_cache: bool = True, pad_id: int = 0,
                   extra_len: int | None = None) -> Tensor:
     """Generate with the most likely token at every step, until ``eos_id`` or ``max_len``.
@@ -149,9 +150,10 @@ def _check_length_penalty(alpha) -> float:
     """Return ``alpha`` as a float if it is a number >= 0, else raise."""
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
         raise TypeError(f"length_penalty must be a number >= 0, got {type(alpha).__name__} {alpha!r}")
-    if not alpha >= 0:
+    value = float(alpha)
+    if not value >= 0:
         raise ValueError(f"length_penalty must be a number >= 0, got {alpha}")
-    return float(alpha)
+    return value
 
 
 # chapters/13_generation.md: Beam search
@@ -201,7 +203,7 @@ def _beam_step(log_probs: Tensor, scores: Tensor, lengths: Tensor, finished: Ten
     log_probs = torch.where(finished[..., None], frozen, log_probs)  # (B, k, V)
     candidates = scores[..., None] + log_probs  # (B, k, V): log P of each extension
     new_lengths = lengths + (~finished).long()  # (B, k)
-    ranked = candidates / _length_penalty(new_lengths, alpha)[..., None]  # (B, k, V): s(Y)
+    ranked = candidates / _length_penalty(new_lengths[..., None], alpha)  # (B, k, V): s(Y)
     choice = ranked.view(B, k * V).topk(k, dim=-1).indices  # (B, k), best first
     parent, token = choice // V, choice % V  # (B, k) each
     return (parent, token, candidates.view(B, k * V).gather(1, choice),
@@ -209,7 +211,7 @@ def _beam_step(log_probs: Tensor, scores: Tensor, lengths: Tensor, finished: Ten
 
 
 # chapters/13_generation.md: Beam search
-def beam_search(model: nn.Module, src: Tensor, max_len: int, bos_id: int, eos_id: int,
+def beam_search(model: Transformer, src: Tensor, max_len: int, bos_id: int, eos_id: int,
                 beam_size: int = 4, length_penalty: float = 0.6, src_mask: Tensor | None = None,
                 use_cache: bool = True, pad_id: int = 0, extra_len: int | None = None) -> Tensor:
     """Generate with beam search and GNMT's length penalty; return the best hypothesis per source.

@@ -51,7 +51,7 @@ class EncoderLayer(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
                  norm_first: bool = False, attention_dropout: float = 0.0, activation_dropout: float = 0.0,
-                 activation: str = "relu", self_attention: Callable[..., nn.Module] = MultiHeadAttention):
+                 activation: str = "relu", self_attention: Callable[..., MultiHeadAttention] = MultiHeadAttention):
         super().__init__()
         check_bool("norm_first", norm_first)
         if not callable(self_attention):
@@ -108,7 +108,7 @@ class Encoder(nn.Module):
     def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int,
                  dropout: float = 0.1, norm_first: bool = False, attention_dropout: float = 0.0,
                  activation_dropout: float = 0.0, activation: str = "relu",
-                 self_attention: Callable[..., nn.Module] = MultiHeadAttention):
+                 self_attention: Callable[..., MultiHeadAttention] = MultiHeadAttention):
         super().__init__()
         check_positive_int("num_layers", num_layers)
         self.layers = nn.ModuleList(

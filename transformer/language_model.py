@@ -102,7 +102,8 @@ class CharVocab:
 _POSITIONS = ("learned", "sinusoidal", None)
 
 
-def _positional_encoding(position: str | None, d_model: int, max_len: int) -> nn.Module | None:
+def _positional_encoding(position: str | None, d_model: int,
+                         max_len: int) -> LearnedPositionalEncoding | SinusoidalPositionalEncoding | None:
     """The absolute positional encoding ``position`` names (no dropout of its own), or None."""
     if position not in _POSITIONS:
         raise ValueError(f"position must be one of {_POSITIONS}, got {position!r}")
@@ -143,7 +144,7 @@ class DecoderOnlyLM(nn.Module):
     def __init__(self, vocab_size: int, d_model: int = 128, num_heads: int = 4, d_ff: int = 512,
                  num_layers: int = 4, max_len: int = 256, dropout: float = 0.1,
                  position: str | None = "learned",
-                 self_attention: Callable[..., nn.Module] = MultiHeadAttention, norm_first: bool = True,
+                 self_attention: Callable[..., MultiHeadAttention] = MultiHeadAttention, norm_first: bool = True,
                  activation: str = "relu", scale_embedding: bool = True):
         super().__init__()
         self.max_len = check_positive_int("max_len", max_len)
@@ -270,9 +271,10 @@ def _check_number(name: str, value, low: float = 0.0) -> float:
     """Return ``value`` as a float if it is a real number > ``low``, else raise naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number > {low:g}, got {type(value).__name__} {value!r}")
-    if not value > low:
+    number = float(value)
+    if not number > low:
         raise ValueError(f"{name} must be a number > {low:g}, got {value}")
-    return float(value)
+    return number
 
 
 # chapters/17_decoder_only.md: Training
@@ -302,7 +304,7 @@ def train_language_model(model: nn.Module, data: Tensor, steps: int, batch_size:
     steps, warmup = check_positive_int("steps", steps), check_positive_int("warmup", warmup)
     eval_every = check_positive_int("eval_every", eval_every)
     device = next(model.parameters()).device
-    history = {"step": [], "loss": [], "lr": [], "valid_step": [], "valid_loss": []}
+    history: dict[str, list] = {"step": [], "loss": [], "lr": [], "valid_step": [], "valid_loss": []}
     with _run_settings(seed, num_threads):
         generator = torch.Generator().manual_seed(seed)
         random_windows(data, batch_size, seq_len, generator)  # checks data, batch_size and seq_len
@@ -386,7 +388,7 @@ def _check_prompt(model: nn.Module, prompt, max_new_tokens) -> tuple[Tensor, int
     return prompt, max_new_tokens
 
 
-def sample(model: nn.Module, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0,
+def sample(model: DecoderOnlyLM, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0,
            top_k: int | None = None, use_cache: bool = True,
            generator: torch.Generator | None = None) -> Tensor:
     """Continue ``prompt`` by ``max_new_tokens`` tokens, each drawn from the model's distribution.

@@ -10,14 +10,16 @@ __all__ = ['Transformer']
 
 
 # chapters/10_model.md: The full model
+from typing import Any, cast
+
 import torch
 from torch import Tensor, nn
 
 from transformer._checks import check_bool, check_features, check_positive_int
 from transformer.decoder import Decoder, DecoderCache, _check_mask
 from transformer.embedding import TokenEmbedding, _check_token_ids
-from transformer.encoder import Encoder
-from transformer.positional import SinusoidalPositionalEncoding
+from transformer.encoder import Encoder, EncoderLayer
+from transformer.positional import SinusoidalPositionalEncoding, _AddPositionTable
 
 
 # chapters/10_model.md: The model
@@ -37,14 +39,15 @@ def _check_token_batch(name: str, tokens, vocab_size: int, max_len: int | None =
     return tokens
 
 
-def _check_src_mask(model: nn.Module, src_mask: Tensor | None, scores_shape: tuple[int, ...]) -> None:
+def _check_src_mask(model: "Transformer", src_mask: Tensor | None, scores_shape: tuple[int, ...]) -> None:
     """The source mask is checked under its own name: inside, it is the encoder's ``mask`` and the
     decoder's ``memory_mask``."""
-    H = model.encoder.layers[0].self_attn.num_heads
+    first_layer = cast(EncoderLayer, model.encoder.layers[0])  # an nn.ModuleList does not type its items
+    H = first_layer.self_attn.num_heads
     _check_mask("src_mask", src_mask, (scores_shape[0], H, *scores_shape[1:]))
 
 
-def _add_positions(encoding: nn.Module, x: Tensor, start: int) -> Tensor:
+def _add_positions(encoding: _AddPositionTable, x: Tensor, start: int) -> Tensor:
     """``encoding(x)`` for positions ``start .. start + N - 1`` (generation with a cache)."""
     if start == 0:
         return encoding(x)  # (B, N, d_model)
@@ -98,7 +101,7 @@ class Transformer(nn.Module):
         self.tgt_embed = (self.src_embed if share_embeddings
                           else TokenEmbedding(tgt_vocab_size, d_model, padding_idx=pad_id, scale=scale_embedding))
         self.positional_encoding = SinusoidalPositionalEncoding(d_model, max_len, dropout)
-        extra = dict(attention_dropout=attention_dropout, activation_dropout=activation_dropout,
+        extra: dict[str, Any] = dict(attention_dropout=attention_dropout, activation_dropout=activation_dropout,
                      activation=activation)
         self.encoder = Encoder(num_layers, d_model, num_heads, d_ff, dropout, norm_first, **extra)
         self.decoder = Decoder(num_layers, d_model, num_heads, d_ff, dropout, norm_first, **extra)

@@ -93,7 +93,7 @@ class KVCache:
 
     def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Store the new keys and values (appended along the positions) and return all of them."""
-        if self.key is not None:
+        if self.key is not None and self.value is not None:  # (both or neither)
             self.check_batch(key.shape[0])
             key = torch.cat([self.key, key], dim=2)  # (B, H, S_old + S_new, d_k)
             value = torch.cat([self.value, value], dim=2)  # (B, H, S_old + S_new, d_v)
@@ -107,7 +107,7 @@ class KVCache:
 
     def reorder(self, index: Tensor) -> None:
         """Keep the batch rows ``index`` (in that order): how beam search follows its beams."""
-        if self.key is not None:
+        if self.key is not None and self.value is not None:
             self.key, self.value = self.key.index_select(0, index), self.value.index_select(0, index)
 
 
@@ -210,7 +210,7 @@ class MultiHeadAttention(nn.Module):
 
     def _keys_values(self, key: Tensor, value: Tensor, cache: KVCache | None) -> tuple[Tensor, Tensor]:
         """Project and split key and value into heads; with a cache, return what it holds too."""
-        if cache is not None and cache.static and cache.key is not None:
+        if cache is not None and cache.static and cache.key is not None and cache.value is not None:
             cache.check_batch(key.shape[0])
             return cache.key, cache.value  # the memory's keys and values, projected at the first call
         k = _split_heads(self.w_k(key), self.num_heads)  # (B, S, d_model) -> (B, H, S, d_k)

@@ -51,12 +51,14 @@ def sinusoidal_encoding(num_positions: int, d_model: int, base: float = 10000.0)
 class _AddPositionTable(nn.Module):
     """Shared forward of the positional encodings: x + table[:N], then dropout.
 
-    Subclasses set ``d_model``, ``max_len`` and ``table`` (max_len, d_model), a buffer or a parameter.
+    Subclasses set ``d_model``, ``max_len``, ``table`` (max_len, d_model), a buffer or a parameter,
+    and ``dropout``.
     """
 
     d_model: int
     max_len: int
     table: Tensor
+    dropout: nn.Dropout
 
     def forward(self, x: Tensor) -> Tensor:
         """Add the encoding of positions 0 .. N-1 to ``x``.

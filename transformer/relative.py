@@ -129,9 +129,10 @@ def _check_base(base) -> float:
     """Return ``base`` as a float if it is a number > 1, else raise a clear error."""
     if isinstance(base, bool) or not isinstance(base, numbers.Real):
         raise TypeError(f"base must be a number greater than 1, got {type(base).__name__} {base!r}")
-    if not base > 1:
+    value = float(base)
+    if not value > 1:
         raise ValueError(f"base must be a number greater than 1, got {base!r}")
-    return float(base)
+    return value
 
 
 def rotary(x: Tensor, start: int = 0, base: float = 10000.0) -> Tensor:

@@ -27,9 +27,10 @@ def _check_eps(eps) -> float:
     """Return ``eps`` as a float if it is a positive finite number, else raise."""
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise TypeError(f"eps must be a positive float, got {type(eps).__name__} {eps!r}")
-    if not (math.isfinite(eps) and eps > 0):
+    value = float(eps)
+    if not (math.isfinite(value) and value > 0):
         raise ValueError(f"eps must be a positive finite float, got {eps}")
-    return float(eps)
+    return value
 
 
 class LayerNorm(nn.Module):

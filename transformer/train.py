@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import os
 import tempfile
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -26,6 +27,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from transformer.data import Batch, source_vocab, split_numbers, target_vocab
+from transformer.model import Transformer
 from transformer.training import TrainConfig, _read_checkpoint, check_resume, exact_match, fit, make_model
 
 
@@ -201,7 +203,7 @@ def _check_checkpoint_dir(folder: str, config: TrainConfig) -> None:
 
 # chapters/14_scaling_out.md: Putting it together
 def _train_here(args: argparse.Namespace, rank: int, world_size: int, device: torch.device,
-                train_numbers: list[int], valid_numbers: list[int]) -> nn.Module:
+                train_numbers: list[int], valid_numbers: list[int]) -> Transformer:
     """This process's part of the run: ``fit``, with the hooks when there are several processes."""
     path = None if args.checkpoint_dir is None else os.path.join(args.checkpoint_dir, "checkpoint.pt")
     resume = path if path is not None and os.path.isfile(path) else None
@@ -209,7 +211,7 @@ def _train_here(args: argparse.Namespace, rank: int, world_size: int, device: to
         step = _read_checkpoint(resume)["step"]
         print(f"resuming from {resume} at step {step} of {args.steps}" if step < args.steps else
               f"resuming from {resume}: the run is already complete, step {step} of {args.steps}")
-    parallel = {}
+    parallel: dict[str, Any] = {}
     if world_size > 1:
         hooks = DataParallelHooks(rank, world_size, target_vocab().pad_id)
         parallel = {"wrap_model": hooks.wrap, "shard": hooks.shard}
@@ -234,7 +236,7 @@ def replica_difference(model: nn.Module) -> float:
 
 
 # chapters/14_scaling_out.md: Putting it together
-def run_training(args: argparse.Namespace) -> nn.Module:
+def run_training(args: argparse.Namespace) -> Transformer:
     """Train as ``args`` says, alone or as one process of several; return the trained model."""
     check_arguments(args, _world_size())
     rank, world_size, device = init_distributed(args.device, args.init_method)

@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import overload
+from typing import Any, overload
 
 import torch
 import torch.nn.functional as F
@@ -308,7 +308,7 @@ def training_batches(numbers: Sequence[int], batch_size: int, src_vocab: Vocab, 
 
 
 # chapters/12_training.md: The training loop
-def predict(model: nn.Module, numbers: Sequence[int], src_vocab: Vocab, tgt_vocab: Vocab,
+def predict(model: Transformer, numbers: Sequence[int], src_vocab: Vocab, tgt_vocab: Vocab,
             batch_size: int = 1000, device=None) -> list[str]:
     """The model's answer for each number: the generated tokens after <bos>, up to <eos>.
 
@@ -329,7 +329,7 @@ def predict(model: nn.Module, numbers: Sequence[int], src_vocab: Vocab, tgt_voca
     return answers
 
 
-def exact_match(model: nn.Module, numbers: Sequence[int], src_vocab: Vocab, tgt_vocab: Vocab,
+def exact_match(model: Transformer, numbers: Sequence[int], src_vocab: Vocab, tgt_vocab: Vocab,
                 batch_size: int = 1000, device=None) -> float:
     """The share of ``numbers`` whose digits the model generates exactly (greedy decoding)."""
     answers = predict(model, numbers, src_vocab, tgt_vocab, batch_size, device)
@@ -461,7 +461,8 @@ def fit(config: TrainConfig, train_numbers: Sequence[int], valid_numbers: Sequen
             step, history = _restore(checkpoint, model, optimizer, scheduler), checkpoint["history"]
             torch.set_rng_state(checkpoint["rng_state"])
         stream = training_batches(train_numbers, config.batch_size, src_vocab, tgt_vocab, config.seed, step, device)
-        described = dict(config=config, src_vocab=src_vocab, tgt_vocab=tgt_vocab)  # what rebuilds the model
+        # what rebuilds the model
+        described: dict[str, Any] = dict(config=config, src_vocab=src_vocab, tgt_vocab=tgt_vocab)
         model.train()
         net = model if wrap_model is None else wrap_model(model)
         bar = tqdm(range(step + 1, config.steps + 1), desc="training", unit="step", disable=not progress,

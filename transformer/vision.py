@@ -274,7 +274,7 @@ class VisionTransformer(nn.Module):
         if positions == "sinusoidal" and d_model % 4:
             raise ValueError(f"d_model must be a multiple of 4 for 2-D sinusoidal positions, got {d_model}")
         # the 2-D relative attention in every layer, or the encoder's own MultiHeadAttention
-        attention: Callable[..., nn.Module] = MultiHeadAttention
+        attention: Callable[..., MultiHeadAttention] = MultiHeadAttention
         if positions == "relative":
             attention = functools.partial(GridRelativeMultiHeadAttention, max_distance=max_distance,
                                           grid_size=self.patch_embed.grid_size)
