@@ -95,7 +95,7 @@ CLAIMS = [
     Claim("19", "vit_all_above", ">", 0.0, "digits: every model above 90% (margin)"),
     Claim("19", "vit_cnn_ahead", ">", 0.0, "digits: CNN above both ViTs + 0.5 points (margin)"),
     Claim("19", "vit_learned_ahead", ">", 0.0, "digits: learned positions above relative + 0.5 (margin)"),
-    Claim("19", "vit_learned_near_linear", ">", 0.0, "digits: |learned ViT - linear| < 1.5 points (margin)"),
+    Claim("19", "vit_learned_near_linear", ">", 0.0, "digits: learned ViT within 1.5 points of linear (margin)"),
     Claim("19", "vit_layout_learned", ">", -0.5, "digits: learned positions, similarity-distance corr."),
     Claim("19", "vit_local_learned", ">", 1.0, "digits: learned, layer 1 weight near / far"),
     Claim("19", "vit_local_relative", ">", 0.8, "digits: relative, layer 1 weight near / far, lower"),
