@@ -12,6 +12,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from transformer import DecoderOnlyLM, SequenceClassifier, Transformer, causal_mask
 
+# torch's own jit module warns that it is deprecated when the compiler imports it: not the package's doing.
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+
 SIZES = dict(d_model=16, num_heads=2, d_ff=32, num_layers=2, dropout=0.0)
 
 

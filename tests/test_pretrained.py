@@ -224,6 +224,7 @@ def _marian_tokenizer(folder):
                                         vocab=str(folder / "vocab.json"))
 
 
+@pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses:UserWarning")  # only for its own detokenizer
 def test_load_pretrained_marian_from_a_saved_folder(tmp_path):
     (tmp_path / "files").mkdir()
     tokenizer = _marian_tokenizer(tmp_path / "files")
