@@ -21,13 +21,7 @@ from transformer.relative import (
 D_MODEL, NUM_HEADS, D_K = 8, 2, 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These tensors are tiny: a second thread costs more than it saves (much more on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def make_relative(max_distance=2, seed=0, dtype=torch.float32, **kwargs):

@@ -96,6 +96,13 @@ def _load_attention(name: str, ours: Any, q: tuple[Tensor, Tensor], k: tuple[Ten
     _load_linear(f"{name}.w_o", ours.w_o, *o, writes=perm)
 
 
+def _load_feed_forward(name: str, ours: Any, w_1: tuple[Tensor, Tensor], w_2: tuple[Tensor, Tensor],
+                       perm: Tensor | None = None) -> None:
+    """Copy the (weight, bias) of the feed-forward network's layers: W_1 reads the stream, W_2 writes it."""
+    _load_linear(f"{name}.w_1", ours.w_1, *w_1, reads=perm)
+    _load_linear(f"{name}.w_2", ours.w_2, *w_2, writes=perm)
+
+
 # chapters/20_pretrained.md: Copying, one tensor at a time
 _HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                    "silu": "silu", "swish": "silu"}
@@ -168,10 +175,8 @@ def _from_marian(hf: Any) -> Transformer:
         _load_attention(f"encoder.layers.{i}.self_attn", ours.self_attn, **_attention_weights(theirs.self_attn),
                         perm=perm)
         _load_norm(f"encoder.layers.{i}.norm1", ours.norm1, theirs.self_attn_layer_norm, perm)
-        _load_linear(f"encoder.layers.{i}.feed_forward.w_1", ours.feed_forward.w_1, theirs.fc1.weight,
-                     theirs.fc1.bias, reads=perm)
-        _load_linear(f"encoder.layers.{i}.feed_forward.w_2", ours.feed_forward.w_2, theirs.fc2.weight,
-                     theirs.fc2.bias, writes=perm)
+        _load_feed_forward(f"encoder.layers.{i}.feed_forward", ours.feed_forward,
+                           (theirs.fc1.weight, theirs.fc1.bias), (theirs.fc2.weight, theirs.fc2.bias), perm)
         _load_norm(f"encoder.layers.{i}.norm2", ours.norm2, theirs.final_layer_norm, perm)
     for i, (ours, theirs) in enumerate(zip(model.decoder.layers, decoder.layers)):
         _load_attention(f"decoder.layers.{i}.self_attn", ours.self_attn, **_attention_weights(theirs.self_attn),
@@ -180,10 +185,8 @@ def _from_marian(hf: Any) -> Transformer:
         _load_attention(f"decoder.layers.{i}.cross_attn", ours.cross_attn,
                         **_attention_weights(theirs.encoder_attn), perm=perm)
         _load_norm(f"decoder.layers.{i}.norm2", ours.norm2, theirs.encoder_attn_layer_norm, perm)
-        _load_linear(f"decoder.layers.{i}.feed_forward.w_1", ours.feed_forward.w_1, theirs.fc1.weight,
-                     theirs.fc1.bias, reads=perm)
-        _load_linear(f"decoder.layers.{i}.feed_forward.w_2", ours.feed_forward.w_2, theirs.fc2.weight,
-                     theirs.fc2.bias, writes=perm)
+        _load_feed_forward(f"decoder.layers.{i}.feed_forward", ours.feed_forward,
+                           (theirs.fc1.weight, theirs.fc1.bias), (theirs.fc2.weight, theirs.fc2.bias), perm)
         _load_norm(f"decoder.layers.{i}.norm3", ours.norm3, theirs.final_layer_norm, perm)
     return model
 
@@ -223,8 +226,8 @@ def _from_gpt2(hf: Any) -> DecoderOnlyLM:
         _load_attention(f"decoder.layers.{i}.self_attn", ours.self_attn, q=q, k=k, v=v,
                         o=_conv1d(block.attn.c_proj))
         _load_norm(f"decoder.layers.{i}.norm1", ours.norm1, block.ln_1)
-        _load_linear(f"decoder.layers.{i}.feed_forward.w_1", ours.feed_forward.w_1, *_conv1d(block.mlp.c_fc))
-        _load_linear(f"decoder.layers.{i}.feed_forward.w_2", ours.feed_forward.w_2, *_conv1d(block.mlp.c_proj))
+        _load_feed_forward(f"decoder.layers.{i}.feed_forward", ours.feed_forward, _conv1d(block.mlp.c_fc),
+                           _conv1d(block.mlp.c_proj))
         _load_norm(f"decoder.layers.{i}.norm3", ours.norm3, block.ln_2)
     _load_norm("decoder.norm", model.decoder.norm, gpt.ln_f)
     with torch.no_grad():
