@@ -28,6 +28,7 @@ from transformer.language_model import data_file, CharVocab, DecoderOnlyLM, rand
 from transformer.relative import relative_positions, RelativeMultiHeadAttention, rotary, RotaryMultiHeadAttention
 from transformer.vision import DIGITS_SHA256, load_digits, stratified_split, patches, PatchEmbedding, sinusoidal_encoding_2d, grid_relations, GridRelativeMultiHeadAttention, VisionTransformer
 from transformer.pretrained import marian_permutation, from_huggingface, load_pretrained
+from transformer.subwords import MULTI30K_SHA256, MULTI30K_SPLITS, load_multi30k, WORD_START, pre_tokenize, word_counts, learn_bpe, bpe_encode, bpe_decode, SPECIAL_TOKENS, train_tokenizer
 
 __all__ = [
     'TokenEmbedding',
@@ -123,4 +124,15 @@ __all__ = [
     'marian_permutation',
     'from_huggingface',
     'load_pretrained',
+    'MULTI30K_SHA256',
+    'MULTI30K_SPLITS',
+    'load_multi30k',
+    'WORD_START',
+    'pre_tokenize',
+    'word_counts',
+    'learn_bpe',
+    'bpe_encode',
+    'bpe_decode',
+    'SPECIAL_TOKENS',
+    'train_tokenizer',
 ]
