@@ -338,3 +338,13 @@ def test_activation_reaches_every_layer_of_the_models():
     ffns = [m for m in model.modules() if isinstance(m, PositionwiseFeedForward)]
     assert len(ffns) == 4 and all(f.activation == "silu" for f in ffns)
     assert all(m.activation == "gelu_tanh" for m in lm.modules() if isinstance(m, PositionwiseFeedForward))
+
+
+def test_input_of_another_dtype_is_named():
+    """A float32 network given float64 or bfloat16 input: a TypeError naming x and both dtypes."""
+    ffn = PositionwiseFeedForward(D_MODEL, D_FF)
+    for dtype in (torch.float64, torch.bfloat16):
+        with pytest.raises(TypeError, match=rf"x must have the dtype of the module's parameters, torch.float32, got {dtype}"):
+            ffn(inputs(2, 5, D_MODEL, dtype=dtype))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # under autocast the two differ by design
+        assert ffn(inputs(2, 5, D_MODEL).to(torch.bfloat16)).shape == (2, 5, D_MODEL)
