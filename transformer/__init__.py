@@ -20,7 +20,7 @@ from transformer.encoder import EncoderLayer, Encoder
 from transformer.decoder import DecoderLayerCache, DecoderCache, DecoderLayer, Decoder
 from transformer.model import Transformer
 from transformer.data import MAX_NUMBER, number_to_words, Vocab, source_vocab, target_vocab, split_numbers, Batch, make_batch, batches
-from transformer.training import label_smoothed_cross_entropy, warmup_lr, cooldown_factor, warmup_scheduler, train_step, save_checkpoint, load_checkpoint, TrainConfig, make_model, make_optimizer, training_batches, predict, exact_match, evaluate_loss, model_cache_dir, check_resume, fit
+from transformer.training import label_smoothed_cross_entropy, warmup_lr, cooldown_factor, warmup_scheduler, train_step, save_checkpoint, load_checkpoint, TrainConfig, make_model, make_optimizer, training_batches, predict, exact_match, evaluate_loss, model_cache_dir, check_resume, run_steps, fit
 from transformer.decoding import greedy_decode, beam_search
 from transformer.complexity import self_attention_macs, recurrent_macs, convolution_macs, restricted_attention_macs, loglog_slope, autograd_depth, band_mask, banded_attention, saved_tensor_bytes
 from transformer.classifier import BRACKET_VOCAB, is_balanced, encode_brackets, decode_brackets, random_balanced, near_miss, bracket_split, bracket_dataset, SequenceClassifier, accuracy, train_classifier
@@ -76,6 +76,7 @@ __all__ = [
     'evaluate_loss',
     'model_cache_dir',
     'check_resume',
+    'run_steps',
     'fit',
     'greedy_decode',
     'beam_search',

@@ -11,13 +11,14 @@ Defined in the book's chapter "Scaling out" (chapters/14_scaling_out.md).
 """
 
 
-__all__ = ['build_parser', 'config_from_args', 'shard_batch', 'DataParallelHooks', 'init_distributed', 'check_arguments', 'replica_difference', 'run_training', 'main']
+__all__ = ['TASKS', 'build_parser', 'config_from_args', 'shard_batch', 'DataParallelHooks', 'init_distributed', 'check_arguments', 'replica_difference', 'run_training', 'main']
 
 
 # chapters/14_scaling_out.md: Scaling out
 import argparse
 import dataclasses
 import os
+import sys
 import tempfile
 from typing import Any
 
@@ -55,29 +56,23 @@ def _add_model_options(parser: argparse.ArgumentParser, default: TrainConfig) ->
     model.add_argument("--dropout", type=float, default=default.dropout, help="dropout rate")
 
 
-def _add_training_options(parser: argparse.ArgumentParser, default: TrainConfig) -> None:
-    """The run: steps, batch, schedule and seed (fields of ``TrainConfig``), and how much data."""
+def _add_training_options(parser: argparse.ArgumentParser, default: TrainConfig,
+                          batch_help: str = "global batch, in sequences: shared out between the processes"
+                          ) -> argparse._ArgumentGroup:
+    """The run: steps, batch, schedule and seed (fields of ``TrainConfig``); returns the group."""
     run = parser.add_argument_group("training")
     run.add_argument("--steps", type=_positive_int, default=default.steps, help="optimiser steps in all")
-    run.add_argument("--batch-size", type=_positive_int, default=default.batch_size,
-                     help="global batch, in sequences: shared out between the processes")
+    run.add_argument("--batch-size", type=_positive_int, default=default.batch_size, help=batch_help)
     run.add_argument("--warmup", type=_positive_int, default=default.warmup, help="warm-up steps")
     run.add_argument("--cooldown", type=float, default=default.cooldown,
                      help="share of the steps at the end over which the rate falls to zero (0: none)")
     run.add_argument("--seed", type=int, default=default.seed, help="seed of the data split and the model")
     run.add_argument("--num-threads", type=_positive_int, default=default.num_threads, help="CPU threads")
-    run.add_argument("--train-size", type=_positive_int, default=200_000, help="numbers to train on")
-    run.add_argument("--valid-size", type=_positive_int, default=1_000, help="numbers for the exact match")
+    return run
 
 
-# chapters/14_scaling_out.md: The command
-def build_parser() -> argparse.ArgumentParser:
-    """The options of ``python -m transformer.train``; defaults are those of ``TrainConfig``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m transformer.train", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        description="Train the Transformer to turn English number words into digits.")
-    _add_model_options(parser, TrainConfig())
-    _add_training_options(parser, TrainConfig())
+def _add_where_options(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """Where the run happens: checkpoints, device, progress bar, how processes meet; returns the group."""
     where = parser.add_argument_group("where")
     where.add_argument("--checkpoint-dir", help="save checkpoint.pt here; resume from it when it is there")
     where.add_argument("--save-every", type=_positive_int, help="also save every N steps")
@@ -85,18 +80,39 @@ def build_parser() -> argparse.ArgumentParser:
                        default="cuda" if torch.cuda.is_available() else "cpu")
     where.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                        help="show a progress bar (process 0 only)")
-    where.add_argument("--check-replicas", action="store_true",
-                       help="after training, check that every process holds the same parameters")
     where.add_argument("--init-method", default="env://",
                        help="where the processes meet: env:// under torchrun, or file:///a/shared/file")
+    return where
+
+
+# chapters/14_scaling_out.md: The command
+TASKS = ("numbers", "multi30k")  # multi30k: German to English, chapter "Translating German"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``python -m transformer.train``; defaults are those of ``TrainConfig``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m transformer.train", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Train the Transformer to turn English number words into digits "
+                    "(--task multi30k: to translate German; see its own --help).")
+    parser.add_argument("--task", choices=TASKS, default="numbers", help="what to learn")
+    _add_model_options(parser, TrainConfig())
+    run = _add_training_options(parser, TrainConfig())
+    run.add_argument("--train-size", type=_positive_int, default=200_000, help="numbers to train on")
+    run.add_argument("--valid-size", type=_positive_int, default=1_000, help="numbers for the exact match")
+    where = _add_where_options(parser)
+    where.add_argument("--check-replicas", action="store_true",
+                       help="after training, check that every process holds the same parameters")
     return parser
 
 
 # chapters/14_scaling_out.md: The command
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """The ``TrainConfig`` the options describe: each option fills the field of the same name."""
-    names = [field.name for field in dataclasses.fields(TrainConfig) if hasattr(args, field.name)]
-    return dataclasses.replace(TrainConfig(), **{name: getattr(args, name) for name in names})
+def config_from_args(args: argparse.Namespace, default: TrainConfig | None = None) -> TrainConfig:
+    """The configuration the options describe: each option fills the field of the same name of
+    ``default`` (a ``TrainConfig``, or a subclass such as the translation task's)."""
+    default = default if default is not None else TrainConfig()
+    names = [field.name for field in dataclasses.fields(default) if hasattr(args, field.name)]
+    return dataclasses.replace(default, **{name: getattr(args, name) for name in names})
 
 
 # chapters/14_scaling_out.md: Data parallelism
@@ -257,7 +273,17 @@ def run_training(args: argparse.Namespace) -> Transformer:
 
 # chapters/14_scaling_out.md: Putting it together
 def main(argv: list[str] | None = None) -> int:
-    """``python -m transformer.train [options]``; ``argv`` defaults to the command line."""
+    """``python -m transformer.train [options]``; ``argv`` defaults to the command line.
+
+    ``--task multi30k`` hands the whole command line to the translation trainer
+    (``transformer.translate.train_main``), which has options of its own.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    task = argparse.ArgumentParser(add_help=False)
+    task.add_argument("--task", choices=TASKS, default="numbers")
+    if task.parse_known_args(argv)[0].task == "multi30k":
+        from transformer.translate import train_main  # the chapter "Translating German"
+        return train_main(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

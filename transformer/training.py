@@ -7,7 +7,7 @@ Defined in the book's chapter "Training" (chapters/12_training.md).
 """
 
 
-__all__ = ['label_smoothed_cross_entropy', 'warmup_lr', 'cooldown_factor', 'warmup_scheduler', 'train_step', 'save_checkpoint', 'load_checkpoint', 'TrainConfig', 'make_model', 'make_optimizer', 'training_batches', 'predict', 'exact_match', 'evaluate_loss', 'model_cache_dir', 'check_resume', 'fit']
+__all__ = ['label_smoothed_cross_entropy', 'warmup_lr', 'cooldown_factor', 'warmup_scheduler', 'train_step', 'save_checkpoint', 'load_checkpoint', 'TrainConfig', 'make_model', 'make_optimizer', 'training_batches', 'predict', 'exact_match', 'evaluate_loss', 'model_cache_dir', 'check_resume', 'run_steps', 'fit']
 
 
 # chapters/12_training.md: Training
@@ -107,14 +107,19 @@ def warmup_scheduler(optimizer: torch.optim.Optimizer, d_model: int, warmup: int
 # chapters/12_training.md: Gradient clipping
 def train_step(model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer,
                scheduler: torch.optim.lr_scheduler.LRScheduler | None = None, label_smoothing: float = 0.1,
-               clip: float | None = 1.0, pad_id: int = 0) -> tuple[float, float, float]:
+               clip: float | None = 1.0, pad_id: int = 0,
+               autocast: torch.dtype | None = None) -> tuple[float, float, float]:
     """One optimiser step on one batch, by teacher forcing.
+
+    With ``autocast`` (e.g. ``torch.bfloat16`` on a GPU), the forward pass runs under
+    ``torch.autocast`` in that type; the weights, gradients and loss stay in float32.
 
     Returns:
         The batch's label-smoothed loss, its token accuracy (the share of non-padding targets
         that are the most likely token) and the gradient norm before clipping.
     """
-    logits = model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)  # (B, T, V)
+    with torch.autocast(batch.src.device.type, dtype=autocast, enabled=autocast is not None):
+        logits = model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)  # (B, T, V)
     loss = label_smoothed_cross_entropy(logits, batch.tgt_out, label_smoothing, ignore_index=pad_id)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -132,11 +137,13 @@ def train_step(model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer,
 def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None,
                     scheduler: torch.optim.lr_scheduler.LRScheduler | None, step: int,
                     history: dict | None = None, *, config: "TrainConfig | None" = None,
-                    src_vocab: Vocab | None = None, tgt_vocab: Vocab | None = None) -> None:
+                    src_vocab: Vocab | None = None, tgt_vocab: Vocab | None = None,
+                    extra: dict[str, Any] | None = None) -> None:
     """Save the model, optimiser and scheduler states, the step, the CPU RNG state and ``history``.
 
     With ``config`` and the two vocabularies (``fit`` passes them), the file also describes the
-    model, and ``load_checkpoint(path)`` can rebuild it from the file alone.
+    model, and ``load_checkpoint(path)`` can rebuild it from the file alone. ``extra`` adds entries
+    of plain types (e.g. a tokenizer as a JSON string) that a task needs to rebuild its model.
     """
     checkpoint = {
         "model": model.state_dict(),
@@ -148,6 +155,7 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.
         "config": asdict(config) if config is not None else None,
         "vocabs": ([{"tokens": v.itos[len(v.SPECIALS):], "split": v.split} for v in (src_vocab, tgt_vocab)]
                    if src_vocab is not None and tgt_vocab is not None else None),
+        **(extra or {}),
     }
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     torch.save(checkpoint, path)
@@ -417,6 +425,36 @@ def check_resume(checkpoint: dict, config: TrainConfig, path) -> None:
 
 
 # chapters/12_training.md: The training loop
+def run_steps(net: nn.Module, stream: Iterator[Batch], optimizer: torch.optim.Optimizer,
+              scheduler: torch.optim.lr_scheduler.LRScheduler | None, config: TrainConfig,
+              history: dict[str, list], step: int = 0, *, pad_id: int = 0, progress: bool = True,
+              shard=None, validate=None, save=None, save_every: int | None = None,
+              autocast: torch.dtype | None = None) -> int:
+    """Take ``train_step``s ``step + 1 .. config.steps`` on the batches of ``stream``; return the last step.
+
+    Per step, appends "step", "loss", "accuracy", "lr" and "grad_norm" to ``history``. Calls
+    ``shard(batch)`` on every batch when given (the step is taken on what it returns), ``validate(step)``
+    every ``config.eval_every`` steps and at the last one (it returns what the progress bar shows),
+    and ``save(step)`` every ``save_every`` steps.
+    """
+    bar = tqdm(range(step + 1, config.steps + 1), desc="training", unit="step", disable=not progress,
+               mininterval=1.0, ncols=100)  # on stderr
+    for step in bar:
+        lr = optimizer.param_groups[0]["lr"]
+        batch = next(stream) if shard is None else shard(next(stream))
+        loss, accuracy, grad_norm = train_step(net, batch, optimizer, scheduler, config.label_smoothing,
+                                               config.clip, pad_id, autocast)
+        for key, value in zip(("step", "loss", "accuracy", "lr", "grad_norm"), (step, loss, accuracy, lr, grad_norm)):
+            history[key].append(value)
+        if validate is not None and (step % config.eval_every == 0 or step == config.steps):
+            bar.set_postfix(loss=f"{loss:.3f}", **validate(step), refresh=False)
+        if save is not None and save_every and step % save_every == 0:
+            save(step)
+    bar.close()
+    return step
+
+
+# chapters/12_training.md: The training loop
 def fit(config: TrainConfig, train_numbers: Sequence[int], valid_numbers: Sequence[int] | None = None,
           src_vocab: Vocab | None = None, tgt_vocab: Vocab | None = None, *, device=None,
           progress: bool = True, checkpoint_path=None, checkpoint_every: int | None = None,
@@ -465,21 +503,19 @@ def fit(config: TrainConfig, train_numbers: Sequence[int], valid_numbers: Sequen
         described: dict[str, Any] = dict(config=config, src_vocab=src_vocab, tgt_vocab=tgt_vocab)
         model.train()
         net = model if wrap_model is None else wrap_model(model)
-        bar = tqdm(range(step + 1, config.steps + 1), desc="training", unit="step", disable=not progress,
-                   mininterval=1.0, ncols=100)  # on stderr
-        for step in bar:
-            lr = optimizer.param_groups[0]["lr"]
-            batch = next(stream) if shard is None else shard(next(stream))
-            loss, accuracy, grad_norm = train_step(net, batch, optimizer, scheduler,
-                                                   config.label_smoothing, config.clip, tgt_vocab.pad_id)
-            for key, value in zip(("step", "loss", "accuracy", "lr", "grad_norm"), (step, loss, accuracy, lr, grad_norm)):
-                history[key].append(value)
-            if valid_numbers and config.eval_size and (step % config.eval_every == 0 or step == config.steps):
-                _record_validation(history, model, step, valid_numbers, config, src_vocab, tgt_vocab, device)
-                bar.set_postfix(loss=f"{loss:.3f}", valid_exact=f"{history['valid_accuracy'][-1]:.1%}", refresh=False)
-            if checkpoint_path is not None and checkpoint_every and step % checkpoint_every == 0:
-                save_checkpoint(checkpoint_path, model, optimizer, scheduler, step, history, **described)
-        bar.close()
+
+        def validate(step: int) -> dict[str, str]:
+            _record_validation(history, model, step, valid_numbers, config, src_vocab, tgt_vocab, device)
+            return {"valid_exact": f"{history['valid_accuracy'][-1]:.1%}"}
+
+        def save(step: int) -> None:
+            save_checkpoint(checkpoint_path, model, optimizer, scheduler, step, history, **described)
+
+        step = run_steps(net, stream, optimizer, scheduler, config, history, step, pad_id=tgt_vocab.pad_id,
+                         progress=progress, shard=shard,
+                         validate=validate if valid_numbers and config.eval_size else None,
+                         save=save if checkpoint_path is not None and checkpoint_every else None,
+                         save_every=checkpoint_every)
         for path in (checkpoint_path, cached):
             if path is not None:
                 save_checkpoint(path, model, optimizer, scheduler, step, history, **described)
