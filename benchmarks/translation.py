@@ -4,7 +4,7 @@ For the last model (``checkpoint.pt``) and the average of the last checkpoints (
 greedy decoding and beam search (beam 4, length penalty 0.6, at most input + 50 tokens: the paper's
 settings), on the validation set and on test2016: sacreBLEU's BLEU (with its signature) and chrF.
 Also the greedy BLEU of the averaged model on the first ``SAMPLE`` test sentences, which
-``tests/test_translation_model.py`` reproduces on the CPU.
+``tests/test_translate.py`` reproduces on the CPU.
 
     python -m benchmarks.translation RUN_DIR --out results.json [--device cuda]
 """

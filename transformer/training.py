@@ -145,6 +145,10 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.
     model, and ``load_checkpoint(path)`` can rebuild it from the file alone. ``extra`` adds entries
     of plain types (e.g. a tokenizer as a JSON string) that a task needs to rebuild its model.
     """
+    clash = sorted(set(extra or {}) & {"model", "optimizer", "scheduler", "step", "rng_state", "history",
+                                          "config", "vocabs"})
+    if clash:
+        raise ValueError(f"extra must not replace the checkpoint's own entries, got {clash}")
     checkpoint = {
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict() if optimizer is not None else None,

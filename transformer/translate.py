@@ -17,10 +17,9 @@ import argparse
 import copy
 import dataclasses
 import os
-import pickle
 import random
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -149,6 +148,11 @@ def translation_batches(src_rows: Sequence[list[int]], tgt_rows: Sequence[list[i
     The stream is a function of the data and (batch_tokens, batch_size, seed): ``start_step=k``
     starts where an unbroken stream would be after k batches, which is what resuming needs.
     """
+    if not src_rows or len(src_rows) != len(tgt_rows):
+        raise ValueError(f"src_rows and tgt_rows must be non-empty and of the same length, got {len(src_rows)} "
+                         f"and {len(tgt_rows)}")
+    if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
+        raise ValueError(f"start_step must be an int >= 0, got {start_step!r}")
     src_lengths = [len(row) for row in src_rows]
     tgt_lengths = [len(row) + 1 for row in tgt_rows]  # <bos> or <eos> added
     epoch, skip = 0, start_step
@@ -172,16 +176,19 @@ def translate(model: Transformer, tokenizer: Any, sentences: Sequence[str], beam
     has at most (source length + ``extra_len``) tokens, the paper's limit, and never more than the
     model's ``max_len``. An empty (or all-blank) sentence translates to an empty line.
     """
-    if isinstance(sentences, str) or not all(isinstance(s, str) for s in sentences):
-        raise TypeError("sentences must be a sequence of str (one sentence each), "
-                        f"got {type(sentences).__name__}")
+    if isinstance(sentences, str) or not isinstance(sentences, Iterable):
+        raise TypeError(f"sentences must be a sequence of str (one sentence each), got {type(sentences).__name__}")
+    sentences = list(sentences)
+    if not all(isinstance(s, str) for s in sentences):
+        raise TypeError("sentences must hold str only, got "
+                        + next(type(s).__name__ for s in sentences if not isinstance(s, str)))
     check_positive_int("beam_size", beam_size)
     check_positive_int("batch_size", batch_size)
     device = next(model.parameters()).device
     max_len = model.positional_encoding.max_len
     ids = [row[:max_len] for row in encode_lines(tokenizer, sentences)]  # a longer source is cut
     output = ["" for _ in sentences]
-    todo = sorted((i for i, row in enumerate(ids) if row), key=lambda i: len(ids[i]))
+    todo = sorted((i for i, row in enumerate(ids) if sentences[i].strip()), key=lambda i: len(ids[i]))
     for start in tqdm(range(0, len(todo), batch_size), desc="translating", unit="batch", disable=not progress):
         rows = todo[start:start + batch_size]
         src = _pad([ids[i] for i in rows], PAD_ID, device)  # (B, S)
@@ -259,6 +266,10 @@ def fit_translation(config: TranslationConfig, train: tuple[Sequence[str], Seque
     if tokenizer is None:
         tokenizer = train_tokenizer([*train[0], *train[1]], config.vocab_size)
     src_rows, tgt_rows = encode_lines(tokenizer, train[0]), encode_lines(tokenizer, train[1])
+    longest = max(max(map(len, src_rows)), max(map(len, tgt_rows)) + 1)  # <bos> or <eos> added
+    if longest > config.max_len:
+        raise ValueError(f"a training pair has {longest} tokens on one side (with <bos>/<eos>), more than "
+                         f"max_len={config.max_len}: raise max_len or leave such pairs out")
     with _run_settings(config.seed, config.num_threads):
         model = make_translation_model(config, tokenizer.get_vocab_size()).to(device)
         optimizer, scheduler = make_optimizer(config, model)
@@ -328,8 +339,11 @@ def load_translator(path: str | os.PathLike, device: torch.device | str | None =
         raise FileNotFoundError(f"no checkpoint at {os.fspath(path)}")
     try:
         checkpoint = _read_checkpoint(path)
-    except (RuntimeError, EOFError, pickle.UnpicklingError) as err:
-        raise ValueError(f"{os.fspath(path)} cannot be read as a torch checkpoint: {err}") from None
+    except ValueError:
+        raise
+    except Exception as err:  # torch.load fails in many ways on a file it did not write
+        raise ValueError(f"{os.fspath(path)} cannot be read as a torch checkpoint "
+                         f"({type(err).__name__}: {err})") from None
     tokenizer = tokenizer_from_checkpoint(checkpoint, path)
     model = make_translation_model(_config_of(checkpoint, path), tokenizer.get_vocab_size())
     checkpoint["model"] = {name: tensor.float() for name, tensor in checkpoint["model"].items()}
@@ -416,7 +430,8 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = check_train_arguments(args)
-    except (TypeError, ValueError) as err:
+        load_multi30k("val")  # the data are there, or a usage error now rather than a traceback later
+    except (TypeError, ValueError, FileNotFoundError) as err:
         parser.error(str(err))
     rank, world_size, device = init_distributed(args.device, args.init_method)
     if device.type == "cuda":
@@ -429,6 +444,9 @@ def train_main(argv: Sequence[str] | None = None) -> int:
         if world_size > 1:
             hooks = DataParallelHooks(rank, world_size, PAD_ID)
             parallel = {"wrap_model": hooks.wrap, "shard": hooks.shard}
+        resume = Path(args.checkpoint_dir or "") / "checkpoint.pt"
+        if args.checkpoint_dir is not None and resume.is_file() and rank == 0:
+            print(f"resuming from {resume} at step {_read_checkpoint(resume)['step']} of {config.steps}")
         model, tokenizer, _ = fit_translation(
             config, train, valid if rank == 0 else None, device=device, progress=args.progress and rank == 0,
             checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, save_checkpoints=rank == 0,
