@@ -58,6 +58,25 @@ def test_defaults_are_the_training_config_and_options_fill_fields_by_name():
     assert (config.steps, config.batch_size, config.warmup, config.seed, config.dropout) == (9, 6, 5, 4, 0.25)
 
 
+def test_options_fill_the_fields_of_the_given_default_and_keep_its_type():
+    from transformer.translate import TranslationConfig
+
+    args = build_parser().parse_args(["--d-model", "32", "--steps", "9"])
+    config = config_from_args(args, TrainConfig(max_len=40, lr_factor=2.0))  # no options for these two
+    assert type(config) is TrainConfig and (config.d_model, config.steps) == (32, 9)
+    assert (config.max_len, config.lr_factor) == (40, 2.0)
+    translation = config_from_args(args, TranslationConfig(batch_tokens=1000))
+    assert type(translation) is TranslationConfig and (translation.d_model, translation.steps) == (32, 9)
+    assert translation.batch_tokens == 1000 and translation.vocab_size == TranslationConfig().vocab_size
+
+
+def test_refuses_an_unknown_task(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--task", "wmt14"])
+    assert exit_.value.code == 2
+    assert "argument --task: invalid choice: 'wmt14'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("option, value", [("--steps", "0"), ("--batch-size", "-2"), ("--d-model", "ten")])
 def test_refuses_a_size_that_is_not_a_positive_integer(capsys, option, value):
     with pytest.raises(SystemExit) as exit_:

@@ -1,5 +1,6 @@
 """Tests of transformer.training: schedule, loss, clipping, checkpoints, the training loop."""
 
+import copy
 import math
 from dataclasses import asdict
 
@@ -10,7 +11,7 @@ import torch.nn.functional as F
 from transformer.data import make_batch, source_vocab, split_numbers, target_vocab
 from transformer.training import (
     TrainConfig, cooldown_factor, exact_match, label_smoothed_cross_entropy, load_checkpoint, make_model, make_optimizer,
-    fit, model_cache_dir, predict, save_checkpoint, train_step, training_batches, warmup_lr,
+    fit, model_cache_dir, predict, run_steps, save_checkpoint, train_step, training_batches, warmup_lr,
     warmup_scheduler,
 )
 
@@ -238,6 +239,75 @@ def test_train_step_without_clipping_returns_the_true_norm():
     _, _, norm = train_step(model, batch, torch.optim.SGD(model.parameters(), lr=0.0), clip=None)
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert math.isclose(norm, torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item(), rel_tol=1e-5)
+
+
+def test_train_step_under_bfloat16_autocast_keeps_float32_weights_and_a_close_loss():
+    torch.manual_seed(0)
+    model = make_model(tiny_config(), SRC, TGT)
+    other = copy.deepcopy(model)
+    batch = make_batch([7, 1005, 12345], SRC, TGT)
+    full = train_step(model, batch, torch.optim.SGD(model.parameters(), lr=0.0))
+    half = train_step(other, batch, torch.optim.SGD(other.parameters(), lr=0.0), autocast=torch.bfloat16)
+    assert all(math.isfinite(x) for x in half)
+    # bfloat16 keeps about 3 significant digits: close to the float32 loss and norm, but not the same
+    assert half[0] != full[0] and math.isclose(half[0], full[0], rel_tol=2e-2)
+    assert math.isclose(half[2], full[2], rel_tol=5e-2)
+    assert all(p.dtype == torch.float32 for p in other.parameters())
+    assert all(p.grad.dtype == torch.float32 for p in other.parameters() if p.grad is not None)
+    # run_steps hands its autocast to every step
+    config = tiny_config(steps=2)
+    losses = []
+    for autocast, net in ((None, model), (torch.bfloat16, other)):
+        history = {key: [] for key in ("step", "loss", "accuracy", "lr", "grad_norm")}
+        run_steps(net, iter([batch, batch]), *make_optimizer(config, net), config, history, progress=False,
+                  autocast=autocast)
+        losses.append(history["loss"])
+    assert losses[0] != losses[1] and losses[1] == pytest.approx(losses[0], rel=2e-2)
+
+
+def test_run_steps_takes_the_remaining_steps_and_calls_back_on_schedule():
+    torch.manual_seed(0)
+    config = tiny_config(steps=5, eval_every=2, cooldown=0.0, warmup=3)
+    model = make_model(config, SRC, TGT)
+    optimizer, scheduler = make_optimizer(config, model)
+    batches = [make_batch([n, n + 11, n * 7], SRC, TGT) for n in range(1, 6)]
+    stream, calls = iter(batches), {"validate": [], "save": [], "shard": 0}
+
+    def validate(step):
+        calls["validate"].append(step)
+        return {"seen": str(step)}
+
+    def shard(batch):
+        calls["shard"] += 1
+        return batch
+
+    history = {key: [] for key in ("step", "loss", "accuracy", "lr", "grad_norm")}
+    first = tiny_config(steps=2, eval_every=2, cooldown=0.0, warmup=3)  # a run of 2 steps, then on to 5
+    assert run_steps(model, stream, optimizer, scheduler, first, history, progress=False) == 2
+    assert run_steps(model, stream, optimizer, scheduler, config, history, 2, progress=False, shard=shard,
+                     validate=validate, save=lambda step: calls["save"].append(step), save_every=2,
+                     autocast=torch.bfloat16) == 5
+    assert history["step"] == [1, 2, 3, 4, 5] and calls["shard"] == 3
+    assert calls["validate"] == [4, 5] and calls["save"] == [4]  # every 2 steps and at the last one
+    assert history["lr"] == pytest.approx([config.lr_factor * paper_rate(s, 16, 3) for s in range(1, 6)])
+    assert all(math.isfinite(x) for key in ("loss", "grad_norm") for x in history[key])
+    assert all(0.0 <= x <= 1.0 for x in history["accuracy"])
+    with pytest.raises(StopIteration):
+        next(stream)  # one batch a step
+    # A run that is already complete takes no step.
+    assert run_steps(model, iter([]), optimizer, scheduler, config, history, 5, progress=False) == 5
+    assert len(history["loss"]) == 5
+
+
+def test_checkpoint_keeps_the_extra_entries(tmp_path):
+    model = make_model(tiny_config(), SRC, TGT)
+    extra = {"tokenizer": '{"model": {"type": "BPE"}}', "note": {"averaged_steps": [3, 6]}}
+    save_checkpoint(tmp_path / "c.pt", model, None, None, step=4, extra=extra)
+    raw = torch.load(tmp_path / "c.pt", weights_only=True)  # plain types: still loads safely
+    assert raw["tokenizer"] == extra["tokenizer"] and raw["note"] == extra["note"] and raw["step"] == 4
+    assert load_checkpoint(tmp_path / "c.pt", make_model(tiny_config(), SRC, TGT)) == 4
+    save_checkpoint(tmp_path / "plain.pt", model, None, None, step=4)
+    assert "tokenizer" not in torch.load(tmp_path / "plain.pt", weights_only=True)
 
 
 # Checkpoints.
