@@ -307,8 +307,6 @@ def test_empty_lines_translate_to_empty_lines_in_place(committed):
     assert translate(model, tokenizer, []) == []
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a blank line encodes to '▁' tokens (Metaspace) and is translated; "
-                                       "translate should skip lines whose str.strip() is empty")
 @pytest.mark.parametrize("blank", [" ", "   ", "\t"])
 def test_blank_lines_translate_to_empty_lines(committed, blank):
     model, tokenizer = committed
@@ -469,9 +467,6 @@ def test_load_translator_refuses_what_is_not_a_translation_checkpoint(tmp_path):
         load_translator(tmp_path / "plain.pt")
 
 
-@pytest.mark.xfail(strict=True, raises=KeyError,
-                   reason="bug: torch.load of a text file starting with 'h' raises KeyError, which load_translator "
-                          "does not turn into its ValueError")
 def test_load_translator_refuses_a_text_file(tmp_path):
     (tmp_path / "notes.pt").write_text("hello world\n")
     with pytest.raises(ValueError, match="notes.pt cannot be read as a torch checkpoint"):
@@ -672,3 +667,26 @@ def test_translation_config_checks_its_own_fields():
         TranslationConfig(bf16=1)
     with pytest.raises(ValueError, match="d_model must be a positive int"):
         TranslationConfig(d_model=0)  # and TrainConfig's
+
+
+def test_translate_reads_any_iterable_of_sentences_once(committed):
+    model, tokenizer = committed
+    expected = translate(model, tokenizer, GERMAN)
+    assert translate(model, tokenizer, (line for line in GERMAN)) == expected  # a generator, read once
+    with pytest.raises(TypeError, match="sentences must be a sequence of str .*got an item of type int"):
+        translate(model, tokenizer, [GERMAN[0], 3])
+
+
+def test_translation_batches_refuse_no_pairs_and_a_negative_start(tokenizer):
+    config = TranslationConfig(**TINY)
+    with pytest.raises(ValueError, match="src_rows and tgt_rows must be non-empty"):
+        next(translation_batches([], [], config))
+    with pytest.raises(ValueError, match="start_step must be an int >= 0, got -1"):
+        next(translation_batches([[5]], [[6]], config, start_step=-1))
+
+
+def test_fit_translation_refuses_pairs_longer_than_max_len_before_training(tokenizer):
+    config = dataclasses.replace(TranslationConfig(**TINY), max_len=4)
+    with pytest.raises(ValueError, match="more than max_len=4"):
+        fit_translation(config, (["Ein Mann fährt mit dem Fahrrad durch die Stadt."], ["A man rides."]),
+                        tokenizer=tokenizer, progress=False)

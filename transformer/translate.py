@@ -180,7 +180,7 @@ def translate(model: Transformer, tokenizer: Any, sentences: Sequence[str], beam
         raise TypeError(f"sentences must be a sequence of str (one sentence each), got {type(sentences).__name__}")
     sentences = list(sentences)
     if not all(isinstance(s, str) for s in sentences):
-        raise TypeError("sentences must hold str only, got "
+        raise TypeError("sentences must be a sequence of str (one sentence each), got an item of type "
                         + next(type(s).__name__ for s in sentences if not isinstance(s, str)))
     check_positive_int("beam_size", beam_size)
     check_positive_int("batch_size", batch_size)
