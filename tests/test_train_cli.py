@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from processes import run_ranks
 import torch
 
 import transformer
@@ -194,17 +195,8 @@ def test_two_processes_keep_identical_replicas_equal_to_one_process(tmp_path):
     argv = TINY + ["--steps", "6"]  # two epochs of batches of 8, 8 and 3 sequences
     # A file in tmp_path is the meeting place: no network port to find, nothing shared between tests.
     meet = ["--init-method", f"file://{tmp_path / 'meet'}"]
-    ranks = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(tmp_path / f"rank{r}.pt"), *argv, *meet],
-                              env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2"), cwd=tmp_path,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for r in range(2)]
-    try:
-        outputs = [rank.communicate(timeout=TIMEOUT) for rank in ranks]
-    finally:
-        for rank in ranks:
-            rank.kill()
-    for rank, (_, err) in zip(ranks, outputs):
-        assert rank.returncode == 0, err
+    run_ranks([[sys.executable, "-c", RANK_SCRIPT, str(tmp_path / f"rank{r}.pt"), *argv, *meet] for r in range(2)],
+              [_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2") for r in range(2)], tmp_path, TIMEOUT)
     replicas = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)  # the model is built in float64, as in RANK_SCRIPT; see below

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from processes import run_ranks
 import sacrebleu
 import torch
 
@@ -697,16 +698,9 @@ def test_train_command_runs_as_two_processes(tmp_path):
     folder, meet = tmp_path / "run", f"file://{tmp_path / 'meet'}"
     argv = [sys.executable, "-m", "transformer.train", *TRAIN, "--steps", "4", "--checkpoint-dir", str(folder),
             "--init-method", meet]
-    ranks = [subprocess.Popen(argv, cwd=ROOT, env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2"),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
-    try:
-        outputs = [rank.communicate(timeout=TIMEOUT) for rank in ranks]
-    finally:
-        for rank in ranks:
-            rank.kill()
-    for rank, (_, err) in zip(ranks, outputs):
-        assert rank.returncode == 0, err
-    assert "validation BLEU" in outputs[0][0] and "validation BLEU" not in outputs[1][0]
+    outputs = run_ranks([argv, argv], [_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2") for r in range(2)],
+                        ROOT, TIMEOUT)
+    assert "validation BLEU" in outputs[0] and "validation BLEU" not in outputs[1]
     assert sorted(p.name for p in folder.iterdir()) == ["averaged.pt", "checkpoint.pt", "step-000003.pt",
                                                          "step-000004.pt"]
     assert torch.load(folder / "checkpoint.pt", weights_only=True)["step"] == 4
