@@ -193,13 +193,19 @@ def check_arguments(args: argparse.Namespace, world_size: int = 1) -> None:
             f"--batch-size {args.batch_size} cannot be split evenly over {world_size} processes: "
             f"the global batch must be a multiple of the number of processes"
         )
+    config = config_from_args(args)  # TrainConfig's checks, e.g. of the dropout rate
+    _check_where(args, config)
+    with torch.device("meta"):
+        make_model(config, source_vocab(), target_vocab())  # the model's checks, e.g. d_model % num_heads
+
+
+def _check_where(args: argparse.Namespace, config: TrainConfig) -> None:
+    """The options of ``_add_where_options`` can be honoured: the device exists, and the checkpoint
+    folder can be written and holds no run with other settings."""
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for, but torch.cuda.is_available() is False")
     if args.save_every is not None and args.checkpoint_dir is None:
         raise ValueError("--save-every needs --checkpoint-dir, the folder to save in")
-    config = config_from_args(args)  # TrainConfig's checks, e.g. of the dropout rate
-    with torch.device("meta"):
-        make_model(config, source_vocab(), target_vocab())  # the model's checks, e.g. d_model % num_heads
     if args.checkpoint_dir is not None:
         _check_checkpoint_dir(args.checkpoint_dir, config)
 

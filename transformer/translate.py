@@ -35,7 +35,7 @@ from transformer.decoding import beam_search, greedy_decode
 from transformer.model import Transformer
 from transformer.subwords import load_multi30k, train_tokenizer
 from transformer.train import (DataParallelHooks, _add_model_options, _add_training_options, _add_where_options,
-                               _check_checkpoint_dir, _positive_int, config_from_args,
+                               _check_where, _positive_int, config_from_args,
                                init_distributed)
 from transformer.training import (TrainConfig, _read_checkpoint, _restore, _run_settings, check_resume,
                                   make_optimizer, run_steps, save_checkpoint)
@@ -406,16 +406,11 @@ def build_train_parser() -> argparse.ArgumentParser:
 
 def check_train_arguments(args: argparse.Namespace) -> TranslationConfig:
     """Raise ValueError or TypeError, naming the option, for a run that cannot start; return its configuration."""
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for, but torch.cuda.is_available() is False")
-    if args.save_every is not None and args.checkpoint_dir is None:
-        raise ValueError("--save-every needs --checkpoint-dir, the folder to save in")
     config = config_from_args(args, TranslationConfig())
     assert isinstance(config, TranslationConfig)
+    _check_where(args, config)  # the device, and the checkpoint folder, as for the number words
     with torch.device("meta"):
         make_translation_model(config, config.vocab_size)  # the model's checks, e.g. d_model % num_heads
-    if args.checkpoint_dir is not None:
-        _check_checkpoint_dir(args.checkpoint_dir, config)
     return config
 
 
