@@ -19,16 +19,24 @@ from transformer.residual import LayerNorm, add_and_norm
 from transformer.encoder import EncoderLayer, Encoder
 from transformer.decoder import DecoderLayerCache, DecoderCache, DecoderLayer, Decoder
 from transformer.model import Transformer
-from transformer.data import MAX_NUMBER, number_to_words, Vocab, source_vocab, target_vocab, split_numbers, Batch, make_batch, batches
-from transformer.training import label_smoothed_cross_entropy, warmup_lr, cooldown_factor, warmup_scheduler, train_step, save_checkpoint, load_checkpoint, TrainConfig, make_model, make_optimizer, training_batches, predict, exact_match, evaluate_loss, model_cache_dir, check_resume, run_steps, fit
+from transformer.data import (MAX_NUMBER, number_to_words, Vocab, source_vocab, target_vocab, split_numbers, Batch,
+    make_batch, batches)
+from transformer.training import (label_smoothed_cross_entropy, warmup_lr, cooldown_factor, warmup_scheduler,
+    train_step, save_checkpoint, load_checkpoint, TrainConfig, make_model, make_optimizer, training_batches, predict,
+    exact_match, evaluate_loss, model_cache_dir, check_resume, run_steps, fit)
 from transformer.decoding import greedy_decode, beam_search
-from transformer.complexity import self_attention_macs, recurrent_macs, convolution_macs, restricted_attention_macs, loglog_slope, autograd_depth, band_mask, banded_attention, saved_tensor_bytes
-from transformer.classifier import BRACKET_VOCAB, is_balanced, encode_brackets, decode_brackets, random_balanced, near_miss, bracket_split, bracket_dataset, SequenceClassifier, accuracy, train_classifier
-from transformer.language_model import data_file, CharVocab, DecoderOnlyLM, random_windows, loss_by_position, evaluate_language_model, train_language_model, top_k_filter, sample
+from transformer.complexity import (self_attention_macs, recurrent_macs, convolution_macs, restricted_attention_macs,
+    loglog_slope, autograd_depth, band_mask, banded_attention, saved_tensor_bytes)
+from transformer.classifier import (BRACKET_VOCAB, is_balanced, encode_brackets, decode_brackets, random_balanced,
+    near_miss, bracket_split, bracket_dataset, SequenceClassifier, accuracy, train_classifier)
+from transformer.language_model import (data_file, CharVocab, DecoderOnlyLM, random_windows, loss_by_position,
+    evaluate_language_model, train_language_model, top_k_filter, sample)
 from transformer.relative import relative_positions, RelativeMultiHeadAttention, rotary, RotaryMultiHeadAttention
-from transformer.vision import DIGITS_SHA256, load_digits, stratified_split, patches, PatchEmbedding, sinusoidal_encoding_2d, grid_relations, GridRelativeMultiHeadAttention, VisionTransformer
+from transformer.vision import (DIGITS_SHA256, load_digits, stratified_split, patches, PatchEmbedding,
+    sinusoidal_encoding_2d, grid_relations, GridRelativeMultiHeadAttention, VisionTransformer)
 from transformer.pretrained import marian_permutation, from_huggingface, load_pretrained
-from transformer.subwords import MULTI30K_SHA256, MULTI30K_SPLITS, load_multi30k, WORD_START, pre_tokenize, word_counts, learn_bpe, bpe_encode, bpe_decode, SPECIAL_TOKENS, train_tokenizer
+from transformer.subwords import (MULTI30K_SHA256, MULTI30K_SPLITS, load_multi30k, WORD_START, pre_tokenize,
+    word_counts, learn_bpe, bpe_encode, bpe_decode, SPECIAL_TOKENS, train_tokenizer)
 
 __all__ = [
     'TokenEmbedding',

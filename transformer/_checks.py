@@ -11,7 +11,6 @@ the package instead of deep inside torch. Defined in the book's introduction.
 __all__ = ['check_positive_int', 'check_dropout', 'check_tensor', 'check_features', 'check_token_tensor', 'check_bool', 'check_dtype']
 
 
-# chapters/01_introduction.md: The Transformer, tested
 import numbers
 
 import torch

@@ -12,7 +12,6 @@ weights and a zero output, never NaN. Defined in the book's chapter
 __all__ = ['causal_mask', 'padding_mask', 'check_attention_mask', 'scaled_dot_product_attention']
 
 
-# chapters/04_attention.md: Scaled dot-product attention
 import math
 
 import torch

@@ -13,7 +13,6 @@ Defined in the book's chapter "Encoder-only: a sequence classifier"
 __all__ = ['BRACKET_VOCAB', 'is_balanced', 'encode_brackets', 'decode_brackets', 'random_balanced', 'near_miss', 'bracket_split', 'bracket_dataset', 'SequenceClassifier', 'accuracy', 'train_classifier']
 
 
-# chapters/16_encoder_only.md: Encoder-only: a sequence classifier
 import itertools
 import math
 import random

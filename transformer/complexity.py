@@ -14,7 +14,6 @@ Defined in the book's chapter "Why self-attention: Table 1, counted and measured
 __all__ = ['self_attention_macs', 'recurrent_macs', 'convolution_macs', 'restricted_attention_macs', 'loglog_slope', 'autograd_depth', 'band_mask', 'banded_attention', 'saved_tensor_bytes']
 
 
-# chapters/15_complexity.md: Why self-attention: Table 1, counted and measured
 import math
 import numbers
 from collections.abc import Callable, Iterable

@@ -12,7 +12,6 @@ with their masks. Defined in the book's chapter "The task: number words to digit
 __all__ = ['MAX_NUMBER', 'number_to_words', 'Vocab', 'source_vocab', 'target_vocab', 'split_numbers', 'Batch', 'make_batch', 'batches']
 
 
-# chapters/11_data.md: The task: number words to digits
 import numbers
 import random
 from collections.abc import Iterable, Iterator, Sequence

@@ -11,7 +11,6 @@ Defined in the book's chapter "The decoder" (chapters/09_decoder.md).
 __all__ = ['DecoderLayerCache', 'DecoderCache', 'DecoderLayer', 'Decoder']
 
 
-# chapters/09_decoder.md: The decoder
 from collections.abc import Callable
 
 import torch

@@ -10,7 +10,6 @@ Defined in the book's chapter "Generation" (chapters/13_generation.md).
 __all__ = ['greedy_decode', 'beam_search']
 
 
-# chapters/13_generation.md: Generation
 import contextlib
 import numbers
 from collections.abc import Iterator

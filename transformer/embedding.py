@@ -9,7 +9,6 @@ Defined in the book's chapter "Embeddings" (chapters/02_embeddings.md).
 __all__ = ['TokenEmbedding']
 
 
-# chapters/02_embeddings.md: Embeddings
 import math
 
 import torch

@@ -10,7 +10,6 @@ Defined in the book's chapter "The encoder" (chapters/08_encoder.md).
 __all__ = ['EncoderLayer', 'Encoder']
 
 
-# chapters/08_encoder.md: The encoder
 from collections.abc import Callable
 
 from torch import Tensor, nn

@@ -10,7 +10,6 @@ Defined in the book's chapter "Position-wise feed-forward networks" (chapters/06
 __all__ = ['PositionwiseFeedForward']
 
 
-# chapters/06_feedforward.md: Position-wise feed-forward networks
 from collections.abc import Callable
 from functools import partial
 

@@ -12,7 +12,6 @@ Defined in the book's chapter "Decoder-only: a character language model"
 __all__ = ['data_file', 'CharVocab', 'DecoderOnlyLM', 'random_windows', 'loss_by_position', 'evaluate_language_model', 'train_language_model', 'top_k_filter', 'sample']
 
 
-# chapters/17_decoder_only.md: Decoder-only: a character language model
 import math
 import numbers
 from collections.abc import Callable

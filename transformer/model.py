@@ -9,7 +9,6 @@ Defined in the book's chapter "The full model" (chapters/10_model.md).
 __all__ = ['Transformer']
 
 
-# chapters/10_model.md: The full model
 from typing import Any, cast
 
 import torch

@@ -10,7 +10,6 @@ Defined in the book's chapter "Multi-head attention" (chapters/05_multihead_atte
 __all__ = ['KVCache', 'MultiHeadAttention']
 
 
-# chapters/05_multihead_attention.md: Multi-head attention
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn

@@ -9,7 +9,6 @@ Defined in the book's chapter "Positional encoding" (chapters/03_positional_enco
 __all__ = ['sinusoidal_encoding', 'SinusoidalPositionalEncoding', 'LearnedPositionalEncoding']
 
 
-# chapters/03_positional_encoding.md: Positional encoding
 import torch
 from torch import Tensor, nn
 

@@ -12,7 +12,6 @@ Defined in the book's chapter "Pretrained weights" (chapters/20_pretrained.md).
 __all__ = ['marian_permutation', 'from_huggingface', 'load_pretrained']
 
 
-# chapters/20_pretrained.md: Pretrained weights
 import importlib
 import os
 from typing import Any
@@ -25,6 +24,7 @@ from transformer.language_model import DecoderOnlyLM
 from transformer.model import Transformer
 
 
+# chapters/20_pretrained.md: Pretrained weights
 def _transformers():
     """The ``transformers`` module, or an ImportError that says how to install it."""
     try:

@@ -12,7 +12,6 @@ Defined in the book's chapter "Positional encodings compared" (chapters/18_posit
 __all__ = ['relative_positions', 'RelativeMultiHeadAttention', 'rotary', 'RotaryMultiHeadAttention']
 
 
-# chapters/18_positions_compared.md: Positional encodings compared
 import math
 import numbers
 

@@ -10,7 +10,6 @@ Defined in the book's chapter "Add & Norm" (chapters/07_add_and_norm.md).
 __all__ = ['LayerNorm', 'add_and_norm']
 
 
-# chapters/07_add_and_norm.md: Add & Norm
 import math
 import numbers
 from typing import Callable

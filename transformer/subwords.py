@@ -12,7 +12,6 @@ Defined in the book's chapter "Subword tokens: byte-pair encoding" (chapters/21_
 __all__ = ['MULTI30K_SHA256', 'MULTI30K_SPLITS', 'load_multi30k', 'WORD_START', 'pre_tokenize', 'word_counts', 'learn_bpe', 'bpe_encode', 'bpe_decode', 'SPECIAL_TOKENS', 'train_tokenizer']
 
 
-# chapters/21_subwords.md: Subword tokens: byte-pair encoding
 import gzip
 import hashlib
 from collections import Counter

@@ -14,7 +14,6 @@ Defined in the book's chapter "Scaling out" (chapters/14_scaling_out.md).
 __all__ = ['TASKS', 'build_parser', 'config_from_args', 'shard_batch', 'DataParallelHooks', 'init_distributed', 'check_arguments', 'replica_difference', 'run_training', 'main']
 
 
-# chapters/14_scaling_out.md: Scaling out
 import argparse
 import dataclasses
 import os

@@ -10,7 +10,6 @@ Defined in the book's chapter "Training" (chapters/12_training.md).
 __all__ = ['label_smoothed_cross_entropy', 'warmup_lr', 'cooldown_factor', 'warmup_scheduler', 'train_step', 'save_checkpoint', 'load_checkpoint', 'TrainConfig', 'make_model', 'make_optimizer', 'training_batches', 'predict', 'exact_match', 'evaluate_loss', 'model_cache_dir', 'check_resume', 'run_steps', 'fit']
 
 
-# chapters/12_training.md: Training
 import contextlib
 import hashlib
 import json

@@ -12,7 +12,6 @@ Defined in the book's chapter "Translating German" (chapters/22_translation.md).
 __all__ = ['TranslationConfig', 'make_translation_model', 'encode_lines', 'pair_batch', 'token_batches', 'translation_batches', 'translate', 'corpus_scores', 'fit_translation', 'tokenizer_from_checkpoint', 'load_translator', 'average_checkpoints', 'save_translator', 'build_train_parser', 'check_train_arguments', 'train_main', 'build_parser', 'main']
 
 
-# chapters/22_translation.md: Translating German
 import argparse
 import copy
 import dataclasses
@@ -35,10 +34,9 @@ from transformer.decoding import beam_search, greedy_decode
 from transformer.model import Transformer
 from transformer.subwords import load_multi30k, train_tokenizer
 from transformer.train import (DataParallelHooks, _add_model_options, _add_training_options, _add_where_options,
-                               _check_where, _positive_int, config_from_args,
-                               init_distributed)
-from transformer.training import (TrainConfig, _read_checkpoint, _restore, _run_settings, check_resume,
-                                  make_optimizer, run_steps, save_checkpoint)
+    _check_where, _positive_int, config_from_args, init_distributed)
+from transformer.training import (TrainConfig, _read_checkpoint, _restore, _run_settings, check_resume, make_optimizer,
+    run_steps, save_checkpoint)
 
 
 # chapters/22_translation.md: Sentences as token ids

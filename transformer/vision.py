@@ -12,7 +12,6 @@ Defined in the book's chapter "Beyond text: the encoder reads images" (chapters/
 __all__ = ['DIGITS_SHA256', 'load_digits', 'stratified_split', 'patches', 'PatchEmbedding', 'sinusoidal_encoding_2d', 'grid_relations', 'GridRelativeMultiHeadAttention', 'VisionTransformer']
 
 
-# chapters/19_vision.md: Beyond text: the encoder reads images
 import csv
 import functools
 import gzip
