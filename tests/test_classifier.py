@@ -9,19 +9,8 @@ import torch
 from torch import nn
 
 from transformer.attention import padding_mask
-from transformer.classifier import (
-    BRACKET_VOCAB,
-    SequenceClassifier,
-    accuracy,
-    bracket_dataset,
-    bracket_split,
-    decode_brackets,
-    encode_brackets,
-    is_balanced,
-    near_miss,
-    random_balanced,
-    train_classifier,
-)
+from transformer.brackets import bracket_dataset, bracket_split, BRACKET_VOCAB, decode_brackets, encode_brackets, is_balanced, near_miss, random_balanced
+from transformer.classifier import accuracy, SequenceClassifier, train_classifier
 
 D_MODEL, NUM_HEADS, D_FF = 16, 2, 32
 

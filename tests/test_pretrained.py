@@ -15,7 +15,8 @@ import transformers
 from transformers import GPT2Config, GPT2LMHeadModel, MarianConfig, MarianMTModel
 
 from transformer.decoding import greedy_decode
-from transformer.language_model import DecoderOnlyLM, sample
+from transformer.language_model import DecoderOnlyLM
+from transformer.sampling import sample
 from transformer.model import Transformer
 from transformer.positional import sinusoidal_encoding
 from transformer.pretrained import from_huggingface, load_pretrained, marian_permutation

@@ -22,7 +22,8 @@ from transformer.data import source_vocab, target_vocab
 from transformer.subwords import SPECIAL_TOKENS, load_multi30k, train_tokenizer
 from transformer.train import config_from_args
 from transformer.train import main as train_cli
-from transformer.training import TrainConfig, make_model, save_checkpoint
+from transformer.checkpoint import save_checkpoint
+from transformer.config import make_model, TrainConfig
 from transformer.translate import (
     BOS_ID,
     EOS_ID,

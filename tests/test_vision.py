@@ -12,7 +12,7 @@ from torch import nn
 
 from transformer.classifier import accuracy, train_classifier
 from transformer.encoder import Encoder, EncoderLayer
-from transformer.language_model import data_file
+from transformer.paths import data_file
 from transformer.multihead import MultiHeadAttention
 from transformer.positional import sinusoidal_encoding
 from transformer.relative import RelativeMultiHeadAttention

@@ -11,8 +11,10 @@ except _PackageNotFoundError:  # the source folder on sys.path, not installed
     __version__ = "0+unknown"
 
 from transformer.embedding import TokenEmbedding
-from transformer.positional import sinusoidal_encoding, SinusoidalPositionalEncoding, LearnedPositionalEncoding
-from transformer.attention import causal_mask, padding_mask, check_attention_mask, scaled_dot_product_attention
+from transformer.positional import (sinusoidal_encoding, SinusoidalPositionalEncoding, LearnedPositionalEncoding,
+    add_positions)
+from transformer.attention import (causal_mask, padding_mask, masked_softmax, check_attention_mask,
+    scaled_dot_product_attention)
 from transformer.multihead import KVCache, MultiHeadAttention
 from transformer.feedforward import PositionwiseFeedForward
 from transformer.residual import LayerNorm, add_and_norm
@@ -20,17 +22,23 @@ from transformer.encoder import EncoderLayer, Encoder
 from transformer.decoder import DecoderLayerCache, DecoderCache, DecoderLayer, Decoder
 from transformer.model import Transformer
 from transformer.data import (MAX_NUMBER, number_to_words, Vocab, source_vocab, target_vocab, split_numbers, Batch,
-    make_batch, batches)
-from transformer.training import (label_smoothed_cross_entropy, warmup_lr, cooldown_factor, warmup_scheduler,
-    train_step, save_checkpoint, load_checkpoint, TrainConfig, make_model, make_optimizer, training_batches, predict,
-    exact_match, evaluate_loss, model_cache_dir, check_resume, run_steps, fit)
-from transformer.decoding import greedy_decode, beam_search
+    check_numbers, pad_rows, make_batch, batches)
+from transformer.training import training_batches, predict, exact_match, evaluate_loss, fit
+from transformer.losses import label_smoothed_cross_entropy, LossFunction, seq2seq_loss
+from transformer.schedules import warmup_lr, cooldown_factor, warmup_scheduler, warmup_cosine
+from transformer.loop import optimizer_step, train_step, run_settings, run_steps
+from transformer.checkpoint import save_checkpoint, read_checkpoint, restore_checkpoint, load_checkpoint, check_resume
+from transformer.config import TrainConfig, make_model, make_optimizer
+from transformer.paths import book_root, model_cache_dir, data_file
+from transformer.decoding import evaluating, greedy_decode, beam_search
 from transformer.complexity import (self_attention_macs, recurrent_macs, convolution_macs, restricted_attention_macs,
     loglog_slope, autograd_depth, band_mask, banded_attention, saved_tensor_bytes)
-from transformer.classifier import (BRACKET_VOCAB, is_balanced, encode_brackets, decode_brackets, random_balanced,
-    near_miss, bracket_split, bracket_dataset, SequenceClassifier, accuracy, train_classifier)
-from transformer.language_model import (data_file, CharVocab, DecoderOnlyLM, random_windows, loss_by_position,
-    evaluate_language_model, train_language_model, top_k_filter, sample)
+from transformer.classifier import SequenceClassifier, accuracy, classification_loss, train_classifier
+from transformer.brackets import (BRACKET_VOCAB, is_balanced, encode_brackets, decode_brackets, random_balanced,
+    near_miss, bracket_split, bracket_dataset)
+from transformer.language_model import (CharVocab, DecoderOnlyLM, random_windows, loss_by_position,
+    evaluate_language_model, next_token_loss, train_language_model)
+from transformer.sampling import top_k_filter, sample
 from transformer.relative import relative_positions, RelativeMultiHeadAttention, rotary, RotaryMultiHeadAttention
 from transformer.vision import (DIGITS_SHA256, load_digits, stratified_split, patches, PatchEmbedding,
     sinusoidal_encoding_2d, grid_relations, GridRelativeMultiHeadAttention, VisionTransformer)
@@ -43,8 +51,10 @@ __all__ = [
     'sinusoidal_encoding',
     'SinusoidalPositionalEncoding',
     'LearnedPositionalEncoding',
+    'add_positions',
     'causal_mask',
     'padding_mask',
+    'masked_softmax',
     'check_attention_mask',
     'scaled_dot_product_attention',
     'KVCache',
@@ -66,26 +76,38 @@ __all__ = [
     'target_vocab',
     'split_numbers',
     'Batch',
+    'check_numbers',
+    'pad_rows',
     'make_batch',
     'batches',
-    'label_smoothed_cross_entropy',
-    'warmup_lr',
-    'cooldown_factor',
-    'warmup_scheduler',
-    'train_step',
-    'save_checkpoint',
-    'load_checkpoint',
-    'TrainConfig',
-    'make_model',
-    'make_optimizer',
     'training_batches',
     'predict',
     'exact_match',
     'evaluate_loss',
-    'model_cache_dir',
-    'check_resume',
-    'run_steps',
     'fit',
+    'label_smoothed_cross_entropy',
+    'LossFunction',
+    'seq2seq_loss',
+    'warmup_lr',
+    'cooldown_factor',
+    'warmup_scheduler',
+    'warmup_cosine',
+    'optimizer_step',
+    'train_step',
+    'run_settings',
+    'run_steps',
+    'save_checkpoint',
+    'read_checkpoint',
+    'restore_checkpoint',
+    'load_checkpoint',
+    'check_resume',
+    'TrainConfig',
+    'make_model',
+    'make_optimizer',
+    'book_root',
+    'model_cache_dir',
+    'data_file',
+    'evaluating',
     'greedy_decode',
     'beam_search',
     'self_attention_macs',
@@ -97,6 +119,10 @@ __all__ = [
     'band_mask',
     'banded_attention',
     'saved_tensor_bytes',
+    'SequenceClassifier',
+    'accuracy',
+    'classification_loss',
+    'train_classifier',
     'BRACKET_VOCAB',
     'is_balanced',
     'encode_brackets',
@@ -105,15 +131,12 @@ __all__ = [
     'near_miss',
     'bracket_split',
     'bracket_dataset',
-    'SequenceClassifier',
-    'accuracy',
-    'train_classifier',
-    'data_file',
     'CharVocab',
     'DecoderOnlyLM',
     'random_windows',
     'loss_by_position',
     'evaluate_language_model',
+    'next_token_loss',
     'train_language_model',
     'top_k_filter',
     'sample',

@@ -9,7 +9,7 @@ weights and a zero output, never NaN. Defined in the book's chapter
 """
 
 
-__all__ = ['causal_mask', 'padding_mask', 'check_attention_mask', 'scaled_dot_product_attention']
+__all__ = ['causal_mask', 'padding_mask', 'masked_softmax', 'check_attention_mask', 'scaled_dot_product_attention']
 
 
 import math
@@ -65,7 +65,7 @@ def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
 
 
 # chapters/04_attention.md: A query with nothing to attend to
-def _masked_softmax(scores: Tensor, mask: Tensor | None) -> Tensor:
+def masked_softmax(scores: Tensor, mask: Tensor | None) -> Tensor:
     """Softmax over the last dimension, with masked entries (True) set to zero weight.
 
     A row whose every entry is masked gets all-zero weights instead of 0/0 = NaN. No NaN
@@ -80,7 +80,8 @@ def _masked_softmax(scores: Tensor, mask: Tensor | None) -> Tensor:
 
 
 # chapters/04_attention.md: Refusing masks that are not boolean
-def check_attention_mask(mask: Tensor | None, scores_shape: tuple[int, ...]) -> Tensor | None:
+def check_attention_mask(mask: Tensor | None, scores_shape: tuple[int, ...],
+                         name: str | None = None) -> Tensor | None:
     """Return ``mask`` unchanged if it is a valid attention mask for scores of ``scores_shape``.
 
     A valid mask is a bool tensor, True = "may not attend", that broadcasts to the scores
@@ -91,6 +92,8 @@ def check_attention_mask(mask: Tensor | None, scores_shape: tuple[int, ...]) -> 
     Args:
         mask: None (nothing masked, passed through) or a bool tensor.
         scores_shape: the shape of the attention scores, (..., L, S).
+        name: the argument's name where it is not ``mask`` (e.g. ``"tgt_mask"``), put in front
+            of the error messages.
 
     Raises:
         TypeError: if ``mask`` is not a bool tensor.
@@ -98,10 +101,11 @@ def check_attention_mask(mask: Tensor | None, scores_shape: tuple[int, ...]) -> 
     """
     if mask is None:
         return None
+    prefix = f"{name}: " if name else ""
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
         got = f"dtype {mask.dtype}" if isinstance(mask, Tensor) else type(mask).__name__
         raise TypeError(
-            f"mask must be a bool tensor (True = may not attend); float or additive masks "
+            f"{prefix}mask must be a bool tensor (True = may not attend); float or additive masks "
             f"are not accepted, got {got}"
         )
     expected = tuple(scores_shape)
@@ -111,7 +115,7 @@ def check_attention_mask(mask: Tensor | None, scores_shape: tuple[int, ...]) -> 
         fits = False
     if not fits:
         raise ValueError(
-            f"mask must broadcast to the attention scores (..., L, S) = {expected}, "
+            f"{prefix}mask must broadcast to the attention scores (..., L, S) = {expected}, "
             f"got shape {tuple(mask.shape)}"
         )
     return mask
@@ -184,7 +188,7 @@ def scaled_dot_product_attention(
     d_k = query.shape[-1]
     # (..., L, d_k) @ (..., d_k, S) -> (..., L, S)
     scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)
-    weights = _masked_softmax(scores, mask)  # (..., L, S), rows sum to 1 (or are all 0)
+    weights = masked_softmax(scores, mask)  # (..., L, S), rows sum to 1 (or are all 0)
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p)  # (..., L, S)
     output = weights @ value  # (..., L, S) @ (..., S, d_v) -> (..., L, d_v)

@@ -2,159 +2,30 @@
 # edit the chapter, then run `make export`.
 """An encoder-only sequence classifier (the BERT family): token embeddings, sinusoidal positions,
 the encoder, one vector per sequence (a learned class token, or the mean over non-padding
-positions) and a linear head; the balanced-brackets task it is trained on; a training loop and
-the accuracy.
+positions) and a linear head; its accuracy, and its training with the package's loop.
 
 Defined in the book's chapter "Encoder-only: a sequence classifier"
 (chapters/16_encoder_only.md).
 """
 
 
-__all__ = ['BRACKET_VOCAB', 'is_balanced', 'encode_brackets', 'decode_brackets', 'random_balanced', 'near_miss', 'bracket_split', 'bracket_dataset', 'SequenceClassifier', 'accuracy', 'train_classifier']
+__all__ = ['SequenceClassifier', 'accuracy', 'classification_loss', 'train_classifier']
 
 
-import itertools
 import math
-import random
-import zlib
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from tqdm import tqdm
 
-from transformer._checks import check_positive_int, check_tensor, check_token_tensor
+from transformer._checks import check_positive_int, check_tensor, check_token_batch, check_token_tensor
 from transformer.attention import padding_mask
-from transformer.embedding import TokenEmbedding, _check_token_ids
+from transformer.embedding import TokenEmbedding
 from transformer.encoder import Encoder
-from transformer.model import _check_token_batch
+from transformer.loop import run_settings, run_steps
 from transformer.positional import SinusoidalPositionalEncoding
-from transformer.training import _run_settings, warmup_scheduler
-
-
-# chapters/16_encoder_only.md: The task: balanced brackets
-BRACKET_VOCAB = ("<pad>", "(", ")")  # token ids 0, 1, 2; id 0 pads
-
-
-def _check_brackets(name: str, text) -> str:
-    """Check that ``text`` is a str of '(' and ')' only."""
-    if not isinstance(text, str):
-        raise TypeError(f"{name} must be a str of brackets, got {type(text).__name__}")
-    if set(text) - {"(", ")"}:
-        raise ValueError(f"{name} must hold only '(' and ')', got {sorted(set(text) - {'(', ')'})}")
-    return text
-
-
-def is_balanced(text: str) -> bool:
-    """Whether every '(' of ``text`` is closed by a later ')' (the depth never < 0, and ends at 0)."""
-    depths = list(itertools.accumulate(1 if c == "(" else -1 for c in _check_brackets("text", text)))
-    return all(d >= 0 for d in depths) and (not depths or depths[-1] == 0)
-
-
-# chapters/16_encoder_only.md: The task: balanced brackets
-def encode_brackets(text: str, length: int | None = None) -> Tensor:
-    """Bracket string -> token ids ``(N,)`` (long), padded with 0 at the end up to ``length``."""
-    ids = [BRACKET_VOCAB.index(c) for c in _check_brackets("text", text)]
-    if length is not None:
-        check_positive_int("length", length)
-        if len(ids) > length:
-            raise ValueError(f"text has {len(ids)} brackets, more than length={length}")
-        ids += [0] * (length - len(ids))
-    return torch.tensor(ids, dtype=torch.long)
-
-
-def decode_brackets(tokens: Tensor) -> str:
-    """Token ids ``(N,)`` -> the bracket string, padding dropped."""
-    _check_token_ids("tokens", tokens, len(BRACKET_VOCAB))
-    if tokens.dim() != 1:
-        raise ValueError(f"tokens must have shape (N,), got {tuple(tokens.shape)}")
-    return "".join(BRACKET_VOCAB[i] for i in tokens.tolist() if i != 0)
-
-
-# chapters/16_encoder_only.md: Drawing balanced sequences
-def random_balanced(n: int, rng: random.Random) -> str:
-    """A balanced sequence of ``n`` pairs, each of the Catalan(n) possible ones equally likely.
-
-    The cycle lemma: of the rotations of a shuffled walk of n '(' and n + 1 ')', exactly one stays
-    at depth >= 0 before its last step, the one starting just after the first lowest point.
-    """
-    check_positive_int("n", n)
-    steps = [1] * n + [-1] * (n + 1)
-    rng.shuffle(steps)
-    depths = list(itertools.accumulate(steps))  # ends at -1
-    start = depths.index(min(depths)) + 1  # just after the first lowest point
-    walk = steps[start:] + steps[:start]  # depth >= 0 until the last step, which reaches -1
-    return "".join("(" if step > 0 else ")" for step in walk[:-1])
-
-
-# chapters/16_encoder_only.md: Near misses
-def near_miss(n: int, rng: random.Random) -> str:
-    """An unbalanced sequence of ``n`` '(' and ``n`` ')' (n >= 3) that starts with '(', ends with ')'.
-
-    A balanced sequence with one '(' and a later ')' exchanged (neither of them the first or the
-    last bracket), drawn again until the exchange makes some prefix close more than it opened.
-    """
-    if check_positive_int("n", n) < 3:
-        raise ValueError(f"n must be >= 3 (shorter near misses do not exist), got {n}")
-    while True:
-        text = list(random_balanced(n, rng))
-        i = rng.choice([k for k in range(1, 2 * n - 1) if text[k] == "("])
-        later = [k for k in range(i + 1, 2 * n - 1) if text[k] == ")"]
-        if later:
-            j = rng.choice(later)
-            text[i], text[j] = ")", "("
-            if not is_balanced("".join(text)):
-                return "".join(text)
-
-
-# chapters/16_encoder_only.md: A data set with disjoint splits
-def bracket_split(text: str, test_fraction: float = 0.2) -> str:
-    """``"test"`` or ``"train"``: a fixed function of the sequence (its CRC-32), so splits never share one."""
-    _check_brackets("text", text)
-    return "test" if zlib.crc32(text.encode()) % 10_000 < test_fraction * 10_000 else "train"
-
-
-# chapters/16_encoder_only.md: A data set with disjoint splits
-def bracket_dataset(num_examples: int, max_len: int = 24, seed: int = 0, split: str = "train",
-                    min_len: int = 12, test_fraction: float = 0.2) -> tuple[Tensor, Tensor]:
-    """Balanced sequences (label 1) and near misses (label 0), half each, in a seeded order.
-
-    Each example's length is drawn uniformly from the even numbers in [min_len, max_len], the same
-    way for both classes; sequences whose ``bracket_split`` is not ``split`` are drawn again.
-
-    Returns:
-        tokens ``(num_examples, max_len)``, ids of ``BRACKET_VOCAB`` padded with 0 at the end, and
-        labels ``(num_examples,)``, 1 for balanced; both long.
-    """
-    _check_dataset_args(num_examples, max_len, min_len, split, test_fraction)
-    rng = random.Random(seed)
-    rows, labels = [], [1, 0] * (num_examples // 2)
-    for label in labels:
-        n = rng.randrange(math.ceil(min_len / 2), max_len // 2 + 1)  # pairs: length 2n
-        for _ in range(10_000):
-            text = random_balanced(n, rng) if label else near_miss(n, rng)
-            if bracket_split(text, test_fraction) == split:
-                break
-        else:
-            raise ValueError(f"no {'balanced' if label else 'near-miss'} sequence of length {2 * n} found in "
-                             f"the {split!r} split; raise min_len={min_len} or change test_fraction")
-        rows.append(encode_brackets(text, max_len))
-    order = torch.randperm(num_examples, generator=torch.Generator().manual_seed(seed))
-    return torch.stack(rows)[order], torch.tensor(labels)[order]
-
-
-def _check_dataset_args(num_examples, max_len, min_len, split, test_fraction) -> None:
-    if check_positive_int("num_examples", num_examples) % 2:
-        raise ValueError(f"num_examples must be even (half balanced, half not), got {num_examples}")
-    check_positive_int("max_len", max_len)
-    if check_positive_int("min_len", min_len) < 6 or min_len > max_len or max_len < 6:
-        raise ValueError(f"min_len must be >= 6 (3 pairs) and <= max_len={max_len}, got {min_len}")
-    if math.ceil(min_len / 2) > max_len // 2:
-        raise ValueError(f"no even length in [min_len={min_len}, max_len={max_len}]")
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    if isinstance(test_fraction, bool) or not isinstance(test_fraction, (int, float)) or not 0 < test_fraction < 1:
-        raise ValueError(f"test_fraction must be a number in (0, 1), got {test_fraction!r}")
+from transformer.schedules import warmup_scheduler
 
 
 # chapters/16_encoder_only.md: The classifier
@@ -202,7 +73,7 @@ class SequenceClassifier(nn.Module):
             tokens (B, N) -> x (B, N', d_model) and mask (B, 1, 1, N'), True at padding;
             N' = N + 1 with the class token (at position 0), else N.
         """
-        _check_token_batch("tokens", tokens, self.embed.vocab_size)
+        check_token_batch("tokens", tokens, self.embed.vocab_size)
         length = tokens.shape[1] + (self.cls_token is not None)
         if length > self.max_len:
             raise ValueError(f"tokens has {tokens.shape[1]} positions, {length} with the class token, "
@@ -272,7 +143,8 @@ def _check_examples(inputs, labels, pad_id: int | None = None) -> None:
 
 
 # chapters/16_encoder_only.md: Training
-def _batches(inputs: Tensor, labels: Tensor, batch_size: int, seed: int, pad_id: int | None):
+def _batches(inputs: Tensor, labels: Tensor, batch_size: int, seed: int,
+             pad_id: int | None) -> Iterator[tuple[Tensor, Tensor]]:
     """Endless (inputs, labels) batches, epoch by epoch in a seeded order; token batches cut to their longest row."""
     generator = torch.Generator().manual_seed(seed)
     while True:
@@ -287,6 +159,14 @@ def _batches(inputs: Tensor, labels: Tensor, batch_size: int, seed: int, pad_id:
 
 
 # chapters/16_encoder_only.md: Training
+def classification_loss(model: nn.Module, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+    """The loss function of a classifier for ``run_steps``: the cross-entropy of a batch (inputs,
+    labels (B,)), with the share of right answers as its metric "accuracy"."""
+    x, y = batch  # (B, ...), (B,)
+    logits = model(x)  # (B, C)
+    return F.cross_entropy(logits, y), {"accuracy": (logits.detach().argmax(dim=-1) == y).float().mean()}
+
+
 def train_classifier(model: nn.Module, inputs: Tensor, labels: Tensor, steps: int = 600,
                      batch_size: int = 128, lr: float = 2e-3, warmup: int = 60, seed: int = 0,
                      valid: tuple[Tensor, Tensor] | None = None, eval_every: int = 50,
@@ -304,41 +184,31 @@ def train_classifier(model: nn.Module, inputs: Tensor, labels: Tensor, steps: in
     eval mode.
 
     Returns:
-        History lists: "step", "lr", "loss" and "accuracy" of each training batch; with ``valid``
+        History lists: "step", "lr", "loss", "accuracy" and "grad_norm" of each training batch; with ``valid``
         (inputs, labels), "valid_step" and "valid_accuracy" every ``eval_every`` steps and at the end.
     """
     _check_training_args(inputs, labels, steps, batch_size, lr, warmup, eval_every, clip, pad_id)
     device = next(model.parameters()).device
-    history: dict[str, list] = {key: [] for key in ("step", "lr", "loss", "accuracy",
+    history: dict[str, list] = {key: [] for key in ("step", "lr", "loss", "accuracy", "grad_norm",
                                                     "valid_step", "valid_accuracy")}
-    with _run_settings(seed, num_threads):
+    with run_settings(seed, num_threads):
         optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
         # the paper's schedule with d_model = 1, times lr * sqrt(warmup): lr * min(s / warmup, sqrt(warmup / s))
         scheduler = warmup_scheduler(optimizer, 1, warmup, factor=lr * math.sqrt(warmup), steps=steps,
                                      cooldown=cooldown)
-        batches = _batches(inputs, labels, batch_size, seed, pad_id)
+        batches = ((x.to(device), y.to(device)) for x, y in _batches(inputs, labels, batch_size, seed, pad_id))
+
+        def validate(step: int) -> dict[str, str]:
+            assert valid is not None  # validate is passed only with it
+            history["valid_step"].append(step)
+            history["valid_accuracy"].append(accuracy(model, *valid))
+            return {"valid_accuracy": f"{history['valid_accuracy'][-1]:.1%}"}
+
         model.train()
-        for step in tqdm(range(1, steps + 1), desc="training", unit="step", disable=not progress,
-                         mininterval=1.0, ncols=100):  # on stderr
-            x, y = (t.to(device) for t in next(batches))  # (batch_size, ...), (batch_size,)
-            _record(history, step=step, lr=optimizer.param_groups[0]["lr"])
-            logits = model(x)  # (batch_size, C)
-            loss = F.cross_entropy(logits, y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip if clip else math.inf)
-            optimizer.step()
-            scheduler.step()
-            _record(history, loss=loss.item(), accuracy=(logits.argmax(dim=-1) == y).float().mean().item())
-            if valid is not None and (step % eval_every == 0 or step == steps):
-                _record(history, valid_step=step, valid_accuracy=accuracy(model, *valid))
+        run_steps(model, batches, optimizer, scheduler, classification_loss, steps, history, clip=clip,
+                  eval_every=eval_every, progress=progress, validate=validate if valid is not None else None)
     model.eval()
     return history
-
-
-def _record(history: dict[str, list], **values) -> None:
-    for key, value in values.items():
-        history[key].append(value)
 
 
 def _check_training_args(inputs, labels, steps, batch_size, lr, warmup, eval_every, clip, pad_id) -> None:

@@ -9,7 +9,7 @@ with their masks. Defined in the book's chapter "The task: number words to digit
 """
 
 
-__all__ = ['MAX_NUMBER', 'number_to_words', 'Vocab', 'source_vocab', 'target_vocab', 'split_numbers', 'Batch', 'make_batch', 'batches']
+__all__ = ['MAX_NUMBER', 'number_to_words', 'Vocab', 'source_vocab', 'target_vocab', 'split_numbers', 'Batch', 'check_numbers', 'pad_rows', 'make_batch', 'batches']
 
 
 import numbers
@@ -201,7 +201,7 @@ class Batch(NamedTuple):
         return Batch(*(tensor.to(device) for tensor in self))
 
 
-def _check_numbers(numbers) -> list[int]:
+def check_numbers(numbers) -> list[int]:
     """Return ``numbers`` as a non-empty list of ints in [0, MAX_NUMBER], else raise."""
     if isinstance(numbers, (str, bytes)) or not isinstance(numbers, Iterable):
         raise TypeError(f"numbers must be an iterable of ints, got {type(numbers).__name__}")
@@ -211,7 +211,7 @@ def _check_numbers(numbers) -> list[int]:
     return numbers
 
 
-def _pad(rows: list[list[int]], pad_id: int, device) -> Tensor:
+def pad_rows(rows: list[list[int]], pad_id: int, device) -> Tensor:
     """Right-pad lists of ids to the longest one: a LongTensor (len(rows), longest)."""
     longest = max(len(row) for row in rows)
     return torch.tensor([row + [pad_id] * (longest - len(row)) for row in rows], dtype=torch.long, device=device)
@@ -221,11 +221,11 @@ def _pad(rows: list[list[int]], pad_id: int, device) -> Tensor:
 def make_batch(numbers: Sequence[int], src_vocab: Vocab, tgt_vocab: Vocab,
                device: torch.device | str | None = None) -> Batch:
     """One padded ``Batch`` of the given numbers, on ``device``: words in, digits out."""
-    numbers = _check_numbers(numbers)
-    src = _pad([src_vocab.encode(number_to_words(n)) for n in numbers], src_vocab.pad_id, device)  # (B, S)
+    numbers = check_numbers(numbers)
+    src = pad_rows([src_vocab.encode(number_to_words(n)) for n in numbers], src_vocab.pad_id, device)  # (B, S)
     digits = [tgt_vocab.encode(str(n)) for n in numbers]
-    tgt_in = _pad([[tgt_vocab.bos_id] + d for d in digits], tgt_vocab.pad_id, device)  # (B, T)
-    tgt_out = _pad([d + [tgt_vocab.eos_id] for d in digits], tgt_vocab.pad_id, device)  # (B, T)
+    tgt_in = pad_rows([[tgt_vocab.bos_id] + d for d in digits], tgt_vocab.pad_id, device)  # (B, T)
+    tgt_out = pad_rows([d + [tgt_vocab.eos_id] for d in digits], tgt_vocab.pad_id, device)  # (B, T)
     return Batch(src, tgt_in, tgt_out, padding_mask(src, src_vocab.pad_id), padding_mask(tgt_in, tgt_vocab.pad_id))
 
 
@@ -237,7 +237,7 @@ def batches(numbers: Sequence[int], batch_size: int, src_vocab: Vocab, tgt_vocab
     With ``shuffle``, the order is a seeded permutation: the same seed gives the same batches.
     """
     check_positive_int("batch_size", batch_size)
-    order = _check_numbers(numbers)
+    order = check_numbers(numbers)
     if shuffle:
         random.Random(seed).shuffle(order)
     for start in range(0, len(order), batch_size):

@@ -24,14 +24,6 @@ from transformer.residual import LayerNorm, add_and_norm
 
 
 # chapters/09_decoder.md: One decoder layer
-def _check_mask(name: str, mask: Tensor | None, scores_shape: tuple[int, ...]) -> None:
-    """``check_attention_mask``, with the error message naming the argument ``name``."""
-    try:
-        check_attention_mask(mask, scores_shape)
-    except (TypeError, ValueError) as err:
-        raise type(err)(f"{name}: {err}") from None
-
-
 def _check_decoder_inputs(x: Tensor, memory: Tensor | None, tgt_mask: Tensor | None,
                           memory_mask: Tensor | None, d_model: int, num_heads: int, past: int = 0,
                           cross_attention: bool = True) -> None:
@@ -48,7 +40,7 @@ def _check_decoder_inputs(x: Tensor, memory: Tensor | None, tgt_mask: Tensor | N
             if value is not None:
                 raise ValueError(f"{name} must be None for a layer built with cross_attention=False, "
                                  f"got a {type(value).__name__}")
-        _check_mask("tgt_mask", tgt_mask, (B, num_heads, T, past + T))
+        check_attention_mask(tgt_mask, (B, num_heads, T, past + T), name="tgt_mask")
         return
     memory = check_features("memory", memory, d_model)
     S = memory.shape[1]
@@ -57,8 +49,8 @@ def _check_decoder_inputs(x: Tensor, memory: Tensor | None, tgt_mask: Tensor | N
             f"memory must have the batch size of x, B = {B}, got memory {tuple(memory.shape)} "
             f"and x {tuple(x.shape)}"
         )
-    _check_mask("tgt_mask", tgt_mask, (B, num_heads, T, past + T))
-    _check_mask("memory_mask", memory_mask, (B, num_heads, T, S))
+    check_attention_mask(tgt_mask, (B, num_heads, T, past + T), name="tgt_mask")
+    check_attention_mask(memory_mask, (B, num_heads, T, S), name="memory_mask")
 
 
 # chapters/09_decoder.md: Always causal

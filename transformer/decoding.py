@@ -7,7 +7,7 @@ Defined in the book's chapter "Generation" (chapters/13_generation.md).
 """
 
 
-__all__ = ['greedy_decode', 'beam_search']
+__all__ = ['evaluating', 'greedy_decode', 'beam_search']
 
 
 import contextlib
@@ -17,9 +17,9 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
-from transformer._checks import check_positive_int
+from transformer._checks import check_positive_int, check_token_batch
 from transformer.decoder import DecoderCache
-from transformer.model import Transformer, _check_token_batch
+from transformer.model import Transformer
 
 
 # chapters/13_generation.md: Greedy decoding
@@ -39,7 +39,7 @@ def _check_generation(model: Transformer, src, max_len, bos_id, pad_id) -> tuple
         raise TypeError(f"model must be an encoder-decoder model such as Transformer (with encode and "
                         f"decode), got {type(model).__name__}"
                         + ("; a decoder-only model generates with sample" if hasattr(model, "new_cache") else ""))
-    _check_token_batch("src", src, model.src_embed.vocab_size, any_device=True)
+    check_token_batch("src", src, model.src_embed.vocab_size, any_device=True)
     if src.shape[0] == 0:
         raise ValueError(f"src must hold at least one sequence, got shape {tuple(src.shape)}")
     max_len = check_positive_int("max_len", max_len)
@@ -70,7 +70,7 @@ def _output_limits(src: Tensor, src_mask: Tensor | None, max_len: int, extra_len
 
 
 @contextlib.contextmanager
-def _evaluating(model: nn.Module) -> Iterator[None]:
+def evaluating(model: nn.Module) -> Iterator[None]:
     """Eval mode and no gradients inside the block; the model's mode is restored after it."""
     was_training = model.training
     model.eval()
@@ -122,7 +122,7 @@ def greedy_decode(model: Transformer, src: Tensor, max_len: int, bos_id: int, eo
     if eos_id is not None:
         eos_id = _check_token_id("eos_id", eos_id, model.tgt_embed.vocab_size)
     limits = _output_limits(src, src_mask, max_len, extra_len)  # (B,)
-    with _evaluating(model):
+    with evaluating(model):
         memory = model.encode(src, src_mask)  # (B, S, d_model), once for all steps
         cache = DecoderCache(len(model.decoder.layers)) if use_cache else None
         tokens = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)  # (B, 1)
@@ -232,7 +232,7 @@ def beam_search(model: Transformer, src: Tensor, max_len: int, bos_id: int, eos_
     alpha = _check_length_penalty(length_penalty)
     B = src.shape[0]
     limits = _output_limits(src, src_mask, max_len, extra_len)[:, None]  # (B, 1)
-    with _evaluating(model):
+    with evaluating(model):
         memory = model.encode(src, src_mask).repeat_interleave(k, dim=0)  # (B * k, S, d_model)
         beam_mask = _expand_beams(src_mask, k)
         cache = DecoderCache(len(model.decoder.layers)) if use_cache else None

@@ -14,38 +14,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch._subclasses.fake_tensor import FakeTensor
 
-from transformer._checks import check_bool, check_positive_int, check_token_tensor
-
-
-# chapters/02_embeddings.md: `TokenEmbedding`
-def _values_readable(tokens: Tensor, any_device: bool = False) -> bool:
-    """Whether the values of ``tokens`` can be read in eager mode: on the CPU, where that is free,
-    or on any real device when ``any_device``, at the price of one wait for it."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing() or tokens.device.type == "meta":
-        return False
-    if isinstance(tokens, FakeTensor) or torch._C._functorch.is_functorch_wrapped_tensor(tokens):
-        return False  # a fake tensor has no values; under vmap or grad they cannot be read out
-    return any_device or tokens.device.type == "cpu"
-
-
-def _check_token_ids(name: str, tokens, vocab_size: int, *, any_device: bool = False) -> Tensor:
-    """Check that ``tokens`` holds integer ids in [0, vocab_size); return them as int32 or int64.
-
-    The values are checked where ``_values_readable`` allows: eager CPU tensors, or with
-    ``any_device`` (an entry point, once per call rather than at every forward) any real tensor.
-    """
-    check_token_tensor(name, tokens)
-    if tokens.dtype not in (torch.int32, torch.int64):
-        tokens = tokens.long()  # the lookup takes int32 or int64 ids only
-    if tokens.numel() > 0 and _values_readable(tokens, any_device):
-        low, high = tokens.min().item(), tokens.max().item()
-        if low < 0 or high >= vocab_size:
-            raise ValueError(
-                f"{name} must lie in [0, vocab_size={vocab_size}), got ids from {low} to {high}"
-            )
-    return tokens
+from transformer._checks import check_bool, check_positive_int, check_token_ids
 
 
 # chapters/02_embeddings.md: `TokenEmbedding`
@@ -96,7 +66,7 @@ class TokenEmbedding(nn.Module):
         Returns:
             The embeddings, (B, N, d_model), in the dtype of ``weight``.
         """
-        tokens = _check_token_ids("tokens", tokens, self.vocab_size)
+        tokens = check_token_ids("tokens", tokens, self.vocab_size)
         x = F.embedding(tokens, self.weight, self.padding_idx)  # (B, N) -> (B, N, d_model)
         return x * math.sqrt(self.d_model) if self.scale else x
 

@@ -11,48 +11,23 @@ __all__ = ['Transformer']
 
 from typing import Any, cast
 
-import torch
 from torch import Tensor, nn
 
-from transformer._checks import check_bool, check_features, check_positive_int
-from transformer.decoder import Decoder, DecoderCache, _check_mask
-from transformer.embedding import TokenEmbedding, _check_token_ids
+from transformer._checks import check_bool, check_features, check_positive_int, check_token_batch
+from transformer.attention import check_attention_mask
+from transformer.decoder import Decoder, DecoderCache
+from transformer.embedding import TokenEmbedding
 from transformer.encoder import Encoder, EncoderLayer
-from transformer.positional import SinusoidalPositionalEncoding, _AddPositionTable
+from transformer.positional import SinusoidalPositionalEncoding, add_positions
 
 
 # chapters/10_model.md: The model
-def _check_token_batch(name: str, tokens, vocab_size: int, max_len: int | None = None, *,
-                       any_device: bool = False) -> Tensor:
-    """Check that ``tokens`` is a (B, N) tensor of ids in [0, vocab_size), 1 <= N (<= max_len).
-
-    Returns the ids as int32 or int64 (see ``_check_token_ids``, and there for ``any_device``).
-    """
-    tokens = _check_token_ids(name, tokens, vocab_size, any_device=any_device)
-    if tokens.dim() != 2:
-        raise ValueError(f"{name} must have shape (B, N), got {tuple(tokens.shape)}")
-    if tokens.shape[1] == 0:
-        raise ValueError(f"{name} must hold at least one position, got shape {tuple(tokens.shape)}")
-    if max_len is not None and tokens.shape[1] > max_len:
-        raise ValueError(f"{name} has {tokens.shape[1]} positions, more than the model's max_len={max_len}")
-    return tokens
-
-
 def _check_src_mask(model: "Transformer", src_mask: Tensor | None, scores_shape: tuple[int, ...]) -> None:
     """The source mask is checked under its own name: inside, it is the encoder's ``mask`` and the
     decoder's ``memory_mask``."""
     first_layer = cast(EncoderLayer, model.encoder.layers[0])  # an nn.ModuleList does not type its items
     H = first_layer.self_attn.num_heads
-    _check_mask("src_mask", src_mask, (scores_shape[0], H, *scores_shape[1:]))
-
-
-def _add_positions(encoding: _AddPositionTable, x: Tensor, start: int) -> Tensor:
-    """``encoding(x)`` for positions ``start .. start + N - 1`` (generation with a cache)."""
-    if start == 0:
-        return encoding(x)  # (B, N, d_model)
-    if start + x.shape[1] > encoding.max_len:
-        raise ValueError(f"positions up to {start + x.shape[1]} exceed max_len={encoding.max_len}")
-    return encoding.dropout(x + encoding.table[start:start + x.shape[1]].to(x.dtype))  # (B, N, d_model)
+    check_attention_mask(src_mask, (scores_shape[0], H, *scores_shape[1:]), name="src_mask")
 
 
 # chapters/10_model.md: The model
@@ -111,7 +86,7 @@ class Transformer(nn.Module):
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
         """Read the source: ids (B, S) -> memory (B, S, d_model)."""
-        src = _check_token_batch("src", src, self.src_embed.vocab_size, self.positional_encoding.max_len)
+        src = check_token_batch("src", src, self.src_embed.vocab_size, self.positional_encoding.max_len)
         _check_src_mask(self, src_mask, (src.shape[0], src.shape[1], src.shape[1]))  # (B, S, S)
         x = self.positional_encoding(self.src_embed(src))  # (B, S) -> (B, S, d_model)
         return self.encoder(x, mask=src_mask)  # (B, S, d_model)
@@ -124,7 +99,7 @@ class Transformer(nn.Module):
         cached ones, and gets the positions that follow them.
         """
         start = cache.length if isinstance(cache, DecoderCache) else 0  # the position of tgt[:, 0]
-        tgt = _check_token_batch("tgt", tgt, self.tgt_embed.vocab_size,
+        tgt = check_token_batch("tgt", tgt, self.tgt_embed.vocab_size,
                                  None if start else self.positional_encoding.max_len)
         check_features("memory", memory, self.d_model)
         if memory.shape[0] != tgt.shape[0]:
@@ -133,7 +108,7 @@ class Transformer(nn.Module):
                 f"and tgt {tuple(tgt.shape)}"
             )
         _check_src_mask(self, src_mask, (tgt.shape[0], tgt.shape[1], memory.shape[1]))  # (B, T, S)
-        y = _add_positions(self.positional_encoding, self.tgt_embed(tgt), start)  # (B, T, d_model)
+        y = add_positions(self.positional_encoding, self.tgt_embed(tgt), start)  # (B, T, d_model)
         return self.decoder(y, memory, tgt_mask=tgt_mask, memory_mask=src_mask, cache=cache)
 
     def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None,

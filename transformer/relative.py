@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer._checks import check_positive_int, check_tensor
-from transformer.attention import _masked_softmax
+from transformer.attention import masked_softmax
 from transformer.multihead import MultiHeadAttention
 
 
@@ -111,7 +111,7 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
         content = q @ k.transpose(-2, -1)  # (B, H, L, d_k) @ (B, H, d_k, S) -> (B, H, L, S)
         by_distance = q @ self.rel_k.weight.T  # (B, H, L, d_k) @ (d_k, 2k+1) -> (B, H, L, 2k+1)
         scores = (content + by_distance.gather(-1, index)) / math.sqrt(d_k)  # (B, H, L, S)
-        weights = _masked_softmax(scores, mask)  # (B, H, L, S); empty rows are zeros
+        weights = masked_softmax(scores, mask)  # (B, H, L, S); empty rows are zeros
         if dropout_p > 0.0:
             weights = F.dropout(weights, p=dropout_p)
         per_distance = torch.zeros_like(by_distance).scatter_add(-1, index, weights)  # (B, H, L, 2k+1)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from transformer._checks import check_positive_int
-from transformer.language_model import data_file
+from transformer.paths import data_file
 
 
 # chapters/21_subwords.md: The data: Multi30k

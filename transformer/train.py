@@ -28,7 +28,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from transformer.data import Batch, source_vocab, split_numbers, target_vocab
 from transformer.model import Transformer
-from transformer.training import TrainConfig, _read_checkpoint, check_resume, exact_match, fit, make_model
+from transformer.checkpoint import read_checkpoint, check_resume
+from transformer.config import make_model, TrainConfig
+from transformer.training import exact_match, fit
 
 
 # chapters/14_scaling_out.md: The command
@@ -219,7 +221,7 @@ def _check_checkpoint_dir(folder: str, config: TrainConfig) -> None:
         raise ValueError(f"--checkpoint-dir {folder} cannot be written: {err.strerror or err}") from None
     path = os.path.join(folder, "checkpoint.pt")
     if os.path.isfile(path):
-        check_resume(_read_checkpoint(path), config, path)
+        check_resume(read_checkpoint(path), config, path)
 
 
 # chapters/14_scaling_out.md: Putting it together
@@ -229,7 +231,7 @@ def _train_here(args: argparse.Namespace, rank: int, world_size: int, device: to
     path = None if args.checkpoint_dir is None else os.path.join(args.checkpoint_dir, "checkpoint.pt")
     resume = path if path is not None and os.path.isfile(path) else None
     if resume is not None and rank == 0:
-        step = _read_checkpoint(resume)["step"]
+        step = read_checkpoint(resume)["step"]
         print(f"resuming from {resume} at step {step} of {args.steps}" if step < args.steps else
               f"resuming from {resume}: the run is already complete, step {step} of {args.steps}")
     parallel: dict[str, Any] = {}

@@ -29,14 +29,16 @@ from tqdm import tqdm
 
 from transformer._checks import check_positive_int
 from transformer.attention import padding_mask
-from transformer.data import Batch, _pad
+from transformer.data import Batch, pad_rows
 from transformer.decoding import beam_search, greedy_decode
 from transformer.model import Transformer
 from transformer.subwords import load_multi30k, train_tokenizer
 from transformer.train import (DataParallelHooks, _add_model_options, _add_training_options, _add_where_options,
     _check_where, _positive_int, config_from_args, init_distributed)
-from transformer.training import (TrainConfig, _read_checkpoint, _restore, _run_settings, check_resume, make_optimizer,
-    run_steps, save_checkpoint)
+from transformer.checkpoint import read_checkpoint, restore_checkpoint, check_resume, save_checkpoint
+from transformer.config import make_optimizer, TrainConfig
+from transformer.loop import run_settings, run_steps
+from transformer.losses import seq2seq_loss
 
 
 # chapters/22_translation.md: Sentences as token ids
@@ -97,9 +99,9 @@ def encode_lines(tokenizer: Any, lines: Sequence[str]) -> list[list[int]]:
 def pair_batch(src_rows: Sequence[list[int]], tgt_rows: Sequence[list[int]],
                device: torch.device | str | None = None) -> Batch:
     """A padded ``Batch`` of sentence pairs: source ids in, <bos> + target ids -> target ids + <eos>."""
-    src = _pad([list(row) for row in src_rows], PAD_ID, device)  # (B, S)
-    tgt_in = _pad([[BOS_ID] + list(row) for row in tgt_rows], PAD_ID, device)  # (B, T)
-    tgt_out = _pad([list(row) + [EOS_ID] for row in tgt_rows], PAD_ID, device)  # (B, T)
+    src = pad_rows([list(row) for row in src_rows], PAD_ID, device)  # (B, S)
+    tgt_in = pad_rows([[BOS_ID] + list(row) for row in tgt_rows], PAD_ID, device)  # (B, T)
+    tgt_out = pad_rows([list(row) + [EOS_ID] for row in tgt_rows], PAD_ID, device)  # (B, T)
     return Batch(src, tgt_in, tgt_out, padding_mask(src, PAD_ID), padding_mask(tgt_in, PAD_ID))
 
 
@@ -189,7 +191,7 @@ def translate(model: Transformer, tokenizer: Any, sentences: Sequence[str], beam
     todo = sorted((i for i, row in enumerate(ids) if sentences[i].strip()), key=lambda i: len(ids[i]))
     for start in tqdm(range(0, len(todo), batch_size), desc="translating", unit="batch", disable=not progress):
         rows = todo[start:start + batch_size]
-        src = _pad([ids[i] for i in rows], PAD_ID, device)  # (B, S)
+        src = pad_rows([ids[i] for i in rows], PAD_ID, device)  # (B, S)
         src_mask = padding_mask(src, PAD_ID)  # (B, 1, 1, S)
         limit = min(max_len, src.shape[1] + extra_len + 1)  # <bos> + at most S + extra_len tokens
         if beam_size == 1:
@@ -257,7 +259,7 @@ def fit_translation(config: TranslationConfig, train: tuple[Sequence[str], Seque
     device = torch.device(device if device is not None else "cpu")
     folder = Path(checkpoint_dir) if checkpoint_dir is not None else None
     resume = folder / "checkpoint.pt" if folder is not None and (folder / "checkpoint.pt").is_file() else None
-    checkpoint = _read_checkpoint(resume) if resume is not None else None
+    checkpoint = read_checkpoint(resume) if resume is not None else None
     if checkpoint is not None:
         check_resume(checkpoint, config, resume)
         tokenizer = tokenizer_from_checkpoint(checkpoint, resume)
@@ -268,12 +270,12 @@ def fit_translation(config: TranslationConfig, train: tuple[Sequence[str], Seque
     if longest > config.max_len:
         raise ValueError(f"a training pair has {longest} tokens on one side (with <bos>/<eos>), more than "
                          f"max_len={config.max_len}: raise max_len or leave such pairs out")
-    with _run_settings(config.seed, config.num_threads):
+    with run_settings(config.seed, config.num_threads):
         model = make_translation_model(config, tokenizer.get_vocab_size()).to(device)
         optimizer, scheduler = make_optimizer(config, model)
         history, step = _new_history(), 0
         if checkpoint is not None:
-            step, history = _restore(checkpoint, model, optimizer, scheduler), checkpoint["history"]
+            step, history = restore_checkpoint(checkpoint, model, optimizer, scheduler), checkpoint["history"]
             torch.set_rng_state(checkpoint["rng_state"])
         stream = translation_batches(src_rows, tgt_rows, config, step, device)
         extra = {"tokenizer": tokenizer.to_str()}
@@ -299,11 +301,12 @@ def fit_translation(config: TranslationConfig, train: tuple[Sequence[str], Seque
 
         model.train()
         net = model if wrap_model is None else wrap_model(model)
-        step = run_steps(net, stream, optimizer, scheduler, config, history, step, pad_id=PAD_ID,
-                         progress=progress, shard=shard, validate=validate if valid and config.eval_size else None,
+        loss_fn = seq2seq_loss(config.label_smoothing, PAD_ID, autocast=torch.bfloat16 if config.bf16 else None)
+        step = run_steps(net, stream, optimizer, scheduler, loss_fn, config.steps, history, step, clip=config.clip,
+                         eval_every=config.eval_every, progress=progress, shard=shard,
+                         validate=validate if valid and config.eval_size else None,
                          save=save if folder is not None and save_every and save_checkpoints else None,
-                         save_every=save_every,
-                         autocast=torch.bfloat16 if config.bf16 else None)
+                         save_every=save_every)
         if folder is not None and save_checkpoints and (not save_every or step % save_every):
             save(step)
     return model.eval(), tokenizer, history
@@ -336,7 +339,7 @@ def load_translator(path: str | os.PathLike, device: torch.device | str | None =
     if not Path(path).is_file():
         raise FileNotFoundError(f"no checkpoint at {os.fspath(path)}")
     try:
-        checkpoint = _read_checkpoint(path)
+        checkpoint = read_checkpoint(path)
     except ValueError:
         raise
     except Exception as err:  # torch.load fails in many ways on a file it did not write
@@ -345,7 +348,7 @@ def load_translator(path: str | os.PathLike, device: torch.device | str | None =
     tokenizer = tokenizer_from_checkpoint(checkpoint, path)
     model = make_translation_model(_config_of(checkpoint, path), tokenizer.get_vocab_size())
     checkpoint["model"] = {name: tensor.float() for name, tensor in checkpoint["model"].items()}
-    _restore(checkpoint, model)
+    restore_checkpoint(checkpoint, model)
     return model.to(device if device is not None else "cpu").eval(), tokenizer
 
 
@@ -359,7 +362,7 @@ def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict[str, Tensor]
         raise ValueError("paths must name at least one checkpoint")
     total: dict[str, Tensor] = {}
     for path in paths:
-        state = _read_checkpoint(path)["model"]
+        state = read_checkpoint(path)["model"]
         if total and (state.keys() != total.keys() or any(state[k].shape != total[k].shape for k in total)):
             raise ValueError(f"{os.fspath(path)} does not hold the same parameters as {os.fspath(paths[0])}")
         for name, tensor in state.items():
@@ -439,7 +442,7 @@ def train_main(argv: Sequence[str] | None = None) -> int:
             parallel = {"wrap_model": hooks.wrap, "shard": hooks.shard}
         resume = Path(args.checkpoint_dir or "") / "checkpoint.pt"
         if args.checkpoint_dir is not None and resume.is_file() and rank == 0:
-            print(f"resuming from {resume} at step {_read_checkpoint(resume)['step']} of {config.steps}")
+            print(f"resuming from {resume} at step {read_checkpoint(resume)['step']} of {config.steps}")
         model, tokenizer, _ = fit_translation(
             config, train, valid if rank == 0 else None, device=device, progress=args.progress and rank == 0,
             checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, save_checkpoints=rank == 0,

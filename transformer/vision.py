@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from transformer._checks import check_dropout, check_positive_int, check_tensor
 from transformer.encoder import Encoder
-from transformer.language_model import data_file
+from transformer.paths import data_file
 from transformer.multihead import MultiHeadAttention
 from transformer.positional import sinusoidal_encoding
 from transformer.relative import RelativeMultiHeadAttention
