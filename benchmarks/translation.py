@@ -17,7 +17,8 @@ import time
 import torch
 
 from transformer.subwords import load_multi30k
-from transformer.translate import corpus_scores, load_translator, translate
+from transformer.metrics import corpus_scores
+from transformer.translate import load_translator, translate
 
 SAMPLE = 100  # test sentences of the committed model's reproducibility check
 

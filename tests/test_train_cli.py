@@ -13,8 +13,9 @@ import torch
 import transformer
 from transformer.data import make_batch, source_vocab, target_vocab
 from transformer.model import Transformer
-from transformer.train import (DataParallelHooks, build_parser, check_arguments, config_from_args,
-                               init_distributed, main, replica_difference, run_training, shard_batch)
+from transformer.cli import config_from_args
+from transformer.distributed import DataParallelHooks, init_distributed, replica_difference, shard_batch
+from transformer.train import build_parser, check_arguments, main, run_training
 from transformer.config import TrainConfig
 from transformer.losses import label_smoothed_cross_entropy
 
@@ -61,7 +62,7 @@ def test_defaults_are_the_training_config_and_options_fill_fields_by_name():
 
 
 def test_options_fill_the_fields_of_the_given_default_and_keep_its_type():
-    from transformer.translate import TranslationConfig
+    from transformer.multi30k import TranslationConfig
 
     args = build_parser().parse_args(["--d-model", "32", "--steps", "9"])
     config = config_from_args(args, TrainConfig(max_len=40, lr_factor=2.0))  # no options for these two

@@ -20,29 +20,15 @@ import torch
 import transformer
 from transformer.data import source_vocab, target_vocab
 from transformer.subwords import SPECIAL_TOKENS, load_multi30k, train_tokenizer
-from transformer.train import config_from_args
+from transformer.cli import config_from_args
 from transformer.train import main as train_cli
 from transformer.checkpoint import save_checkpoint
 from transformer.config import make_model, TrainConfig
-from transformer.translate import (
-    BOS_ID,
-    EOS_ID,
-    PAD_ID,
-    TranslationConfig,
-    average_checkpoints,
-    build_train_parser,
-    corpus_scores,
-    encode_lines,
-    fit_translation,
-    load_translator,
-    main,
-    make_translation_model,
-    pair_batch,
-    save_translator,
-    token_batches,
-    translate,
-    translation_batches,
-)
+from transformer.checkpoint import average_checkpoints
+from transformer.metrics import corpus_scores
+from transformer.multi30k import BOS_ID, encode_lines, EOS_ID, make_translation_model, PAD_ID, pair_batch, token_batches, translation_batches, TranslationConfig
+from transformer.train import build_train_parser
+from transformer.translate import fit_translation, load_translator, main, save_translator, translate
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

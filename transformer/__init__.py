@@ -27,10 +27,13 @@ from transformer.training import training_batches, predict, exact_match, evaluat
 from transformer.losses import label_smoothed_cross_entropy, LossFunction, seq2seq_loss
 from transformer.schedules import warmup_lr, cooldown_factor, warmup_scheduler, warmup_cosine
 from transformer.loop import optimizer_step, train_step, run_settings, run_steps
-from transformer.checkpoint import save_checkpoint, read_checkpoint, restore_checkpoint, load_checkpoint, check_resume
+from transformer.checkpoint import (save_checkpoint, read_checkpoint, restore_checkpoint, load_checkpoint, check_resume,
+    average_checkpoints)
 from transformer.config import TrainConfig, make_model, make_optimizer
 from transformer.paths import book_root, model_cache_dir, data_file
 from transformer.decoding import evaluating, greedy_decode, beam_search
+from transformer.distributed import (shard_batch, DataParallelHooks, world_size_of_run, init_distributed,
+    replica_difference)
 from transformer.complexity import (self_attention_macs, recurrent_macs, convolution_macs, restricted_attention_macs,
     loglog_slope, autograd_depth, band_mask, banded_attention, saved_tensor_bytes)
 from transformer.classifier import SequenceClassifier, accuracy, classification_loss, train_classifier
@@ -45,6 +48,7 @@ from transformer.vision import (DIGITS_SHA256, load_digits, stratified_split, pa
 from transformer.pretrained import marian_permutation, from_huggingface, load_pretrained
 from transformer.subwords import (MULTI30K_SHA256, MULTI30K_SPLITS, load_multi30k, WORD_START, pre_tokenize,
     word_counts, learn_bpe, bpe_encode, bpe_decode, SPECIAL_TOKENS, train_tokenizer)
+from transformer.metrics import corpus_scores
 
 __all__ = [
     'TokenEmbedding',
@@ -101,6 +105,7 @@ __all__ = [
     'restore_checkpoint',
     'load_checkpoint',
     'check_resume',
+    'average_checkpoints',
     'TrainConfig',
     'make_model',
     'make_optimizer',
@@ -110,6 +115,11 @@ __all__ = [
     'evaluating',
     'greedy_decode',
     'beam_search',
+    'shard_batch',
+    'DataParallelHooks',
+    'world_size_of_run',
+    'init_distributed',
+    'replica_difference',
     'self_attention_macs',
     'recurrent_macs',
     'convolution_macs',
@@ -167,4 +177,5 @@ __all__ = [
     'bpe_decode',
     'SPECIAL_TOKENS',
     'train_tokenizer',
+    'corpus_scores',
 ]

@@ -80,7 +80,9 @@ class TrainConfig:
             raise ValueError(f"clip must be > 0 or None, got {self.clip}")
         if self.num_threads is not None:
             check_positive_int("num_threads", self.num_threads)
-        self.betas = tuple(self.betas)
+        if len(self.betas) != 2:
+            raise ValueError(f"betas must be two numbers (beta1, beta2), got {self.betas!r}")
+        self.betas = (self.betas[0], self.betas[1])  # a tuple, also when read from a list (JSON)
 
 
 # chapters/12_training.md: The training loop

@@ -180,6 +180,7 @@ def fit(config: TrainConfig, train_numbers: Sequence[int], valid_numbers: Sequen
             return {"valid_exact": f"{history['valid_accuracy'][-1]:.1%}"}
 
         def save(step: int) -> None:
+            assert checkpoint_path is not None  # save is passed only with it
             save_checkpoint(checkpoint_path, model, optimizer, scheduler, step, history, **described)
 
         loss_fn = seq2seq_loss(config.label_smoothing, tgt_vocab.pad_id)

@@ -9,160 +9,34 @@ Defined in the book's chapter "Translating German" (chapters/22_translation.md).
 """
 
 
-__all__ = ['TranslationConfig', 'make_translation_model', 'encode_lines', 'pair_batch', 'token_batches', 'translation_batches', 'translate', 'corpus_scores', 'fit_translation', 'tokenizer_from_checkpoint', 'load_translator', 'average_checkpoints', 'save_translator', 'build_train_parser', 'check_train_arguments', 'train_main', 'build_parser', 'main']
+__all__ = ['translate', 'step_files', 'fit_translation', 'tokenizer_from_checkpoint', 'load_translator', 'save_translator', 'build_parser', 'main']
 
 
 import argparse
 import copy
-import dataclasses
 import os
-import random
 import sys
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
 from tqdm import tqdm
 
 from transformer._checks import check_positive_int
 from transformer.attention import padding_mask
-from transformer.data import Batch, pad_rows
+from transformer.checkpoint import check_resume, read_checkpoint, restore_checkpoint, save_checkpoint
+from transformer.cli import positive_int
+from transformer.config import make_optimizer
 from transformer.decoding import beam_search, greedy_decode
-from transformer.model import Transformer
-from transformer.subwords import load_multi30k, train_tokenizer
-from transformer.train import (DataParallelHooks, _add_model_options, _add_training_options, _add_where_options,
-    _check_where, _positive_int, config_from_args, init_distributed)
-from transformer.checkpoint import read_checkpoint, restore_checkpoint, check_resume, save_checkpoint
-from transformer.config import make_optimizer, TrainConfig
 from transformer.loop import run_settings, run_steps
 from transformer.losses import seq2seq_loss
-
-
-# chapters/22_translation.md: Sentences as token ids
-@dataclass
-class TranslationConfig(TrainConfig):
-    """The choices of a translation run: ``TrainConfig``'s fields, with defaults for Multi30k, and four more.
-
-    ``batch_tokens``: the most tokens of one side of a batch, padding included (the paper's batches
-    are by token count); ``batch_size`` caps the sentences of a batch. ``vocab_size``: the joint BPE
-    vocabulary. ``bf16``: run the forward pass under bfloat16 autocast (for GPUs).
-    ``keep_last``: how many of the latest saved checkpoints to keep for averaging. ``eval_size``:
-    the validation sentences whose greedy BLEU is measured every ``eval_every`` steps.
-    """
-
-    d_model: int = 256
-    num_heads: int = 4
-    num_layers: int = 3
-    d_ff: int = 1024
-    dropout: float = 0.1
-    max_len: int = 256
-    batch_size: int = 512
-    steps: int = 6000
-    warmup: int = 800
-    lr_factor: float = 1.0
-    cooldown: float = 0.0
-    eval_every: int = 500
-    eval_size: int = 200
-    batch_tokens: int = 4096
-    vocab_size: int = 8000
-    bf16: bool = False
-    keep_last: int = 5
-
-    def __post_init__(self):
-        super().__post_init__()
-        for name in ("batch_tokens", "vocab_size", "keep_last"):
-            check_positive_int(name, getattr(self, name))
-        if not isinstance(self.bf16, bool):
-            raise TypeError(f"bf16 must be a bool, got {type(self.bf16).__name__}")
-
-
-PAD_ID, BOS_ID, EOS_ID = 0, 1, 2  # SPECIAL_TOKENS' ids in every tokenizer of train_tokenizer
-
-
-def make_translation_model(config: TranslationConfig, vocab_size: int) -> Transformer:
-    """The Transformer of a translation run: one joint vocabulary, so one embedding table shared by
-    the encoder, the decoder and the output layer (the paper's weight sharing)."""
-    return Transformer(vocab_size, vocab_size, d_model=config.d_model, num_heads=config.num_heads,
-                       num_layers=config.num_layers, d_ff=config.d_ff, dropout=config.dropout,
-                       max_len=config.max_len, pad_id=PAD_ID, share_embeddings=True, tie_output=True)
-
-
-# chapters/22_translation.md: Sentences as token ids
-def encode_lines(tokenizer: Any, lines: Sequence[str]) -> list[list[int]]:
-    """The BPE ids of every line (no special tokens)."""
-    return [encoding.ids for encoding in tokenizer.encode_batch(list(lines))]
-
-
-def pair_batch(src_rows: Sequence[list[int]], tgt_rows: Sequence[list[int]],
-               device: torch.device | str | None = None) -> Batch:
-    """A padded ``Batch`` of sentence pairs: source ids in, <bos> + target ids -> target ids + <eos>."""
-    src = pad_rows([list(row) for row in src_rows], PAD_ID, device)  # (B, S)
-    tgt_in = pad_rows([[BOS_ID] + list(row) for row in tgt_rows], PAD_ID, device)  # (B, T)
-    tgt_out = pad_rows([list(row) + [EOS_ID] for row in tgt_rows], PAD_ID, device)  # (B, T)
-    return Batch(src, tgt_in, tgt_out, padding_mask(src, PAD_ID), padding_mask(tgt_in, PAD_ID))
-
-
-# chapters/22_translation.md: Batches by token count
-def token_batches(src_lengths: Sequence[int], tgt_lengths: Sequence[int], batch_tokens: int,
-                  max_sentences: int, seed: int = 0) -> list[list[int]]:
-    """Group sentence pairs into batches of at most ``batch_tokens`` tokens a side, padding included.
-
-    Pairs are sorted by length (ties in a seeded random order), so a batch holds sentences of about
-    the same length and little padding; the batches are then shuffled with the same seed. A pair
-    longer than ``batch_tokens`` gets a batch of its own.
-
-    Returns:
-        The batches, as lists of pair indices; every index appears exactly once.
-    """
-    if len(src_lengths) != len(tgt_lengths):
-        raise ValueError(f"src_lengths and tgt_lengths must have the same length, got {len(src_lengths)} "
-                         f"and {len(tgt_lengths)}")
-    check_positive_int("batch_tokens", batch_tokens)
-    check_positive_int("max_sentences", max_sentences)
-    rng = random.Random(seed)
-    ties = [rng.random() for _ in src_lengths]
-    order = sorted(range(len(src_lengths)), key=lambda i: (src_lengths[i], tgt_lengths[i], ties[i]))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    longest_src = longest_tgt = 0
-    for i in order:
-        src_len, tgt_len = max(longest_src, src_lengths[i]), max(longest_tgt, tgt_lengths[i])
-        if current and (len(current) == max_sentences or (len(current) + 1) * max(src_len, tgt_len) > batch_tokens):
-            batches.append(current)
-            current, src_len, tgt_len = [], src_lengths[i], tgt_lengths[i]
-        current.append(i)
-        longest_src, longest_tgt = src_len, tgt_len
-    if current:
-        batches.append(current)
-    rng.shuffle(batches)
-    return batches
-
-
-def translation_batches(src_rows: Sequence[list[int]], tgt_rows: Sequence[list[int]], config: TranslationConfig,
-                        start_step: int = 0, device=None) -> Iterator[Batch]:
-    """An endless stream of training batches, epoch after epoch, each epoch grouped and shuffled anew.
-
-    The stream is a function of the data and (batch_tokens, batch_size, seed): ``start_step=k``
-    starts where an unbroken stream would be after k batches, which is what resuming needs.
-    """
-    if not src_rows or len(src_rows) != len(tgt_rows):
-        raise ValueError(f"src_rows and tgt_rows must be non-empty and of the same length, got {len(src_rows)} "
-                         f"and {len(tgt_rows)}")
-    if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
-        raise ValueError(f"start_step must be an int >= 0, got {start_step!r}")
-    src_lengths = [len(row) for row in src_rows]
-    tgt_lengths = [len(row) + 1 for row in tgt_rows]  # <bos> or <eos> added
-    epoch, skip = 0, start_step
-    while True:
-        batches = token_batches(src_lengths, tgt_lengths, config.batch_tokens, config.batch_size,
-                                seed=config.seed * 100_003 + epoch)
-        for indices in batches[skip:]:
-            yield pair_batch([src_rows[i] for i in indices], [tgt_rows[i] for i in indices], device)
-        skip = max(0, skip - len(batches))
-        epoch += 1
+from transformer.metrics import corpus_scores
+from transformer.model import Transformer
+from transformer.multi30k import (BOS_ID, EOS_ID, PAD_ID, TranslationConfig, encode_lines, make_translation_model,
+    translation_batches)
+from transformer.data import pad_rows
+from transformer.subwords import train_tokenizer
 
 
 # chapters/22_translation.md: Translating a sentence
@@ -206,30 +80,12 @@ def translate(model: Transformer, tokenizer: Any, sentences: Sequence[str], beam
     return output
 
 
-# chapters/22_translation.md: Scoring with sacreBLEU
-def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
-    """sacreBLEU's corpus BLEU and chrF of detokenized, cased ``hypotheses`` against one reference each.
-
-    Returns:
-        {"bleu": float, "chrf": float, "bleu_signature": str, "chrf_signature": str}.
-    """
-    from sacrebleu.metrics import BLEU, CHRF
-
-    if len(hypotheses) != len(references):
-        raise ValueError(f"hypotheses and references must have the same length, got {len(hypotheses)} "
-                         f"and {len(references)}")
-    bleu, chrf = BLEU(), CHRF()
-    return {"bleu": bleu.corpus_score(list(hypotheses), [list(references)]).score,
-            "chrf": chrf.corpus_score(list(hypotheses), [list(references)]).score,
-            "bleu_signature": str(bleu.get_signature()), "chrf_signature": str(chrf.get_signature())}
-
-
 # chapters/22_translation.md: Training
 def _new_history() -> dict[str, list]:
     return {"step": [], "loss": [], "accuracy": [], "lr": [], "grad_norm": [], "valid_step": [], "valid_bleu": []}
 
 
-def _step_files(folder: Path) -> list[Path]:
+def step_files(folder: Path) -> list[Path]:
     """The model-only checkpoints ``step-NNNNNN.pt`` in ``folder``, oldest first."""
     return sorted(folder.glob("step-*.pt"))
 
@@ -260,7 +116,7 @@ def fit_translation(config: TranslationConfig, train: tuple[Sequence[str], Seque
     folder = Path(checkpoint_dir) if checkpoint_dir is not None else None
     resume = folder / "checkpoint.pt" if folder is not None and (folder / "checkpoint.pt").is_file() else None
     checkpoint = read_checkpoint(resume) if resume is not None else None
-    if checkpoint is not None:
+    if checkpoint is not None and resume is not None:
         check_resume(checkpoint, config, resume)
         tokenizer = tokenizer_from_checkpoint(checkpoint, resume)
     if tokenizer is None:
@@ -296,7 +152,7 @@ def fit_translation(config: TranslationConfig, train: tuple[Sequence[str], Seque
             save_checkpoint(folder / "checkpoint.pt", model, optimizer, scheduler, step, history, config=config,
                             extra=extra)
             save_checkpoint(folder / f"step-{step:06d}.pt", model, None, None, step, None, config=config, extra=extra)
-            for old in _step_files(folder)[:-config.keep_last]:
+            for old in step_files(folder)[:-config.keep_last]:
                 old.unlink()
 
         model.train()
@@ -353,23 +209,6 @@ def load_translator(path: str | os.PathLike, device: torch.device | str | None =
 
 
 # chapters/22_translation.md: Saving, loading and averaging
-def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict[str, Tensor]:
-    """The parameter-wise mean of the models in ``paths`` (float32), as the paper averages its last checkpoints.
-
-    Raises ValueError when the files do not hold the same parameters with the same shapes.
-    """
-    if not paths:
-        raise ValueError("paths must name at least one checkpoint")
-    total: dict[str, Tensor] = {}
-    for path in paths:
-        state = read_checkpoint(path)["model"]
-        if total and (state.keys() != total.keys() or any(state[k].shape != total[k].shape for k in total)):
-            raise ValueError(f"{os.fspath(path)} does not hold the same parameters as {os.fspath(paths[0])}")
-        for name, tensor in state.items():
-            total[name] = total.get(name, 0) + tensor.float()
-    return {name: tensor / len(paths) for name, tensor in total.items()}
-
-
 def save_translator(path: str | os.PathLike, model: Transformer, tokenizer: Any, config: TranslationConfig,
                     step: int, dtype: torch.dtype = torch.float16, note: dict | None = None) -> None:
     """Save a model to share: its weights in ``dtype`` (half the size in float16), configuration,
@@ -380,99 +219,16 @@ def save_translator(path: str | os.PathLike, model: Transformer, tokenizer: Any,
 
 
 # chapters/22_translation.md: The commands
-def build_train_parser() -> argparse.ArgumentParser:
-    """The options of ``python -m transformer.train --task multi30k``; defaults: ``TranslationConfig``'s."""
-    default = TranslationConfig()
-    parser = argparse.ArgumentParser(
-        prog="python -m transformer.train --task multi30k", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        description="Train a Transformer to translate German into English on Multi30k (data/multi30k).")
-    parser.add_argument("--task", choices=("multi30k",), default="multi30k", help="what to learn")
-    _add_model_options(parser, default)
-    run = _add_training_options(parser, default, batch_help="the most sentences in one batch")
-    run.add_argument("--batch-tokens", type=_positive_int, default=default.batch_tokens,
-                     help="the most tokens of one side of a batch, padding included")
-    run.add_argument("--lr-factor", type=float, default=default.lr_factor, help="multiplies the paper's rate")
-    run.add_argument("--vocab-size", type=_positive_int, default=default.vocab_size, help="joint BPE vocabulary")
-    run.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=default.bf16,
-                     help="forward pass under bfloat16 autocast (for GPUs)")
-    run.add_argument("--eval-every", type=_positive_int, default=default.eval_every,
-                     help="measure validation BLEU every N steps")
-    run.add_argument("--eval-size", type=int, default=default.eval_size,
-                     help="validation sentences for that BLEU (0: none)")
-    run.add_argument("--keep-last", type=_positive_int, default=default.keep_last,
-                     help="saved checkpoints to keep and average at the end")
-    _add_where_options(parser)
-    return parser
-
-
-def check_train_arguments(args: argparse.Namespace) -> TranslationConfig:
-    """Raise ValueError or TypeError, naming the option, for a run that cannot start; return its configuration."""
-    config = config_from_args(args, TranslationConfig())
-    assert isinstance(config, TranslationConfig)
-    _check_where(args, config)  # the device, and the checkpoint folder, as for the number words
-    with torch.device("meta"):
-        make_translation_model(config, config.vocab_size)  # the model's checks, e.g. d_model % num_heads
-    return config
-
-
-def train_main(argv: Sequence[str] | None = None) -> int:
-    """``python -m transformer.train --task multi30k [options]``: train, alone or under torchrun.
-
-    With ``--checkpoint-dir``, process 0 saves there (``checkpoint.pt`` to resume, the last
-    ``--keep-last`` ``step-*.pt``) and at the end writes ``averaged.pt``, the float16 average of
-    those, and prints the validation BLEU of the last model and of the average.
-    """
-    parser = build_train_parser()
-    args = parser.parse_args(argv)
-    try:
-        config = check_train_arguments(args)
-        load_multi30k("val")  # the data are there, or a usage error now rather than a traceback later
-    except (TypeError, ValueError, FileNotFoundError) as err:
-        parser.error(str(err))
-    rank, world_size, device = init_distributed(args.device, args.init_method)
-    if device.type == "cuda":
-        # cuDNN's attention builds a plan for every new shape, and token batches change shape at
-        # every step: torch's other fused kernels are several times faster here.
-        torch.backends.cuda.enable_cudnn_sdp(False)
-    try:
-        train, valid = load_multi30k("train"), load_multi30k("val")
-        parallel: dict[str, Any] = {}
-        if world_size > 1:
-            hooks = DataParallelHooks(rank, world_size, PAD_ID)
-            parallel = {"wrap_model": hooks.wrap, "shard": hooks.shard}
-        resume = Path(args.checkpoint_dir or "") / "checkpoint.pt"
-        if args.checkpoint_dir is not None and resume.is_file() and rank == 0:
-            print(f"resuming from {resume} at step {read_checkpoint(resume)['step']} of {config.steps}")
-        model, tokenizer, _ = fit_translation(
-            config, train, valid if rank == 0 else None, device=device, progress=args.progress and rank == 0,
-            checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, save_checkpoints=rank == 0,
-            log=print if rank == 0 else None, **parallel)
-        if rank == 0:
-            print(f"validation BLEU, greedy, last model: {corpus_scores(translate(model, tokenizer, valid[0]), valid[1])['bleu']:.2f}")
-            if args.checkpoint_dir is not None:
-                steps = _step_files(Path(args.checkpoint_dir))
-                model.load_state_dict(average_checkpoints(steps))
-                save_translator(Path(args.checkpoint_dir) / "averaged.pt", model, tokenizer, config,
-                                config.steps, note={"averaged_steps": [int(p.stem[5:]) for p in steps]})
-                bleu = corpus_scores(translate(model, tokenizer, valid[0]), valid[1])["bleu"]
-                print(f"validation BLEU, greedy, average of the last {len(steps)} checkpoints: {bleu:.2f}")
-        return 0
-    finally:
-        if world_size > 1:
-            torch.distributed.destroy_process_group()
-
-
-# chapters/22_translation.md: The commands
 def build_parser() -> argparse.ArgumentParser:
     """The options of ``python -m transformer.translate``."""
     parser = argparse.ArgumentParser(
         prog="python -m transformer.translate", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Translate German into English: one sentence per line, from stdin to stdout.")
     parser.add_argument("--checkpoint", required=True, help="a model of `python -m transformer.train --task multi30k`")
-    parser.add_argument("--beam", type=_positive_int, default=1, help="beam size (1: greedy decoding)")
+    parser.add_argument("--beam", type=positive_int, default=1, help="beam size (1: greedy decoding)")
     parser.add_argument("--length-penalty", type=float, default=0.6, help="alpha of the beam's length penalty")
     parser.add_argument("--extra-len", type=int, default=50, help="an output has at most (input length + this) tokens")
-    parser.add_argument("--batch-size", type=_positive_int, default=64, help="sentences decoded at once")
+    parser.add_argument("--batch-size", type=positive_int, default=64, help="sentences decoded at once")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                         help="show a progress bar on stderr")
