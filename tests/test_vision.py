@@ -16,17 +16,8 @@ from transformer.paths import data_file
 from transformer.multihead import MultiHeadAttention
 from transformer.positional import sinusoidal_encoding
 from transformer.relative import RelativeMultiHeadAttention
-from transformer.vision import (
-    DIGITS_SHA256,
-    GridRelativeMultiHeadAttention,
-    PatchEmbedding,
-    VisionTransformer,
-    grid_relations,
-    load_digits,
-    patches,
-    sinusoidal_encoding_2d,
-    stratified_split,
-)
+from transformer.digits import DIGITS_SHA256, load_digits, stratified_split
+from transformer.vision import grid_relations, GridRelativeMultiHeadAttention, PatchEmbedding, patches, sinusoidal_encoding_2d, VisionTransformer
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

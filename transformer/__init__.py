@@ -43,8 +43,9 @@ from transformer.language_model import (CharVocab, DecoderOnlyLM, random_windows
     evaluate_language_model, next_token_loss, train_language_model)
 from transformer.sampling import top_k_filter, sample
 from transformer.relative import relative_positions, RelativeMultiHeadAttention, rotary, RotaryMultiHeadAttention
-from transformer.vision import (DIGITS_SHA256, load_digits, stratified_split, patches, PatchEmbedding,
-    sinusoidal_encoding_2d, grid_relations, GridRelativeMultiHeadAttention, VisionTransformer)
+from transformer.vision import (patches, PatchEmbedding, sinusoidal_encoding_2d, grid_relations,
+    GridRelativeMultiHeadAttention, VisionTransformer)
+from transformer.digits import DIGITS_SHA256, load_digits, stratified_split
 from transformer.pretrained import marian_permutation, from_huggingface, load_pretrained
 from transformer.subwords import (MULTI30K_SHA256, MULTI30K_SPLITS, load_multi30k, WORD_START, pre_tokenize,
     word_counts, learn_bpe, bpe_encode, bpe_decode, SPECIAL_TOKENS, train_tokenizer)
@@ -154,15 +155,15 @@ __all__ = [
     'RelativeMultiHeadAttention',
     'rotary',
     'RotaryMultiHeadAttention',
-    'DIGITS_SHA256',
-    'load_digits',
-    'stratified_split',
     'patches',
     'PatchEmbedding',
     'sinusoidal_encoding_2d',
     'grid_relations',
     'GridRelativeMultiHeadAttention',
     'VisionTransformer',
+    'DIGITS_SHA256',
+    'load_digits',
+    'stratified_split',
     'marian_permutation',
     'from_huggingface',
     'load_pretrained',

@@ -2,90 +2,27 @@
 # edit the chapter, then run `make export`.
 """The encoder reads images (a Vision Transformer, Dosovitskiy et al. 2021): an image cut into
 patches, each flattened and projected to d_model; a class token; learned, 2-D sinusoidal or
-2-D relative positions; the book's Encoder; a linear head. Also the 8x8 handwritten digits it
-is trained on, read from the book's data folder with their checksum verified.
+2-D relative positions; the book's Encoder; a linear head.
 
 Defined in the book's chapter "Beyond text: the encoder reads images" (chapters/19_vision.md).
 """
 
 
-__all__ = ['DIGITS_SHA256', 'load_digits', 'stratified_split', 'patches', 'PatchEmbedding', 'sinusoidal_encoding_2d', 'grid_relations', 'GridRelativeMultiHeadAttention', 'VisionTransformer']
+__all__ = ['patches', 'PatchEmbedding', 'sinusoidal_encoding_2d', 'grid_relations', 'GridRelativeMultiHeadAttention', 'VisionTransformer']
 
 
-import csv
 import functools
-import gzip
-import hashlib
-import io
 import numbers
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
 from transformer._checks import check_dropout, check_positive_int, check_tensor
 from transformer.encoder import Encoder
-from transformer.paths import data_file
 from transformer.multihead import MultiHeadAttention
 from transformer.positional import sinusoidal_encoding
 from transformer.relative import RelativeMultiHeadAttention
-
-
-# chapters/19_vision.md: The data: 8×8 handwritten digits
-DIGITS_SHA256 = "09f66e6debdee2cd2b5ae59e0d6abbb73fc2b0e0185d2e1957e9ebb51e23aa22"
-
-
-def load_digits(path: str | Path | None = None) -> tuple[Tensor, Tensor]:
-    """The 1,797 handwritten digits of UCI's "Optical Recognition of Handwritten Digits".
-
-    Each row of the gzipped CSV file holds 64 pixel counts (0..16, row by row) and the digit. The
-    file's SHA-256 is checked before it is read.
-
-    Args:
-        path: the file; by default ``data/digits.csv.gz`` of the book (``data_file``).
-
-    Returns:
-        images, a float32 tensor ``(1797, 1, 8, 8)`` with values in [0, 1] (the counts / 16), and
-        labels, a long tensor ``(1797,)`` of digits 0..9.
-    """
-    path = data_file("digits.csv.gz") if path is None else Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no digits file at {path}; the book's copy is data/digits.csv.gz")
-    raw = path.read_bytes()
-    if hashlib.sha256(raw).hexdigest() != DIGITS_SHA256:
-        raise ValueError(f"{path} is not the book's digits file: its SHA-256 is "
-                         f"{hashlib.sha256(raw).hexdigest()}, expected {DIGITS_SHA256}")
-    rows = list(csv.reader(io.StringIO(gzip.decompress(raw).decode("ascii"))))
-    values = torch.tensor([[int(v) for v in row] for row in rows])  # (1797, 65)
-    images = (values[:, :64] / 16).float().reshape(-1, 1, 8, 8)  # (M, 64) -> (M, C=1, H=8, W=8)
-    return images, values[:, 64].long()
-
-
-# chapters/19_vision.md: The data: 8×8 handwritten digits
-def stratified_split(labels: Tensor, test_fraction: float = 0.25, seed: int = 0) -> tuple[Tensor, Tensor]:
-    """Indices of a train/test split that takes ``round(test_fraction * n_c)`` of each class c for test.
-
-    The draw is seeded (``seed``) and does not depend on torch's global generator.
-
-    Returns:
-        train and test indices, each a sorted long tensor; together they cover ``labels`` once.
-    """
-    check_tensor("labels", labels)
-    if labels.dim() != 1 or labels.is_floating_point():
-        raise ValueError(f"labels must be a 1-D integer tensor, got dtype {labels.dtype} and shape "
-                         f"{tuple(labels.shape)}")
-    if isinstance(test_fraction, bool) or not isinstance(test_fraction, numbers.Real) or not 0 < test_fraction < 1:
-        raise ValueError(f"test_fraction must be a number in (0, 1), got {test_fraction!r}")
-    generator = torch.Generator().manual_seed(seed)
-    test = []
-    for c in labels.unique().tolist():
-        members = (labels == c).nonzero().flatten()  # every index of class c
-        members = members[torch.randperm(len(members), generator=generator)]
-        test.append(members[:round(test_fraction * len(members))])
-    is_test = torch.zeros(len(labels), dtype=torch.bool)
-    is_test[torch.cat(test)] = True
-    return (~is_test).nonzero().flatten(), is_test.nonzero().flatten()
 
 
 # chapters/19_vision.md: An image as a sequence of patches
