@@ -195,6 +195,15 @@ def test_a_cell_can_add_to_a_module_of_an_earlier_or_a_later_chapter(tmp_path):
     assert "from transformer.circles import area, circumference" in files["transformer/__init__.py"]
 
 
+def test_the_entry_point_of_a_module_comes_last_whichever_chapter_wrote_it(tmp_path):
+    chapter(tmp_path, "01_a.md", code("import sys\n\ndef main():\n    return helper()", ["export"]),
+            code('if __name__ == "__main__" and __spec__ is not None:\n    sys.exit(main())', ["export"]),
+            module="transformer/command.py")
+    chapter(tmp_path, "02_b.md", code("# export: transformer/command.py\ndef helper():\n    return 0", ["export"]))
+    text = export.build(tmp_path)["transformer/command.py"]
+    assert text.index("def main") < text.index("def helper") < text.index('if __name__ == "__main__"')
+
+
 def test_a_chapter_may_own_several_modules_and_export_without_a_default(tmp_path):
     chapter(tmp_path, "01_a.md", code("x = 1", ["export"]), code("# export: transformer/more.py\ny = 2", ["export"]),
             module="transformer/first.py", modules=("transformer/more.py",))

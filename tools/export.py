@@ -21,7 +21,7 @@ function to the module where it belongs instead of to a module of its own. The l
 the notebook runs the cell as it is, and the reader sees where the code goes.
 
 A module is written in the order of the book: its cells by chapter, then by position in the
-chapter, each after a comment naming the chapter and section it came from. The import statements
+chapter (but an ``if __name__ == "__main__":`` cell, which runs the module as a program, last), each after a comment naming the chapter and section it came from. The import statements
 of all its cells are gathered at the top, after the module docstring and ``__all__`` (the public
 names the cells define). ``transformer/__init__.py`` re-exports the ``__all__`` of every module
 whose name does not start with an underscore, unless its entry says ``reexport: false`` (a command
@@ -139,6 +139,13 @@ class Module:
             if body:
                 parts.append(f"# {cell.chapter}: {cell.section}\n{body}\n")
         return "\n\n".join(parts)
+
+
+def _is_entry_point(cell: Cell) -> bool:
+    """Whether a cell is only an ``if __name__ == "__main__": ...`` block."""
+    body = ast.parse(cell.source).body
+    return (len(body) == 1 and isinstance(body[0], ast.If) and "__name__" in ast.unparse(body[0].test)
+            and "__main__" in ast.unparse(body[0].test))
 
 
 def _is_overload(decorator: ast.expr) -> bool:
@@ -315,6 +322,9 @@ def collect(root: Path = ROOT) -> list[Module]:
                                "chapter owns; name it in a chapter's front matter (`export.modules`)")
         modules[target].cells.append(cell)
     for module in modules.values():
+        # A module's entry point (`if __name__ == "__main__": ...`) closes it, whichever chapter wrote it:
+        # run as a program, the module must define everything, from every chapter, before it starts.
+        module.cells.sort(key=_is_entry_point)
         if not module.cells:
             raise ChapterError(f"{module.chapter}: names module {module.path} but no cell tagged "
                                f"{EXPORT_TAG!r} is sent to it")

@@ -136,11 +136,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-# chapters/14_scaling_out.md: Putting it together
-if __name__ == "__main__" and __spec__ is not None:  # `python -m transformer.train`, not a notebook
-    raise SystemExit(main())
-
-
 # chapters/22_translation.md: The commands
 def build_train_parser() -> argparse.ArgumentParser:
     """The options of ``python -m transformer.train --task multi30k``; defaults: ``TranslationConfig``'s."""
@@ -222,3 +217,8 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     finally:
         if world_size > 1:
             torch.distributed.destroy_process_group()
+
+
+# chapters/14_scaling_out.md: Putting it together
+if __name__ == "__main__" and __spec__ is not None:  # `python -m transformer.train`, not a notebook
+    raise SystemExit(main())
