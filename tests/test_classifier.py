@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from transformer.attention import padding_mask
-from transformer.classifier import (
+from transformer import (
     BRACKET_VOCAB,
     SequenceClassifier,
     accuracy,

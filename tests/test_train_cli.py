@@ -11,11 +11,11 @@ from processes import run_ranks
 import torch
 
 import transformer
+from transformer import TrainConfig, label_smoothed_cross_entropy
 from transformer.data import make_batch, source_vocab, target_vocab
 from transformer.model import Transformer
 from transformer.train import (DataParallelHooks, build_parser, check_arguments, config_from_args,
                                init_distributed, main, replica_difference, run_training, shard_batch)
-from transformer.training import TrainConfig, label_smoothed_cross_entropy
 
 # The package under test, also for the processes the tests start.
 ROOT = Path(transformer.__file__).resolve().parent.parent

@@ -8,12 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer.data import make_batch, source_vocab, split_numbers, target_vocab
-from transformer.training import (
+from transformer import (
     TrainConfig, cooldown_factor, exact_match, label_smoothed_cross_entropy, load_checkpoint, make_model, make_optimizer,
     fit, model_cache_dir, predict, run_steps, save_checkpoint, train_step, training_batches, warmup_lr,
     warmup_scheduler,
 )
+from transformer.data import make_batch, source_vocab, split_numbers, target_vocab
 
 SRC, TGT = source_vocab(), target_vocab()
 TINY = dict(d_model=16, num_heads=2, num_layers=1, d_ff=32, batch_size=16, warmup=4, eval_every=5, eval_size=20)
@@ -492,7 +492,7 @@ def test_load_checkpoint_refuses_a_plain_state_dict(tmp_path):
 
 
 def test_a_checkpoint_of_fit_rebuilds_its_model_and_refuses_other_settings(tmp_path):
-    from transformer.training import check_resume
+    from transformer import check_resume
 
     config = TrainConfig(**TINY, steps=3, seed=1)
     numbers = list(range(1, 40))

@@ -18,11 +18,11 @@ import sacrebleu
 import torch
 
 import transformer
+from transformer import TrainConfig, make_model, save_checkpoint
 from transformer.data import source_vocab, target_vocab
 from transformer.subwords import SPECIAL_TOKENS, load_multi30k, train_tokenizer
 from transformer.train import config_from_args
 from transformer.train import main as train_cli
-from transformer.training import TrainConfig, make_model, save_checkpoint
 from transformer.translate import (
     BOS_ID,
     EOS_ID,

@@ -10,23 +10,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer.classifier import accuracy, train_classifier
-from transformer.encoder import Encoder, EncoderLayer
-from transformer.language_model import data_file
-from transformer.multihead import MultiHeadAttention
-from transformer.positional import sinusoidal_encoding
-from transformer.relative import RelativeMultiHeadAttention
-from transformer.vision import (
+from transformer import (
     DIGITS_SHA256,
     GridRelativeMultiHeadAttention,
     PatchEmbedding,
     VisionTransformer,
+    accuracy,
+    data_file,
     grid_relations,
     load_digits,
     patches,
     sinusoidal_encoding_2d,
     stratified_split,
+    train_classifier,
 )
+from transformer.encoder import Encoder, EncoderLayer
+from transformer.multihead import MultiHeadAttention
+from transformer.positional import sinusoidal_encoding
+from transformer.relative import RelativeMultiHeadAttention
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
