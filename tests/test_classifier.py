@@ -352,6 +352,7 @@ def tiny_task(seed):
     return bracket_dataset(1000, max_len=10, min_len=8, seed=seed, split="train")
 
 
+@pytest.mark.slow  # a training run
 def test_training_learns_the_tiny_task():
     torch.manual_seed(0)
     model = SequenceClassifier(len(BRACKET_VOCAB), 2, d_model=16, num_heads=2, d_ff=32, num_layers=2, dropout=0.0)

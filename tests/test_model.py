@@ -124,6 +124,7 @@ def test_dropout_only_in_training(batch):
     assert not torch.allclose(model(src, tgt, src_mask), model(src, tgt, src_mask))
 
 
+@pytest.mark.slow  # a training run
 def test_a_small_model_learns_to_copy():
     """Teacher-forced training on a copy task: held-out sequences are copied exactly."""
     torch.manual_seed(0)

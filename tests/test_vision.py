@@ -272,6 +272,7 @@ def test_vision_transformer_bad_arguments():
         VisionTransformer()(torch.randn(2, 3, 8, 8))
 
 
+@pytest.mark.slow  # a training run
 def test_vision_transformer_learns_digits():
     """A short run on the digits ends far above chance (10%) on held-out images."""
     images, labels = load_digits()
