@@ -17,7 +17,7 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 # application logging errors only, so that the build log shows nothing but real problems.
 export JUPYTER_PATH := $(CURDIR)/tools/jupyter
 
-.PHONY: book test setup export export-check unit typecheck notebooks nbval html assets browser chapter robustness clean
+.PHONY: book test setup export export-check unit quick typecheck notebooks nbval html assets browser chapter robustness clean
 
 book: setup export html
 
@@ -45,8 +45,14 @@ export: setup
 export-check: setup
 	$(BIN)/python -m tools.export --check
 
+# The whole suite (slow tests included), then its 15 slowest tests.
 unit: setup
-	$(BIN)/python -m pytest tests --ignore=tests/browser
+	$(BIN)/python -m pytest tests --ignore=tests/browser --durations=15
+
+# The suite without the tests marked slow (processes, torch.distributed, the wheel, torch.compile,
+# training runs; see pyproject.toml): a check in under a minute while working. Not part of `make test`.
+quick: setup
+	$(BIN)/python -m pytest tests --ignore=tests/browser -m "not slow" --durations=15
 
 # mypy over the package, as a user's type checker sees it (settings in pyproject.toml); part of `make test`.
 typecheck: setup

@@ -20,7 +20,9 @@ import argparse
 import os
 import platform
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -28,44 +30,19 @@ from torch import nn
 from transformer.decoder import Decoder
 from transformer.encoder import Encoder
 
+# torch.nn's counterparts of our modules, holding our weights: the reference of the tests as well.
+sys.path.append(str(Path(__file__).resolve().parent.parent / "tests"))
+from torch_reference import torch_counterpart  # noqa: E402
+
 TARGETS = {"train": 1.05, "infer": 1.10}
-RENAMES = {"cross_attn": "multihead_attn", "feed_forward.w_1": "linear1",
-           "feed_forward.w_2": "linear2", "w_o": "out_proj"}
-
-
-def torch_state_dict(ours: nn.Module) -> dict[str, torch.Tensor]:
-    """Our parameters under torch.nn's names: w_q, w_k, w_v stacked into in_proj_*, the rest renamed."""
-    params = dict(ours.named_parameters())
-    renamed = {}
-    for name, tensor in params.items():
-        if ".w_k." in name or ".w_v." in name:
-            continue
-        if ".w_q." in name:
-            prefix, kind = name.split(".w_q.")
-            tensor = torch.cat([params[f"{prefix}.w_{p}.{kind}"] for p in "qkv"])
-            name = f"{prefix}.in_proj_{kind}"
-        for old, new in RENAMES.items():
-            name = name.replace(old, new)
-        renamed[name] = tensor.detach().clone()
-    return renamed
 
 
 def build(kind: str, args) -> tuple[nn.Module, nn.Module]:
     """Our Encoder or Decoder and torch's, with the same configuration and weights."""
-    config = dict(d_model=args.d_model, nhead=args.heads, dim_feedforward=args.d_ff,
-                  dropout=args.dropout, activation="relu", batch_first=True, norm_first=args.norm_first)
     torch.manual_seed(0)
-    if kind == "encoder":
-        ours = Encoder(args.layers, args.d_model, args.heads, args.d_ff, args.dropout, args.norm_first)
-        norm = nn.LayerNorm(args.d_model) if args.norm_first else None
-        ref = nn.TransformerEncoder(nn.TransformerEncoderLayer(**config), args.layers, norm=norm,
-                                    enable_nested_tensor=False)
-    else:
-        ours = Decoder(args.layers, args.d_model, args.heads, args.d_ff, args.dropout, args.norm_first)
-        norm = nn.LayerNorm(args.d_model) if args.norm_first else None
-        ref = nn.TransformerDecoder(nn.TransformerDecoderLayer(**config), args.layers, norm=norm)
-    ref.load_state_dict(torch_state_dict(ours))  # strict: every weight copied
-    return ours, ref
+    stack = Encoder if kind == "encoder" else Decoder
+    ours = stack(args.layers, args.d_model, args.heads, args.d_ff, args.dropout, args.norm_first)
+    return ours, torch_counterpart(ours, args.d_model, args.heads, args.d_ff, dropout=args.dropout)
 
 
 def workloads(kind: str, mode: str, ours: nn.Module, ref: nn.Module, args):

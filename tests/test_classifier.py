@@ -9,8 +9,19 @@ import torch
 from torch import nn
 
 from transformer.attention import padding_mask
-from transformer.brackets import bracket_dataset, bracket_split, BRACKET_VOCAB, decode_brackets, encode_brackets, is_balanced, near_miss, random_balanced
-from transformer.classifier import accuracy, SequenceClassifier, train_classifier
+from transformer import (
+    BRACKET_VOCAB,
+    SequenceClassifier,
+    accuracy,
+    bracket_dataset,
+    bracket_split,
+    decode_brackets,
+    encode_brackets,
+    is_balanced,
+    near_miss,
+    random_balanced,
+    train_classifier,
+)
 
 D_MODEL, NUM_HEADS, D_FF = 16, 2, 32
 
@@ -341,6 +352,7 @@ def tiny_task(seed):
     return bracket_dataset(1000, max_len=10, min_len=8, seed=seed, split="train")
 
 
+@pytest.mark.slow  # a training run
 def test_training_learns_the_tiny_task():
     torch.manual_seed(0)
     model = SequenceClassifier(len(BRACKET_VOCAB), 2, d_model=16, num_heads=2, d_ff=32, num_layers=2, dropout=0.0)

@@ -51,6 +51,7 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
+@pytest.mark.slow  # torch.compile
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
 def test_fullgraph_compile_equals_eager(name, training):
@@ -72,6 +73,7 @@ def test_fullgraph_compile_equals_eager(name, training):
             torch.testing.assert_close(compiled_grads[key], eager_grads[key])
 
 
+@pytest.mark.slow  # torch.compile with inductor: C++ compiled on the spot
 def test_inductor_compiles_the_transformer_in_one_graph():
     """The default backend (C++ code on the CPU) as well, once: one graph, the eager logits."""
     model, inputs = _transformer()

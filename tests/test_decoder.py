@@ -9,38 +9,10 @@ from transformer.decoder import Decoder, DecoderLayer
 from transformer.feedforward import PositionwiseFeedForward
 from transformer.multihead import MultiHeadAttention
 from transformer.residual import LayerNorm
-from torch_reference import randomise, torch_names
+from factories import D_FF, D_MODEL, NUM_HEADS, random_module
+from torch_reference import assert_same_values_and_grads, torch_counterpart, torch_names
 
-D_MODEL, NUM_HEADS, D_FF = 8, 2, 16
 B, T, S = 2, 5, 6
-
-
-def make_layer(norm_first=False, seed=0, dropout=0.0):
-    torch.manual_seed(seed)
-    return randomise(DecoderLayer(D_MODEL, NUM_HEADS, D_FF, dropout=dropout, norm_first=norm_first))
-
-
-def make_decoder(norm_first=False, num_layers=3, seed=0, dropout=0.0):
-    torch.manual_seed(seed)
-    decoder = Decoder(num_layers, D_MODEL, NUM_HEADS, D_FF, dropout=dropout, norm_first=norm_first)
-    return randomise(decoder)
-
-
-def torch_layer(layer):
-    ref = nn.TransformerDecoderLayer(D_MODEL, NUM_HEADS, D_FF, dropout=0.0, activation="relu",
-                                     batch_first=True, norm_first=layer.norm_first)
-    ref.load_state_dict(torch_names(dict(layer.named_parameters())))  # strict: every weight copied
-    return ref
-
-
-def torch_decoder(decoder):
-    norm_first = decoder.layers[0].norm_first
-    layer = nn.TransformerDecoderLayer(D_MODEL, NUM_HEADS, D_FF, dropout=0.0, activation="relu",
-                                       batch_first=True, norm_first=norm_first)
-    norm = nn.LayerNorm(D_MODEL) if norm_first else None
-    ref = nn.TransformerDecoder(layer, len(decoder.layers), norm=norm)
-    ref.load_state_dict(torch_names(dict(decoder.named_parameters())))
-    return ref
 
 
 def batch(seed=1, requires_grad=False):
@@ -51,24 +23,6 @@ def batch(seed=1, requires_grad=False):
     tgt = torch.tensor([[9, 10, 11, 12, 13], [9, 10, 11, 0, 0]])
     src = torch.tensor([[3, 4, 5, 6, 7, 8], [3, 4, 5, 6, 0, 0]])
     return x, memory, tgt, src
-
-
-def assert_same_values_and_grads(ours, ref, inputs, run_ours, run_ref):
-    """Outputs, input gradients and parameter gradients of the two modules agree."""
-    out, ref_out = run_ours(*inputs), run_ref(*inputs)
-    torch.testing.assert_close(out, ref_out)
-    torch.manual_seed(2)
-    probe = torch.randn_like(out)  # a loss whose gradient is not trivially zero through a LayerNorm
-    n = len(inputs)
-    grads = torch.autograd.grad((out * probe).sum(), [*inputs, *ours.parameters()])
-    ref_grads = torch.autograd.grad((ref_out * probe).sum(), [*inputs, *ref.parameters()])
-    for g, ref_g in zip(grads[:n], ref_grads[:n]):
-        torch.testing.assert_close(g, ref_g)
-    mapped = torch_names(dict(zip([name for name, _ in ours.named_parameters()], grads[n:])))
-    ref_named = dict(zip([name for name, _ in ref.named_parameters()], ref_grads[n:]))
-    assert mapped.keys() == ref_named.keys()
-    for name in mapped:
-        torch.testing.assert_close(mapped[name], ref_named[name], msg=name)
 
 
 # --- structure --------------------------------------------------------------------------------
@@ -91,37 +45,6 @@ def test_layer_submodules():
     assert layer.norm_first is True and DecoderLayer(D_MODEL, NUM_HEADS, D_FF).norm_first is False
 
 
-def test_stack_structure_and_final_norm():
-    post = Decoder(4, D_MODEL, NUM_HEADS, D_FF)
-    assert isinstance(post.layers, nn.ModuleList) and len(post.layers) == 4
-    assert all(isinstance(layer, DecoderLayer) and not layer.norm_first for layer in post.layers)
-    assert post.norm is None
-    pre = Decoder(2, D_MODEL, NUM_HEADS, D_FF, norm_first=True)
-    assert all(layer.norm_first for layer in pre.layers)
-    assert isinstance(pre.norm, LayerNorm)
-
-
-def test_base_layer_parameter_count_matches_torch():
-    def count(module):
-        return sum(p.numel() for p in module.parameters())
-
-    assert count(DecoderLayer(512, 8, 2048)) == count(nn.TransformerDecoderLayer(512, 8, 2048))
-
-
-def test_layers_have_independent_weights():
-    decoder = Decoder(3, D_MODEL, NUM_HEADS, D_FF)
-    for name, p in decoder.layers[0].named_parameters():
-        others = [dict(layer.named_parameters())[name] for layer in decoder.layers[1:]]
-        assert all(p.data_ptr() != q.data_ptr() for q in others), name
-        if "w_" in name and name.endswith("weight"):  # random initial values, drawn per layer
-            assert all(not torch.equal(p, q) for q in others), name
-    before = [layer.cross_attn.w_v.weight.clone() for layer in decoder.layers]
-    with torch.no_grad():
-        decoder.layers[0].cross_attn.w_v.weight.add_(1.0)
-    for layer, old in zip(decoder.layers[1:], before[1:]):
-        torch.testing.assert_close(layer.cross_attn.w_v.weight, old)
-
-
 # --- shapes -----------------------------------------------------------------------------------
 
 
@@ -137,7 +60,7 @@ def test_shapes(norm_first, lengths):
 
 
 def test_stack_is_its_layers_in_turn_all_reading_the_same_memory():
-    decoder = make_decoder().eval()
+    decoder = random_module(Decoder).eval()
     x, memory, tgt, src = batch()
     tgt_mask, memory_mask = padding_mask(tgt, 0), padding_mask(src, 0)
     h = x
@@ -149,34 +72,19 @@ def test_stack_is_its_layers_in_turn_all_reading_the_same_memory():
 # --- agreement with torch.nn --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("norm_first", [False, True])
-@pytest.mark.parametrize("padded", [False, True])
-def test_layer_matches_torch(norm_first, padded):
-    layer = make_layer(norm_first)
-    ref = torch_layer(layer)
+@pytest.mark.parametrize("module_class", [DecoderLayer, Decoder], ids=["layer", "stack"])
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post_ln", "pre_ln"])
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+def test_values_and_gradients_match_torch(module_class, norm_first, padded):
+    ours = random_module(module_class, norm_first)
+    ref = torch_counterpart(ours, D_MODEL, NUM_HEADS, D_FF)
     x, memory, tgt, src = batch(requires_grad=True)
     tgt_mask = padding_mask(tgt, 0) if padded else None
     memory_mask = padding_mask(src, 0) if padded else None
     kwargs = dict(tgt_key_padding_mask=tgt == 0, memory_key_padding_mask=src == 0) if padded else {}
     assert_same_values_and_grads(
-        layer, ref, (x, memory),
-        lambda x, m: layer(x, m, tgt_mask=tgt_mask, memory_mask=memory_mask),
-        lambda x, m: ref(x, m, tgt_mask=causal_mask(T), **kwargs),
-    )
-
-
-@pytest.mark.parametrize("norm_first", [False, True])
-@pytest.mark.parametrize("padded", [False, True])
-def test_stack_matches_torch(norm_first, padded):
-    decoder = make_decoder(norm_first)
-    ref = torch_decoder(decoder)
-    x, memory, tgt, src = batch(requires_grad=True)
-    tgt_mask = padding_mask(tgt, 0) if padded else None
-    memory_mask = padding_mask(src, 0) if padded else None
-    kwargs = dict(tgt_key_padding_mask=tgt == 0, memory_key_padding_mask=src == 0) if padded else {}
-    assert_same_values_and_grads(
-        decoder, ref, (x, memory),
-        lambda x, m: decoder(x, m, tgt_mask=tgt_mask, memory_mask=memory_mask),
+        ours, ref, (x, memory),
+        lambda x, m: ours(x, m, tgt_mask=tgt_mask, memory_mask=memory_mask),
         lambda x, m: ref(x, m, tgt_mask=causal_mask(T), **kwargs),
     )
 
@@ -187,7 +95,7 @@ def test_stack_matches_torch(norm_first, padded):
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("t", range(T - 1))
 def test_future_target_tokens_do_not_change_earlier_outputs(norm_first, t):
-    decoder = make_decoder(norm_first).eval()
+    decoder = random_module(Decoder, norm_first).eval()
     x, memory, _, _ = batch()
     changed = x.clone()
     changed[:, t + 1:] = 10 * torch.randn(B, T - t - 1, D_MODEL)  # everything after position t
@@ -197,7 +105,7 @@ def test_future_target_tokens_do_not_change_earlier_outputs(norm_first, t):
 
 
 def test_tgt_mask_only_adds_masking():
-    decoder = make_decoder().eval()
+    decoder = random_module(Decoder).eval()
     x, memory, tgt, _ = batch()
     none = decoder(x, memory)
     torch.testing.assert_close(decoder(x, memory, tgt_mask=causal_mask(T)), none)
@@ -212,7 +120,7 @@ def test_tgt_mask_only_adds_masking():
 
 
 def test_one_parallel_pass_equals_passes_over_growing_prefixes():
-    decoder = make_decoder().eval()
+    decoder = random_module(Decoder).eval()
     x, memory, _, src = batch()
     memory_mask = padding_mask(src, 0)
     one_pass = decoder(x, memory, memory_mask=memory_mask)
@@ -225,7 +133,7 @@ def test_one_parallel_pass_equals_passes_over_growing_prefixes():
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_padded_memory_positions_do_not_change_outputs(norm_first):
-    decoder = make_decoder(norm_first).eval()
+    decoder = random_module(Decoder, norm_first).eval()
     x, memory, _, src = batch()
     memory_mask = padding_mask(src, 0)
     changed = memory.clone()
@@ -236,7 +144,7 @@ def test_padded_memory_positions_do_not_change_outputs(norm_first):
 
 
 def test_padded_target_positions_do_not_change_real_outputs():
-    decoder = make_decoder().eval()
+    decoder = random_module(Decoder).eval()
     x, memory, tgt, _ = batch()
     tgt_mask = padding_mask(tgt, 0)
     changed = x.clone()
@@ -248,7 +156,7 @@ def test_padded_target_positions_do_not_change_real_outputs():
 
 def test_query_with_nothing_to_attend_gives_finite_values_and_gradients():
     # Left padding under the causal mask: the first target query of row 1 may attend to nothing.
-    decoder = make_decoder()
+    decoder = random_module(Decoder)
     x, memory, _, _ = batch(requires_grad=True)
     tgt = torch.tensor([[9, 10, 11, 12, 13], [0, 9, 10, 11, 12]])
     out = decoder(x, memory, tgt_mask=padding_mask(tgt, 0))
@@ -273,22 +181,8 @@ def test_gradients_reach_every_parameter_and_the_memory(norm_first):
     assert memory.grad.abs().sum() > 0 and (memory.grad[1, 4:] == 0).all()  # padding gets none
 
 
-def test_dropout_acts_in_training_only():
-    dropped = make_decoder(dropout=0.5)
-    plain = Decoder(3, D_MODEL, NUM_HEADS, D_FF, dropout=0.0)
-    plain.load_state_dict(dropped.state_dict())
-    x, memory, _, _ = batch()
-    dropped.eval()
-    torch.testing.assert_close(dropped(x, memory), plain.eval()(x, memory))
-    dropped.train()
-    torch.manual_seed(3)
-    first = dropped(x, memory)
-    torch.manual_seed(4)
-    assert not torch.allclose(first, dropped(x, memory))
-
-
 def test_float64():
-    decoder = make_decoder(norm_first=True).eval()
+    decoder = random_module(Decoder, norm_first=True).eval()
     x, memory, tgt, _ = batch()
     out = decoder(x, memory, tgt_mask=padding_mask(tgt, 0))
     out64 = decoder.double()(x.double(), memory.double(), tgt_mask=padding_mask(tgt, 0))
@@ -297,25 +191,6 @@ def test_float64():
 
 
 # --- bad input ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("num_layers", [0, -1])
-def test_non_positive_num_layers(num_layers):
-    with pytest.raises(ValueError, match=f"num_layers must be a positive int, got {num_layers}"):
-        Decoder(num_layers, D_MODEL, NUM_HEADS, D_FF)
-
-
-@pytest.mark.parametrize("cls", [DecoderLayer, lambda *a, **k: Decoder(2, *a, **k)])
-def test_bad_constructor_arguments(cls):
-    with pytest.raises(ValueError, match="d_model must be divisible by num_heads, got d_model=10"):
-        cls(10, 4, D_FF)
-    for dropout in (1.0, -0.1):
-        with pytest.raises(ValueError, match=rf"dropout must be in \[0, 1\), got {dropout}"):
-            cls(D_MODEL, NUM_HEADS, D_FF, dropout=dropout)
-    with pytest.raises(ValueError, match="d_ff must be a positive int, got 0"):
-        cls(D_MODEL, NUM_HEADS, 0)
-    with pytest.raises(TypeError, match="norm_first must be a bool, got int"):
-        cls(D_MODEL, NUM_HEADS, D_FF, norm_first=1)
 
 
 @pytest.mark.parametrize("module", [
@@ -349,9 +224,7 @@ def test_bad_inputs(module):
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_layer_without_cross_attention_is_a_causal_encoder_layer(norm_first):
     from transformer.encoder import EncoderLayer
-    torch.manual_seed(0)
-    layer = randomise(DecoderLayer(D_MODEL, NUM_HEADS, D_FF, dropout=0.0, norm_first=norm_first,
-                                   cross_attention=False))
+    layer = random_module(DecoderLayer, norm_first, cross_attention=False)
     assert layer.cross_attn is None and layer.norm2 is None and layer.dropout2 is None
     assert not any(name.startswith(("cross_attn", "norm2")) for name, _ in layer.named_parameters())
     encoder_layer = EncoderLayer(D_MODEL, NUM_HEADS, D_FF, dropout=0.0, norm_first=norm_first)

@@ -2,6 +2,7 @@
 (KVCache in transformer.multihead, DecoderLayerCache and DecoderCache in transformer.decoder, the
 ``cache`` argument of Transformer.decode)."""
 
+import functools
 import itertools
 
 import pytest
@@ -9,23 +10,18 @@ import torch
 
 from transformer import (DecoderCache, DecoderLayer, DecoderLayerCache, KVCache, MultiHeadAttention, Transformer,
                          beam_search, causal_mask, greedy_decode, padding_mask)
+from factories import PAD, SRC_VOCAB, TGT_VOCAB, small_transformer
 
-PAD, BOS, EOS = 0, 1, 2
-SRC_V, TGT_V = 13, 11
+BOS, EOS = 1, 2
 
-
-def small(**kwargs) -> Transformer:
-    options = dict(src_vocab_size=SRC_V, tgt_vocab_size=TGT_V, d_model=16, num_heads=4, num_layers=2,
-                   d_ff=32, dropout=0.1, pad_id=PAD)
-    options.update(kwargs)
-    torch.manual_seed(0)
-    return Transformer(**options).eval()
+# The shared small Transformer with dropout, so that a decoding left in training mode would show.
+small = functools.partial(small_transformer, dropout=0.1)
 
 
 @pytest.fixture
 def src():
     g = torch.Generator().manual_seed(1)
-    src = torch.randint(3, SRC_V, (3, 6), generator=g)
+    src = torch.randint(3, SRC_VOCAB, (3, 6), generator=g)
     src[1, 4:] = PAD
     return src
 
@@ -129,7 +125,7 @@ def test_no_gradients_are_recorded(src):
 def test_incremental_logits_equal_the_full_forward_pass_at_every_step(src, norm_first):
     model = small(norm_first=norm_first, num_layers=3)
     src_mask = padding_mask(src, PAD)
-    tgt = torch.randint(1, TGT_V, (3, 9), generator=torch.Generator().manual_seed(2))
+    tgt = torch.randint(1, TGT_VOCAB, (3, 9), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         full = model(src, tgt, src_mask)  # (B, T, V)
         memory = model.encode(src, src_mask)
@@ -145,7 +141,7 @@ def test_incremental_logits_equal_the_full_forward_pass_at_every_step(src, norm_
 def test_cache_filled_in_chunks_equals_the_full_forward_pass(src, norm_first):
     model = small(norm_first=norm_first)
     src_mask = padding_mask(src, PAD)
-    tgt = torch.randint(1, TGT_V, (3, 9), generator=torch.Generator().manual_seed(3))
+    tgt = torch.randint(1, TGT_VOCAB, (3, 9), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         full = model.decode(tgt, model.encode(src, src_mask), src_mask)
         memory = model.encode(src, src_mask)
@@ -372,7 +368,7 @@ def all_sequences(model, src, src_mask, steps):
 @pytest.mark.parametrize("seed", [0, 1, 2, 14])
 def test_a_beam_that_holds_every_hypothesis_finds_the_best_sequence(seed):
     torch.manual_seed(seed)
-    model = Transformer(SRC_V, TGT_V_TINY, d_model=16, num_heads=2, num_layers=2, d_ff=32, pad_id=PAD).eval()
+    model = Transformer(SRC_VOCAB, TGT_V_TINY, d_model=16, num_heads=2, num_layers=2, d_ff=32, pad_id=PAD).eval()
     src = torch.tensor([[4, 8, 6, 5, PAD]])
     src_mask = padding_mask(src, PAD)
     steps = 3
@@ -413,7 +409,7 @@ def reference_beam_search(model, src, src_mask, k, alpha, max_len):
 @pytest.mark.parametrize("seed", [3, 5])  # seeds for which k and alpha change the result
 def test_beam_search_equals_a_written_out_beam_search(seed):
     torch.manual_seed(seed)
-    model = Transformer(SRC_V, TGT_V, d_model=16, num_heads=2, num_layers=2, d_ff=32, pad_id=PAD).eval()
+    model = Transformer(SRC_VOCAB, TGT_VOCAB, d_model=16, num_heads=2, num_layers=2, d_ff=32, pad_id=PAD).eval()
     with torch.no_grad():
         model.output.bias[EOS] = 0.5  # so that hypotheses end at different lengths
     src = torch.tensor([[4, 8, 6, 5, 9, 10], [7, 3, 3, PAD, PAD, PAD]])
@@ -556,11 +552,11 @@ def test_max_len_must_be_an_int(src):
 
 
 @pytest.mark.parametrize("name", ["bos_id", "eos_id", "pad_id"])
-@pytest.mark.parametrize("value", [-1, TGT_V])
+@pytest.mark.parametrize("value", [-1, TGT_VOCAB])
 def test_token_ids_outside_the_target_vocabulary_are_refused(src, name, value):
     kwargs = dict(bos_id=BOS, eos_id=EOS)
     kwargs[name] = value
-    message = rf"{name} must be a token id in the target vocabulary \[0, {TGT_V}\), got {value}"
+    message = rf"{name} must be a token id in the target vocabulary \[0, {TGT_VOCAB}\), got {value}"
     with pytest.raises(ValueError, match=message):
         greedy_decode(small(), src, max_len=5, **kwargs)
     with pytest.raises(ValueError, match=message):
@@ -591,7 +587,7 @@ def test_bad_length_penalty_is_refused(src, alpha, error):
     (torch.ones(6, dtype=torch.long), ValueError, r"src must have shape \(B, N\)"),
     (torch.ones(1, 3, 6, dtype=torch.long), ValueError, r"src must have shape \(B, N\)"),
     ([[3, 4]], TypeError, "src must be a torch.Tensor"),
-    (torch.full((2, 3), SRC_V), ValueError, r"src must lie in \[0, vocab_size=13\)"),
+    (torch.full((2, 3), SRC_VOCAB), ValueError, r"src must lie in \[0, vocab_size=13\)"),
 ])
 def test_src_must_be_a_batch_of_source_ids(bad, error, message):
     with pytest.raises(error, match=message):

@@ -251,7 +251,7 @@ def test_scale_must_be_a_bool():
 
 
 def test_models_pass_scale_embedding_on():
-    from transformer.language_model import DecoderOnlyLM
+    from transformer import DecoderOnlyLM
     from transformer.model import Transformer
 
     model = Transformer(11, 13, d_model=8, num_heads=2, num_layers=1, d_ff=16, scale_embedding=False)

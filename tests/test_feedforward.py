@@ -330,7 +330,7 @@ def test_bad_activation_is_refused_with_its_name():
 
 
 def test_activation_reaches_every_layer_of_the_models():
-    from transformer.language_model import DecoderOnlyLM
+    from transformer import DecoderOnlyLM
     from transformer.model import Transformer
 
     model = Transformer(11, 11, d_model=8, num_heads=2, num_layers=2, d_ff=16, activation="silu")

@@ -5,31 +5,24 @@ import torch
 import torch.nn.functional as F
 
 from transformer import MultiHeadAttention, Transformer, padding_mask
+from factories import PAD, SRC_VOCAB, TGT_VOCAB, small_transformer
 
-PAD, BOS = 0, 1
-
-
-def small(**kwargs) -> Transformer:
-    options = dict(src_vocab_size=13, tgt_vocab_size=11, d_model=16, num_heads=4, num_layers=2,
-                   d_ff=32, dropout=0.0, pad_id=PAD)
-    options.update(kwargs)
-    torch.manual_seed(0)
-    return Transformer(**options).eval()
+BOS = 1
 
 
 @pytest.fixture
 def batch():
     g = torch.Generator().manual_seed(1)
-    src = torch.randint(2, 13, (3, 7), generator=g)
+    src = torch.randint(2, SRC_VOCAB, (3, 7), generator=g)
     src[1, 5:] = PAD
     src[2, 3:] = PAD
-    tgt = torch.randint(2, 11, (3, 5), generator=g)
+    tgt = torch.randint(2, TGT_VOCAB, (3, 5), generator=g)
     tgt[:, 0] = BOS
     return src, tgt, padding_mask(src, PAD)
 
 
 def test_shapes_and_output_layer_equation(batch):
-    model = small()
+    model = small_transformer()
     src, tgt, src_mask = batch
     memory = model.encode(src, src_mask)
     hidden = model.decode(tgt, memory, src_mask)
@@ -39,7 +32,7 @@ def test_shapes_and_output_layer_equation(batch):
 
 
 def test_forward_is_the_composition_of_the_parts(batch):
-    model = small()
+    model = small_transformer()
     src, tgt, src_mask = batch
     x = model.positional_encoding(model.src_embed(src))
     memory = model.encoder(x, mask=src_mask)
@@ -50,7 +43,7 @@ def test_forward_is_the_composition_of_the_parts(batch):
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_logits_at_t_ignore_later_target_tokens_without_any_mask(batch, norm_first):
-    model = small(norm_first=norm_first)
+    model = small_transformer(norm_first=norm_first)
     src, tgt, src_mask = batch
     logits = model(src, tgt, src_mask)
     for t in range(tgt.shape[1] - 1):
@@ -62,7 +55,7 @@ def test_logits_at_t_ignore_later_target_tokens_without_any_mask(batch, norm_fir
 
 
 def test_padded_source_tokens_do_not_matter_under_the_padding_mask(batch):
-    model = small()
+    model = small_transformer()
     src, tgt, src_mask = batch
     other = src.clone()
     other[src == PAD] = 7
@@ -72,7 +65,7 @@ def test_padded_source_tokens_do_not_matter_under_the_padding_mask(batch):
 
 
 def test_tgt_mask_adds_masking_on_top_of_the_causal_mask(batch):
-    model = small()
+    model = small_transformer()
     src, tgt, src_mask = batch
     tgt = tgt.clone()
     tgt[0, 3:] = PAD
@@ -86,12 +79,12 @@ def test_tgt_mask_adds_masking_on_top_of_the_causal_mask(batch):
 
 
 def test_weight_tying_and_sharing():
-    tied = small()
+    tied = small_transformer()
     assert tied.output.weight is tied.tgt_embed.weight
     assert tied.src_embed is not tied.tgt_embed
-    untied = small(tie_output=False)
+    untied = small_transformer(tie_output=False)
     assert untied.output.weight is not untied.tgt_embed.weight
-    shared = small(src_vocab_size=11, share_embeddings=True)
+    shared = small_transformer(src_vocab_size=11, share_embeddings=True)
     assert shared.src_embed is shared.tgt_embed and shared.output.weight is shared.src_embed.weight
     n = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     assert n(untied) - n(tied) == 11 * 16  # one (V, d_model) matrix fewer
@@ -110,11 +103,11 @@ def test_base_model_parameter_count_matches_the_shapes():
 
 
 def test_state_dict_round_trip_with_weights_only(tmp_path, batch):
-    model = small(dropout=0.1)
+    model = small_transformer(dropout=0.1)
     src, tgt, src_mask = batch
     path = tmp_path / "model.pt"
     torch.save(model.state_dict(), path)
-    restored = small(dropout=0.1)
+    restored = small_transformer(dropout=0.1)
     with torch.no_grad():
         for p in restored.parameters():
             p.add_(1.0)  # make sure loading really overwrites
@@ -124,13 +117,14 @@ def test_state_dict_round_trip_with_weights_only(tmp_path, batch):
 
 
 def test_dropout_only_in_training(batch):
-    model = small(dropout=0.3)
+    model = small_transformer(dropout=0.3)
     src, tgt, src_mask = batch
     torch.testing.assert_close(model(src, tgt, src_mask), model(src, tgt, src_mask))
     model.train()
     assert not torch.allclose(model(src, tgt, src_mask), model(src, tgt, src_mask))
 
 
+@pytest.mark.slow  # a training run
 def test_a_small_model_learns_to_copy():
     """Teacher-forced training on a copy task: held-out sequences are copied exactly."""
     torch.manual_seed(0)
@@ -162,7 +156,7 @@ def test_a_small_model_learns_to_copy():
 
 
 def test_gradients_reach_every_parameter(batch):
-    model = small()
+    model = small_transformer()
     src, tgt, src_mask = batch
     model(src, tgt, src_mask).sum().backward()
     for name, p in model.named_parameters():
@@ -187,7 +181,7 @@ def test_gradients_reach_every_parameter(batch):
 def test_bad_input(batch, call, error, message):
     src, tgt, _ = batch
     with pytest.raises(error, match=message):
-        call(small(), src, tgt)
+        call(small_transformer(), src, tgt)
 
 
 @pytest.mark.parametrize(
@@ -204,7 +198,7 @@ def test_bad_input(batch, call, error, message):
 )
 def test_bad_constructor_arguments(kwargs, error, message):
     with pytest.raises(error, match=message):
-        small(**kwargs)
+        small_transformer(**kwargs)
 
 
 def test_dropout_is_the_papers_by_default_and_the_other_two_are_options():
@@ -235,10 +229,9 @@ def test_meta_build_then_to_empty_and_load_gives_the_eager_outputs():
     """The sinusoidal table is not in the state dict: it must be refilled when the weights are loaded."""
     from transformer import DecoderOnlyLM
 
-    model = small()
+    model = small_transformer()
     with torch.device("meta"):
-        empty = Transformer(src_vocab_size=13, tgt_vocab_size=11, d_model=16, num_heads=4, num_layers=2,
-                            d_ff=32, dropout=0.0, pad_id=PAD)
+        empty = small_transformer()  # the same configuration, no weights
     empty = empty.to_empty(device="cpu")
     empty.load_state_dict(model.state_dict(), strict=True)
     src, tgt = torch.tensor([[3, 4, 5, 0]]), torch.tensor([[BOS, 6, 7]])
@@ -258,11 +251,11 @@ def test_meta_build_then_to_empty_and_load_gives_the_eager_outputs():
 @pytest.mark.parametrize("name", ["share_embeddings", "tie_output"])
 def test_switches_must_be_bools(name):
     with pytest.raises(TypeError, match=f"{name} must be a bool, got str 'no'"):
-        small(**{name: "no"})
+        small_transformer(**{name: "no"})
 
 
 def test_small_integer_dtypes_of_ids_give_the_long_result():
-    model = small()
+    model = small_transformer()
     src, tgt = torch.tensor([[3, 4, 5, 0]]), torch.tensor([[BOS, 6, 7]])
     for dtype in (torch.uint8, torch.int16, torch.int32):
         torch.testing.assert_close(model(src.to(dtype), tgt.to(dtype)), model(src, tgt), rtol=0, atol=0)
@@ -270,7 +263,7 @@ def test_small_integer_dtypes_of_ids_give_the_long_result():
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
 def test_features_of_another_dtype_than_the_model_are_refused(dtype):
-    model = small()
+    model = small_transformer()
     x = torch.randn(2, 4, 16, dtype=dtype)
     with pytest.raises(TypeError, match=f"x must have the dtype of the module's parameters, torch.float32, got {dtype}"):
         model.encoder(x)
@@ -279,7 +272,7 @@ def test_features_of_another_dtype_than_the_model_are_refused(dtype):
 
 
 def test_errors_name_what_the_user_passed():
-    model = small(max_len=6)
+    model = small_transformer(max_len=6)
     src, tgt = torch.tensor([[3, 4, 5, 0]]), torch.tensor([[BOS, 6, 7]])
     with pytest.raises(ValueError, match=r"tgt must hold at least one position, got shape \(1, 0\)"):
         model(src, tgt[:, :0])

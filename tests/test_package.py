@@ -12,6 +12,8 @@ try:
 except ModuleNotFoundError:  # Python 3.10: tomli, which mypy (in requirements.txt) installs there
     import tomli as tomllib
 
+import pytest
+
 import transformer
 from tools import export
 
@@ -23,6 +25,7 @@ def test_package_is_up_to_date_with_the_chapters():
     assert not diffs, "the package is out of date with the chapters; run `make export`\n" + "\n".join(diffs)
 
 
+@pytest.mark.slow  # a process
 def test_import_works_from_any_folder(tmp_path):
     # A fresh interpreter in an unrelated folder sees the installed (editable) package,
     # as a regular package, not as an empty namespace.
@@ -76,6 +79,7 @@ def test_pyproject_declares_the_marker_as_package_data():
     assert "py.typed" in config["tool"]["setuptools"]["package-data"]["transformer"]
 
 
+@pytest.mark.slow  # builds a wheel
 def test_a_built_wheel_ships_the_py_typed_marker(tmp_path):
     # What `pip install` puts in site-packages: the package data of pyproject.toml, not the checkout.
     # Built from a copy, so that setuptools writes no build/ or *.egg-info here.

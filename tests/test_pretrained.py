@@ -14,9 +14,8 @@ from torch import nn
 import transformers
 from transformers import GPT2Config, GPT2LMHeadModel, MarianConfig, MarianMTModel
 
+from transformer import DecoderOnlyLM, sample
 from transformer.decoding import greedy_decode
-from transformer.language_model import DecoderOnlyLM
-from transformer.sampling import sample
 from transformer.model import Transformer
 from transformer.positional import sinusoidal_encoding
 from transformer.pretrained import from_huggingface, load_pretrained, marian_permutation

@@ -8,7 +8,7 @@ import shutil
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from transformer.paths import data_file
+from transformer import data_file
 from transformer.subwords import (
     MULTI30K_SHA256,
     SPECIAL_TOKENS,

@@ -8,15 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from transformer import (
+    TrainConfig, cooldown_factor, exact_match, label_smoothed_cross_entropy, load_checkpoint, make_model, make_optimizer,
+    fit, model_cache_dir, predict, run_steps, save_checkpoint, train_step, training_batches, warmup_lr,
+    warmup_scheduler,
+)
 from transformer.data import make_batch, source_vocab, split_numbers, target_vocab
-from transformer.checkpoint import load_checkpoint, save_checkpoint
-from transformer.config import make_model, make_optimizer, TrainConfig
-from transformer.loop import run_steps, train_step
 from transformer.losses import seq2seq_loss
-from transformer.losses import label_smoothed_cross_entropy
-from transformer.paths import model_cache_dir
-from transformer.schedules import cooldown_factor, warmup_lr, warmup_scheduler
-from transformer.training import exact_match, fit, predict, training_batches
 
 SRC, TGT = source_vocab(), target_vocab()
 TINY = dict(d_model=16, num_heads=2, num_layers=1, d_ff=32, batch_size=16, warmup=4, eval_every=5, eval_size=20)
@@ -257,13 +255,13 @@ def test_train_step_under_bfloat16_autocast_keeps_float32_weights_and_a_close_lo
     assert math.isclose(half[2], full[2], rel_tol=5e-2)
     assert all(p.dtype == torch.float32 for p in other.parameters())
     assert all(p.grad.dtype == torch.float32 for p in other.parameters() if p.grad is not None)
-    # the loss function's autocast holds at every step of run_steps
+    # run_steps hands its autocast to every step
     config = tiny_config(steps=2)
     losses = []
     for autocast, net in ((None, model), (torch.bfloat16, other)):
-        history: dict[str, list] = {}
-        run_steps(net, iter([batch, batch]), *make_optimizer(config, net), seq2seq_loss(autocast=autocast),
-                  config.steps, history, progress=False)
+        history = {key: [] for key in ("step", "loss", "accuracy", "lr", "grad_norm")}
+        run_steps(net, iter([batch, batch]), *make_optimizer(config, net), config, history, progress=False,
+                  autocast=autocast)
         losses.append(history["loss"])
     assert losses[0] != losses[1] and losses[1] == pytest.approx(losses[0], rel=2e-2)
 
@@ -284,14 +282,12 @@ def test_run_steps_takes_the_remaining_steps_and_calls_back_on_schedule():
         calls["shard"] += 1
         return batch
 
-    history: dict[str, list] = {}
-    loss_fn = seq2seq_loss(autocast=torch.bfloat16)
-    # a run of 2 steps, then on to 5
-    assert run_steps(model, stream, optimizer, scheduler, loss_fn, 2, history, eval_every=2, progress=False) == 2
-    assert run_steps(model, stream, optimizer, scheduler, loss_fn, config.steps, history, 2, eval_every=2,
-                     progress=False, shard=shard, validate=validate, save=lambda step: calls["save"].append(step),
-                     save_every=2) == 5
-    assert list(history) == ["step", "lr", "loss", "accuracy", "grad_norm"]
+    history = {key: [] for key in ("step", "loss", "accuracy", "lr", "grad_norm")}
+    first = tiny_config(steps=2, eval_every=2, cooldown=0.0, warmup=3)  # a run of 2 steps, then on to 5
+    assert run_steps(model, stream, optimizer, scheduler, first, history, progress=False) == 2
+    assert run_steps(model, stream, optimizer, scheduler, config, history, 2, progress=False, shard=shard,
+                     validate=validate, save=lambda step: calls["save"].append(step), save_every=2,
+                     autocast=torch.bfloat16) == 5
     assert history["step"] == [1, 2, 3, 4, 5] and calls["shard"] == 3
     assert calls["validate"] == [4, 5] and calls["save"] == [4]  # every 2 steps and at the last one
     assert history["lr"] == pytest.approx([config.lr_factor * paper_rate(s, 16, 3) for s in range(1, 6)])
@@ -300,7 +296,7 @@ def test_run_steps_takes_the_remaining_steps_and_calls_back_on_schedule():
     with pytest.raises(StopIteration):
         next(stream)  # one batch a step
     # A run that is already complete takes no step.
-    assert run_steps(model, iter([]), optimizer, scheduler, loss_fn, config.steps, history, 5, progress=False) == 5
+    assert run_steps(model, iter([]), optimizer, scheduler, config, history, 5, progress=False) == 5
     assert len(history["loss"]) == 5
 
 
@@ -497,7 +493,7 @@ def test_load_checkpoint_refuses_a_plain_state_dict(tmp_path):
 
 
 def test_a_checkpoint_of_fit_rebuilds_its_model_and_refuses_other_settings(tmp_path):
-    from transformer.checkpoint import check_resume
+    from transformer import check_resume
 
     config = TrainConfig(**TINY, steps=3, seed=1)
     numbers = list(range(1, 40))

@@ -10,14 +10,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer.classifier import accuracy, train_classifier
+from transformer import (
+    DIGITS_SHA256,
+    GridRelativeMultiHeadAttention,
+    PatchEmbedding,
+    VisionTransformer,
+    accuracy,
+    data_file,
+    grid_relations,
+    load_digits,
+    patches,
+    sinusoidal_encoding_2d,
+    stratified_split,
+    train_classifier,
+)
 from transformer.encoder import Encoder, EncoderLayer
-from transformer.paths import data_file
 from transformer.multihead import MultiHeadAttention
 from transformer.positional import sinusoidal_encoding
 from transformer.relative import RelativeMultiHeadAttention
-from transformer.digits import DIGITS_SHA256, load_digits, stratified_split
-from transformer.vision import grid_relations, GridRelativeMultiHeadAttention, PatchEmbedding, patches, sinusoidal_encoding_2d, VisionTransformer
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -262,6 +272,7 @@ def test_vision_transformer_bad_arguments():
         VisionTransformer()(torch.randn(2, 3, 8, 8))
 
 
+@pytest.mark.slow  # a training run
 def test_vision_transformer_learns_digits():
     """A short run on the digits ends far above chance (10%) on held-out images."""
     images, labels = load_digits()
