@@ -255,13 +255,13 @@ def test_train_step_under_bfloat16_autocast_keeps_float32_weights_and_a_close_lo
     assert math.isclose(half[2], full[2], rel_tol=5e-2)
     assert all(p.dtype == torch.float32 for p in other.parameters())
     assert all(p.grad.dtype == torch.float32 for p in other.parameters() if p.grad is not None)
-    # run_steps hands its autocast to every step
+    # the loss function's autocast holds at every step of run_steps
     config = tiny_config(steps=2)
     losses = []
     for autocast, net in ((None, model), (torch.bfloat16, other)):
-        history = {key: [] for key in ("step", "loss", "accuracy", "lr", "grad_norm")}
-        run_steps(net, iter([batch, batch]), *make_optimizer(config, net), config, history, progress=False,
-                  autocast=autocast)
+        history: dict[str, list] = {}
+        run_steps(net, iter([batch, batch]), *make_optimizer(config, net), seq2seq_loss(autocast=autocast),
+                  config.steps, history, progress=False)
         losses.append(history["loss"])
     assert losses[0] != losses[1] and losses[1] == pytest.approx(losses[0], rel=2e-2)
 
@@ -282,12 +282,14 @@ def test_run_steps_takes_the_remaining_steps_and_calls_back_on_schedule():
         calls["shard"] += 1
         return batch
 
-    history = {key: [] for key in ("step", "loss", "accuracy", "lr", "grad_norm")}
-    first = tiny_config(steps=2, eval_every=2, cooldown=0.0, warmup=3)  # a run of 2 steps, then on to 5
-    assert run_steps(model, stream, optimizer, scheduler, first, history, progress=False) == 2
-    assert run_steps(model, stream, optimizer, scheduler, config, history, 2, progress=False, shard=shard,
-                     validate=validate, save=lambda step: calls["save"].append(step), save_every=2,
-                     autocast=torch.bfloat16) == 5
+    history: dict[str, list] = {}
+    loss_fn = seq2seq_loss(autocast=torch.bfloat16)
+    # a run of 2 steps, then on to 5
+    assert run_steps(model, stream, optimizer, scheduler, loss_fn, 2, history, eval_every=2, progress=False) == 2
+    assert run_steps(model, stream, optimizer, scheduler, loss_fn, config.steps, history, 2, eval_every=2,
+                     progress=False, shard=shard, validate=validate, save=lambda step: calls["save"].append(step),
+                     save_every=2) == 5
+    assert list(history) == ["step", "lr", "loss", "accuracy", "grad_norm"]
     assert history["step"] == [1, 2, 3, 4, 5] and calls["shard"] == 3
     assert calls["validate"] == [4, 5] and calls["save"] == [4]  # every 2 steps and at the last one
     assert history["lr"] == pytest.approx([config.lr_factor * paper_rate(s, 16, 3) for s in range(1, 6)])
@@ -296,7 +298,7 @@ def test_run_steps_takes_the_remaining_steps_and_calls_back_on_schedule():
     with pytest.raises(StopIteration):
         next(stream)  # one batch a step
     # A run that is already complete takes no step.
-    assert run_steps(model, iter([]), optimizer, scheduler, config, history, 5, progress=False) == 5
+    assert run_steps(model, iter([]), optimizer, scheduler, loss_fn, config.steps, history, 5, progress=False) == 5
     assert len(history["loss"]) == 5
 
 
