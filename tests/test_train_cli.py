@@ -1,5 +1,7 @@
-"""Tests of transformer.train: the command line, and data parallelism over two CPU processes."""
+"""Tests of transformer.train and transformer.cli: the command line, and data parallelism over two CPU processes."""
 
+import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -13,7 +15,7 @@ import torch
 import transformer
 from transformer.data import make_batch, source_vocab, target_vocab
 from transformer.model import Transformer
-from transformer.cli import config_from_args
+from transformer.cli import config_from_args, field_docs
 from transformer.distributed import DataParallelHooks, init_distributed, replica_difference, shard_batch
 from transformer.train import build_parser, check_arguments, main, run_training
 from transformer.config import TrainConfig
@@ -65,7 +67,7 @@ def test_options_fill_the_fields_of_the_given_default_and_keep_its_type():
     from transformer.multi30k import TranslationConfig
 
     args = build_parser().parse_args(["--d-model", "32", "--steps", "9"])
-    config = config_from_args(args, TrainConfig(max_len=40, lr_factor=2.0))  # no options for these two
+    config = config_from_args(args, TrainConfig(max_len=40, lr_factor=2.0))  # not given: the default's
     assert type(config) is TrainConfig and (config.d_model, config.steps) == (32, 9)
     assert (config.max_len, config.lr_factor) == (40, 2.0)
     translation = config_from_args(args, TranslationConfig(batch_tokens=1000))
@@ -80,12 +82,88 @@ def test_refuses_an_unknown_task(capsys):
     assert "argument --task: invalid choice: 'wmt14'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("option, value", [("--steps", "0"), ("--batch-size", "-2"), ("--d-model", "ten")])
-def test_refuses_a_size_that_is_not_a_positive_integer(capsys, option, value):
+@pytest.mark.parametrize("option, value, message", [
+    ("--steps", "0", "steps must be a positive int, got 0"),
+    ("--batch-size", "-2", "batch_size must be a positive int, got -2"),
+    ("--d-model", "ten", "invalid int value: 'ten'"),
+    ("--label-smoothing", "1.5", "label_smoothing must be in [0, 1), got 1.5"),
+    ("--clip", "-1", "clip must be > 0 or None, got -1.0"),
+])
+def test_refuses_a_value_the_config_refuses_naming_the_flag(capsys, option, value, message):
     with pytest.raises(SystemExit) as exit_:
         build_parser().parse_args([option, value])
     assert exit_.value.code == 2
-    assert f"argument {option}: expected a positive integer, got" in capsys.readouterr().err
+    assert f"argument {option}: {message}" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_every_config_field_is_a_flag_with_its_docstring_as_help():
+    from transformer.multi30k import TranslationConfig
+    from transformer.train import build_train_parser
+
+    for parser, config_class in ((build_parser(), TrainConfig), (build_train_parser(), TranslationConfig)):
+        docs = field_docs(config_class)
+        help_text = " ".join(parser.format_help().split())
+        for field in dataclasses.fields(config_class):
+            assert docs[field.name], field.name  # every field is documented where it is defined
+            assert f"--{field.name.replace('_', '-')}" in help_text
+            assert " ".join(docs[field.name].split()) in help_text, field.name
+    # A subclass's own fields and its new docstring for an inherited one.
+    assert field_docs(TranslationConfig)["vocab_size"].startswith("Size of the joint BPE vocabulary")
+    assert field_docs(TranslationConfig)["batch_size"] != field_docs(TrainConfig)["batch_size"]
+
+
+def test_a_new_config_field_becomes_a_flag():
+    @dataclasses.dataclass
+    class Wider(TrainConfig):
+        width_factor: float = 1.0
+        """How much wider."""
+
+    from transformer.cli import add_config_options
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_config_options(parser, Wider())
+    assert "How much wider. (default: 1.0)" in " ".join(parser.format_help().split())
+    config = config_from_args(parser.parse_args(["--width-factor", "2.5"]), Wider())
+    assert isinstance(config, Wider) and config.width_factor == 2.5
+
+
+def test_flags_set_every_field_of_the_config():
+    args = build_parser().parse_args(["--label-smoothing", "0.2", "--clip", "none", "--lr-factor", "2",
+                                      "--eval-every", "7", "--max-len", "20", "--num-threads", "none",
+                                      "--betas", "0.8", "0.9", "--adam-eps", "1e-8", "--eval-size", "0"])
+    config = config_from_args(args)
+    assert config == TrainConfig(label_smoothing=0.2, clip=None, lr_factor=2.0, eval_every=7, max_len=20,
+                                 num_threads=None, betas=(0.8, 0.9), adam_eps=1e-8, eval_size=0)
+
+
+def test_a_config_file_fills_the_fields_and_flags_override_it(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"d_model": 32, "steps": 50, "clip": None, "betas": [0.8, 0.9]}))
+    config = config_from_args(build_parser().parse_args(["--config", str(path), "--steps", "70"]))
+    assert config == TrainConfig(d_model=32, steps=70, clip=None, betas=(0.8, 0.9))
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"d_modle": 32}', "d_modle not a field of TrainConfig"),
+    ('[32]', "must hold a JSON object of fields, got list"),
+    ('{"steps": 0}', "steps must be a positive int, got 0"),
+    ("{steps: 5", "is not JSON"),
+])
+def test_a_bad_config_file_is_a_usage_error(tmp_path, capsys, content, message):
+    path = tmp_path / "run.json"
+    path.write_text(content)
+    with pytest.raises(SystemExit) as stop:
+        main([*TINY, "--config", str(path)])
+    assert stop.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "error:" in error and message in error and "Traceback" not in error
+
+
+def test_a_missing_config_file_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main([*TINY, "--config", str(tmp_path / "nowhere.json")])
+    assert stop.value.code == 2 and "nowhere.json cannot be read" in capsys.readouterr().err
 
 
 def test_refuses_a_global_batch_the_processes_cannot_share(monkeypatch, capsys):
@@ -122,7 +200,7 @@ def test_command_runs_saves_a_checkpoint_and_resumes_from_it(tmp_path, capsys):
     checkpoint = folder / "checkpoint.pt"
     assert torch.load(checkpoint, weights_only=True)["step"] == 3
     # On to step 5, in this process: the command resumes from the checkpoint ...
-    main(paper + ["--steps", "5", "--checkpoint-dir", str(folder)])
+    main(paper + ["--steps", "5", "--checkpoint-dir", str(folder), "--resume"])
     assert f"resuming from {checkpoint}" in capsys.readouterr().out
     resumed = torch.load(checkpoint, weights_only=True)
     assert resumed["step"] == 5 and resumed["history"]["step"] == [1, 2, 3, 4, 5]
@@ -247,11 +325,70 @@ def test_resuming_says_from_which_step_refuses_other_settings_and_knows_a_finish
     folder = str(tmp_path / "run")
     main([*TINY, "--steps", "2", "--checkpoint-dir", folder])
     capsys.readouterr()
-    main([*TINY, "--steps", "3", "--checkpoint-dir", folder])
+    # Without --resume, a folder that holds a run is refused, and the run is left as it was.
+    with pytest.raises(SystemExit) as stop:
+        main([*TINY, "--steps", "3", "--checkpoint-dir", folder])
+    assert stop.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "holds a run already (checkpoint.pt, at step 2): pass --resume to continue it" in error
+    assert torch.load(Path(folder) / "checkpoint.pt", weights_only=True)["step"] == 2
+    main([*TINY, "--steps", "3", "--checkpoint-dir", folder, "--resume"])
     assert "at step 2 of 3" in capsys.readouterr().out
-    main([*TINY, "--steps", "3", "--checkpoint-dir", folder])
+    main([*TINY, "--steps", "3", "--checkpoint-dir", folder, "--resume"])
     assert "the run is already complete, step 3 of 3" in capsys.readouterr().out
     with pytest.raises(SystemExit) as stop:
-        main([*TINY, "--steps", "4", "--d-model", "32", "--checkpoint-dir", folder])
+        main([*TINY, "--steps", "4", "--d-model", "32", "--checkpoint-dir", folder, "--resume"])
     assert stop.value.code == 2
     assert "cannot resume from" in capsys.readouterr().err
+
+
+def test_resume_needs_a_checkpoint_dir_and_starts_afresh_in_an_empty_one(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main([*TINY, "--resume"])
+    assert stop.value.code == 2 and "--resume needs --checkpoint-dir" in capsys.readouterr().err
+    main([*TINY, "--steps", "2", "--checkpoint-dir", str(tmp_path / "new"), "--resume"])
+    assert "resuming" not in capsys.readouterr().out
+    assert torch.load(tmp_path / "new" / "checkpoint.pt", weights_only=True)["step"] == 2
+
+
+# --- the installed command ----------------------------------------------------------------------
+
+def _command(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "transformer", *argv], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=TIMEOUT)
+
+
+@pytest.mark.slow
+def test_the_transformer_command_lists_its_commands_and_passes_each_its_options():
+    listing = _command("--help")
+    assert listing.returncode == 0 and "train" in listing.stdout and "translate" in listing.stdout
+    train = _command("train", "--help")
+    assert train.returncode == 0 and train.stdout.startswith("usage: transformer train")
+    assert "--label-smoothing" in train.stdout and "--resume" in train.stdout
+    multi30k = _command("train", "--task", "multi30k", "--help")
+    assert multi30k.returncode == 0 and multi30k.stdout.startswith("usage: transformer train --task multi30k")
+    assert "--batch-tokens" in multi30k.stdout
+    translate = _command("translate", "--help")
+    assert translate.returncode == 0 and translate.stdout.startswith("usage: transformer translate")
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "usage: transformer {train,translate}"),
+    (["fly"], "transformer: error: unknown command 'fly' (choose from train, translate)"),
+])
+def test_the_transformer_command_without_a_known_command_exits_2(argv, message, capsys):
+    from transformer.__main__ import main as command
+
+    assert command(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_transformer_command_hands_usage_errors_of_a_command_on(capsys):
+    from transformer.__main__ import main as command
+
+    with pytest.raises(SystemExit) as stop:
+        command(["train", "--steps", "0"])
+    assert stop.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error[0].startswith("usage: transformer train")
+    assert error[-1] == "transformer train: error: argument --steps: steps must be a positive int, got 0"

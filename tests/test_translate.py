@@ -586,7 +586,10 @@ def test_train_command_saves_averages_and_resumes(tmp_path, monkeypatch, capsys)
 
     # On to step 8, in this process (the data is found from the book's root).
     monkeypatch.chdir(ROOT)
-    assert train_cli([*TRAIN, "--steps", "8", "--checkpoint-dir", str(folder)]) == 0
+    with pytest.raises(SystemExit) as stop:  # the folder holds a run: continuing it takes --resume
+        train_cli([*TRAIN, "--steps", "8", "--checkpoint-dir", str(folder)])
+    assert stop.value.code == 2 and "pass --resume to continue it" in capsys.readouterr().err
+    assert train_cli([*TRAIN, "--steps", "8", "--checkpoint-dir", str(folder), "--resume"]) == 0
     resumed = torch.load(folder / "checkpoint.pt", weights_only=True)
     assert resumed["step"] == 8 and resumed["history"]["step"] == list(range(1, 9))
     assert resumed["history"]["loss"][:6] == checkpoint["history"]["loss"]
@@ -595,7 +598,7 @@ def test_train_command_saves_averages_and_resumes(tmp_path, monkeypatch, capsys)
     capsys.readouterr()
     # Another width does not continue this run.
     with pytest.raises(SystemExit) as stop:
-        train_cli([*TRAIN, "--steps", "10", "--d-model", "48", "--checkpoint-dir", str(folder)])
+        train_cli([*TRAIN, "--steps", "10", "--d-model", "48", "--checkpoint-dir", str(folder), "--resume"])
     assert stop.value.code == 2
     assert "d_model=32 there, 48 here" in capsys.readouterr().err
     assert torch.load(folder / "checkpoint.pt", weights_only=True)["step"] == 8  # untouched
@@ -629,7 +632,7 @@ def test_train_parser_defaults_are_the_translation_config():
     (["--d-model", "30", "--num-heads", "4"], "d_model must be divisible by num_heads"),
     (["--save-every", "5"], "--save-every needs --checkpoint-dir"),
     (["--eval-size", "-1"], "eval_size must be an int >= 0, got -1"),
-    (["--batch-tokens", "0"], "argument --batch-tokens: expected a positive integer, got 0"),
+    (["--batch-tokens", "0"], "argument --batch-tokens: batch_tokens must be a positive int, got 0"),
     (["--dropout", "1.5"], r"dropout must be in [0, 1), got 1.5"),
 ])
 def test_train_command_usage_errors(options, message, capsys):

@@ -31,14 +31,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command == "train":
-        from transformer.train import main as run# imported here: each command loads only what it needs
+        from transformer.train import main as run  # imported here: each command loads only what it needs
     elif command == "translate":
         from transformer.translate import main as run
     else:
         print(f"{USAGE}\ntransformer: error: unknown command {command!r} (choose from train, translate)",
               file=sys.stderr)
         return 2
-    return run(rest)
+    return run(rest, prog=f"transformer {command}")
 
 
 if __name__ == "__main__" and __spec__ is not None:  # `python -m transformer`, not a notebook

@@ -8,18 +8,119 @@ Defined in the book's chapter "Scaling out" (chapters/14_scaling_out.md).
 """
 
 
-__all__ = ['positive_int', 'add_model_options', 'add_training_options', 'add_where_options', 'config_from_args', 'check_where']
+__all__ = ['field_docs', 'add_config_options', 'read_config_file', 'config_from_args', 'positive_int', 'add_where_options', 'check_where']
 
 
 import argparse
+import ast
 import dataclasses
+import inspect
+import json
 import os
 import tempfile
+import textwrap
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from transformer.checkpoint import check_resume, read_checkpoint
 from transformer.config import TrainConfig
+
+
+# chapters/14_scaling_out.md: The command
+def field_docs(config_class: type) -> dict[str, str]:
+    """The docstring written under each field of a dataclass and of its dataclass bases.
+
+    A class whose source cannot be read (one defined in a notebook's cell) gives no docstrings.
+    """
+    docs: dict[str, str] = {}
+    for klass in reversed(config_class.__mro__):  # a subclass's docstring wins
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            source = textwrap.dedent(inspect.getsource(klass))
+        except (OSError, TypeError):
+            continue
+        body = ast.parse(source).body[0].body  # type: ignore[attr-defined]  # the class statement
+        for node, after in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                    and isinstance(after.value.value, str)):
+                docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+# chapters/14_scaling_out.md: The command
+def _field_type(default: Any, name: str, parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type: ``parse`` the text ("none" is None where the field allows it), then let the
+    configuration's class check the value, as ``dataclasses.replace(default, name=value)``."""
+    def read(text: str) -> Any:
+        value = None if text.lower() == "none" and parse is not str else parse(text)
+        try:
+            dataclasses.replace(default, **{name: value})
+        except (TypeError, ValueError) as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+        return value
+    read.__name__ = parse.__name__  # argparse names the type in its message: "invalid int value"
+    return read
+
+
+def add_config_options(parser: argparse.ArgumentParser, default: Any) -> argparse._ArgumentGroup:
+    """One flag per field of ``default``'s dataclass (``--d-model`` for ``d_model``), its help the field's
+    docstring, plus ``--config FILE``; returns the group. Flags not given stay out of the namespace
+    (``config_from_args`` fills them from the file or the default)."""
+    group = parser.add_argument_group(f"configuration: the fields of {type(default).__name__}")
+    group.add_argument("--config", dest="config_file", metavar="FILE",
+                       help="a JSON object of these fields; flags given here override it")
+    docs, hints = field_docs(type(default)), typing.get_type_hints(type(default))
+    for field in dataclasses.fields(default):
+        kind = hints[field.name]
+        arguments = [a for a in typing.get_args(kind) if a is not type(None)]
+        options: dict[str, Any]
+        if kind is bool:
+            options = {"action": argparse.BooleanOptionalAction}
+        elif typing.get_origin(kind) is tuple:  # (beta1, beta2)
+            options = {"type": arguments[0], "nargs": len(arguments), "metavar": field.name.upper()}
+        else:
+            parse = arguments[0] if arguments else kind  # X | None reads X, or "none"
+            options = {"type": _field_type(default, field.name, parse),
+                       "metavar": field.name.upper() + ("|none" if type(None) in typing.get_args(kind) else "")}
+        help_text = f"{docs.get(field.name, '')} (default: {getattr(default, field.name)})".strip()
+        group.add_argument("--" + field.name.replace("_", "-"), dest=field.name, default=argparse.SUPPRESS,
+                           help=help_text, **options)
+    return group
+
+
+# chapters/14_scaling_out.md: The command
+def read_config_file(path: str | os.PathLike, default: Any) -> dict[str, Any]:
+    """The fields in the JSON file ``path``; ValueError, naming the file, for anything else."""
+    try:
+        values = json.loads(Path(path).read_text())
+    except OSError as err:
+        raise ValueError(f"--config {os.fspath(path)} cannot be read: {err.strerror or err}") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--config {os.fspath(path)} is not JSON: {err}") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"--config {os.fspath(path)} must hold a JSON object of fields, got {type(values).__name__}")
+    names = [field.name for field in dataclasses.fields(default)]
+    unknown = sorted(set(values) - set(names))
+    if unknown:
+        raise ValueError(f"--config {os.fspath(path)}: {', '.join(unknown)} not a field of {type(default).__name__} "
+                         f"(its fields: {', '.join(names)})")
+    return values
+
+
+def config_from_args(args: argparse.Namespace, default: TrainConfig | None = None) -> TrainConfig:
+    """The configuration the options describe: ``default`` (a ``TrainConfig``, or a subclass such as
+    the translation task's), then the fields of the ``--config`` file, then every flag given."""
+    default = default if default is not None else TrainConfig()
+    values = read_config_file(args.config_file, default) if getattr(args, "config_file", None) else {}
+    values.update({field.name: getattr(args, field.name) for field in dataclasses.fields(default)
+                   if hasattr(args, field.name)})
+    return dataclasses.replace(default, **values)
 
 
 # chapters/14_scaling_out.md: The command
@@ -34,39 +135,15 @@ def positive_int(text: str) -> int:
     return value
 
 
-# chapters/14_scaling_out.md: The command
-def add_model_options(parser: argparse.ArgumentParser, default: TrainConfig) -> None:
-    """The model's size: the fields of ``TrainConfig`` that the ``Transformer`` takes."""
-    model = parser.add_argument_group("model")
-    sizes = {"d_model": "width of every layer", "num_layers": "layers per stack",
-             "num_heads": "attention heads", "d_ff": "inner width of the feed-forward layers"}
-    for name, meaning in sizes.items():
-        model.add_argument("--" + name.replace("_", "-"), type=positive_int, default=getattr(default, name),
-                           help=meaning)
-    model.add_argument("--dropout", type=float, default=default.dropout, help="dropout rate")
-
-
-def add_training_options(parser: argparse.ArgumentParser, default: TrainConfig,
-                          batch_help: str = "global batch, in sequences: shared out between the processes"
-                          ) -> argparse._ArgumentGroup:
-    """The run: steps, batch, schedule and seed (fields of ``TrainConfig``); returns the group."""
-    run = parser.add_argument_group("training")
-    run.add_argument("--steps", type=positive_int, default=default.steps, help="optimiser steps in all")
-    run.add_argument("--batch-size", type=positive_int, default=default.batch_size, help=batch_help)
-    run.add_argument("--warmup", type=positive_int, default=default.warmup, help="warm-up steps")
-    run.add_argument("--cooldown", type=float, default=default.cooldown,
-                     help="share of the steps at the end over which the rate falls to zero (0: none)")
-    run.add_argument("--seed", type=int, default=default.seed, help="seed of the data split and the model")
-    run.add_argument("--num-threads", type=positive_int, default=default.num_threads, help="CPU threads")
-    return run
-
-
 def add_where_options(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     """Where the run happens: checkpoints, device, progress bar, how processes meet; returns the group."""
     where = parser.add_argument_group("where")
-    where.add_argument("--checkpoint-dir", help="save checkpoint.pt here; resume from it when it is there")
+    where.add_argument("--checkpoint-dir", help="save checkpoint.pt (and more) in this folder")
+    where.add_argument("--resume", action="store_true",
+                       help="continue the run whose checkpoint.pt is in --checkpoint-dir (without it, a folder "
+                            "that holds a run is refused)")
     where.add_argument("--save-every", type=positive_int, help="also save every N steps")
-    where.add_argument("--device", choices=("cpu", "cuda"), help="where to train",
+    where.add_argument("--device", choices=("cpu", "cuda"), help="where to train (default: cuda when there is one)",
                        default="cuda" if torch.cuda.is_available() else "cpu")
     where.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                        help="show a progress bar (process 0 only)")
@@ -75,29 +152,21 @@ def add_where_options(parser: argparse.ArgumentParser) -> argparse._ArgumentGrou
     return where
 
 
-# chapters/14_scaling_out.md: The command
-def config_from_args(args: argparse.Namespace, default: TrainConfig | None = None) -> TrainConfig:
-    """The configuration the options describe: each option fills the field of the same name of
-    ``default`` (a ``TrainConfig``, or a subclass such as the translation task's)."""
-    default = default if default is not None else TrainConfig()
-    names = [field.name for field in dataclasses.fields(default) if hasattr(args, field.name)]
-    return dataclasses.replace(default, **{name: getattr(args, name) for name in names})
-
-
 # chapters/14_scaling_out.md: One process per device
 def check_where(args: argparse.Namespace, config: TrainConfig) -> None:
-    """The options of ``add_where_options`` can be honoured: the device exists, and the checkpoint
-    folder can be written and holds no run with other settings."""
+    """The options of ``add_where_options`` can be honoured: the device exists, the checkpoint folder
+    can be written, and a run in it is continued only with ``--resume`` and with the same settings."""
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for, but torch.cuda.is_available() is False")
-    if args.save_every is not None and args.checkpoint_dir is None:
-        raise ValueError("--save-every needs --checkpoint-dir, the folder to save in")
+    for option in ("save_every", "resume"):
+        if getattr(args, option) and args.checkpoint_dir is None:
+            raise ValueError(f"--{option.replace('_', '-')} needs --checkpoint-dir, the folder of the run")
     if args.checkpoint_dir is not None:
-        _check_checkpoint_dir(args.checkpoint_dir, config)
+        _check_checkpoint_dir(args.checkpoint_dir, config, args.resume)
 
 
-def _check_checkpoint_dir(folder: str, config: TrainConfig) -> None:
-    """The folder can be written to, and a checkpoint in it continues a run with these settings."""
+def _check_checkpoint_dir(folder: str, config: TrainConfig, resume: bool) -> None:
+    """The folder can be written to, and a checkpoint in it is continued on purpose, with these settings."""
     try:
         os.makedirs(folder, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):
@@ -106,4 +175,8 @@ def _check_checkpoint_dir(folder: str, config: TrainConfig) -> None:
         raise ValueError(f"--checkpoint-dir {folder} cannot be written: {err.strerror or err}") from None
     path = os.path.join(folder, "checkpoint.pt")
     if os.path.isfile(path):
-        check_resume(read_checkpoint(path), config, path)
+        checkpoint = read_checkpoint(path)
+        if not resume:
+            raise ValueError(f"--checkpoint-dir {folder} holds a run already (checkpoint.pt, at step "
+                             f"{checkpoint['step']}): pass --resume to continue it, or choose another folder")
+        check_resume(checkpoint, config, path)

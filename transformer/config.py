@@ -39,7 +39,7 @@ class TrainConfig:
     max_len: int = 16
     """Longest sequence, in tokens, the positional encodings cover."""
     batch_size: int = 128
-    """Examples per training step."""
+    """Examples per training step (the global batch: the processes of a parallel run share it out)."""
     steps: int = 800
     """Training steps in total (a resumed run counts the steps it had)."""
     warmup: int = 100

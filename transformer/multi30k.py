@@ -27,14 +27,7 @@ from transformer.model import Transformer
 # chapters/22_translation.md: Sentences as token ids
 @dataclass
 class TranslationConfig(TrainConfig):
-    """The choices of a translation run: ``TrainConfig``'s fields, with defaults for Multi30k, and four more.
-
-    ``batch_tokens``: the most tokens of one side of a batch, padding included (the paper's batches
-    are by token count); ``batch_size`` caps the sentences of a batch. ``vocab_size``: the joint BPE
-    vocabulary. ``bf16``: run the forward pass under bfloat16 autocast (for GPUs).
-    ``keep_last``: how many of the latest saved checkpoints to keep for averaging. ``eval_size``:
-    the validation sentences whose greedy BLEU is measured every ``eval_every`` steps.
-    """
+    """The choices of a translation run: ``TrainConfig``'s fields, with defaults for Multi30k, and four more."""
 
     d_model: int = 256
     num_heads: int = 4
@@ -43,18 +36,24 @@ class TranslationConfig(TrainConfig):
     dropout: float = 0.1
     max_len: int = 256
     batch_size: int = 512
+    """The most sentences in one batch (batches are made by token count, ``batch_tokens``)."""
     steps: int = 6000
     warmup: int = 800
     lr_factor: float = 1.0
     cooldown: float = 0.0
     eval_every: int = 500
     eval_size: int = 200
+    """Validation sentences whose greedy BLEU is measured every ``eval_every`` steps (0: none)."""
     batch_tokens: int = 4096
+    """The most tokens of one side of a batch, padding included (the paper batches by token count)."""
     vocab_size: int = 8000
+    """Size of the joint BPE vocabulary of German and English."""
     bf16: bool = False
+    """Run the forward pass under bfloat16 autocast (for GPUs)."""
     keep_last: int = 5
+    """How many of the latest saved checkpoints to keep, and to average at the end."""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         super().__post_init__()
         for name in ("batch_tokens", "vocab_size", "keep_last"):
             check_positive_int(name, getattr(self, name))

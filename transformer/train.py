@@ -17,16 +17,15 @@ __all__ = ['TASKS', 'build_parser', 'check_arguments', 'run_training', 'main', '
 import argparse
 import os
 import sys
-from typing import Any
 from collections.abc import Sequence
+from typing import Any
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from transformer.checkpoint import read_checkpoint, average_checkpoints
-from transformer.cli import (add_model_options, add_training_options, add_where_options, check_where, config_from_args,
-    positive_int)
+from transformer.cli import add_config_options, add_where_options, check_where, config_from_args, positive_int
 from transformer.config import TrainConfig, make_model
 from transformer.data import source_vocab, split_numbers, target_vocab
 from transformer.distributed import DataParallelHooks, init_distributed, replica_difference, world_size_of_run
@@ -42,17 +41,18 @@ from transformer.translate import fit_translation, save_translator, step_files, 
 TASKS = ("numbers", "multi30k")  # multi30k: German to English, chapter "Translating German"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The options of ``python -m transformer.train``; defaults are those of ``TrainConfig``."""
+def build_parser(prog: str = "python -m transformer.train") -> argparse.ArgumentParser:
+    """The options of ``python -m transformer.train`` (or ``transformer train``) for the number words."""
     parser = argparse.ArgumentParser(
-        prog="python -m transformer.train", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog=prog,
         description="Train the Transformer to turn English number words into digits "
-                    "(--task multi30k: to translate German; see its own --help).")
-    parser.add_argument("--task", choices=TASKS, default="numbers", help="what to learn")
-    add_model_options(parser, TrainConfig())
-    run = add_training_options(parser, TrainConfig())
-    run.add_argument("--train-size", type=positive_int, default=200_000, help="numbers to train on")
-    run.add_argument("--valid-size", type=positive_int, default=1_000, help="numbers for the exact match")
+                    "(--task multi30k: to translate German, with options of its own: --task multi30k --help).")
+    task = parser.add_argument_group("task")
+    task.add_argument("--task", choices=TASKS, default="numbers", help="what to learn (default: numbers)")
+    task.add_argument("--train-size", type=positive_int, default=200_000, help="numbers to train on (default: 200000)")
+    task.add_argument("--valid-size", type=positive_int, default=1_000,
+                      help="numbers for the exact match (default: 1000)")
+    add_config_options(parser, TrainConfig())
     where = add_where_options(parser)
     where.add_argument("--check-replicas", action="store_true",
                        help="after training, check that every process holds the same parameters")
@@ -60,34 +60,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # chapters/14_scaling_out.md: One process per device
-def check_arguments(args: argparse.Namespace, world_size: int = 1) -> None:
-    """Raise ValueError, naming the option, for a run that cannot start."""
-    if args.batch_size % world_size:
+def check_arguments(args: argparse.Namespace, world_size: int = 1) -> TrainConfig:
+    """Raise ValueError or TypeError, naming the option, for a run that cannot start; return its configuration."""
+    config = config_from_args(args)  # TrainConfig's checks, also of the values of a --config file
+    if config.batch_size % world_size:
         raise ValueError(
-            f"--batch-size {args.batch_size} cannot be split evenly over {world_size} processes: "
+            f"--batch-size {config.batch_size} cannot be split evenly over {world_size} processes: "
             f"the global batch must be a multiple of the number of processes"
         )
-    config = config_from_args(args)  # TrainConfig's checks, e.g. of the dropout rate
     check_where(args, config)
     with torch.device("meta"):
         make_model(config, source_vocab(), target_vocab())  # the model's checks, e.g. d_model % num_heads
+    return config
 
 
 # chapters/14_scaling_out.md: Putting it together
-def _train_here(args: argparse.Namespace, rank: int, world_size: int, device: torch.device,
+def _train_here(args: argparse.Namespace, config: TrainConfig, rank: int, world_size: int, device: torch.device,
                 train_numbers: list[int], valid_numbers: list[int]) -> Transformer:
     """This process's part of the run: ``fit``, with the hooks when there are several processes."""
     path = None if args.checkpoint_dir is None else os.path.join(args.checkpoint_dir, "checkpoint.pt")
-    resume = path if path is not None and os.path.isfile(path) else None
+    resume = path if args.resume and path is not None and os.path.isfile(path) else None
     if resume is not None and rank == 0:
         step = read_checkpoint(resume)["step"]
-        print(f"resuming from {resume} at step {step} of {args.steps}" if step < args.steps else
-              f"resuming from {resume}: the run is already complete, step {step} of {args.steps}")
+        print(f"resuming from {resume} at step {step} of {config.steps}" if step < config.steps else
+              f"resuming from {resume}: the run is already complete, step {step} of {config.steps}")
     parallel: dict[str, Any] = {}
     if world_size > 1:
         hooks = DataParallelHooks(rank, world_size, target_vocab().pad_id)
         parallel = {"wrap_model": hooks.wrap, "shard": hooks.shard}
-    model, _ = fit(config_from_args(args), train_numbers, valid_numbers if rank == 0 else None,
+    model, _ = fit(config, train_numbers, valid_numbers if rank == 0 else None,
                    device=device, progress=args.progress and rank == 0, resume_from=resume,
                    checkpoint_path=path if rank == 0 else None, checkpoint_every=args.save_every,
                    **parallel)
@@ -97,11 +98,11 @@ def _train_here(args: argparse.Namespace, rank: int, world_size: int, device: to
 # chapters/14_scaling_out.md: Putting it together
 def run_training(args: argparse.Namespace) -> Transformer:
     """Train as ``args`` says, alone or as one process of several; return the trained model."""
-    check_arguments(args, world_size_of_run())
+    config = check_arguments(args, world_size_of_run())
     rank, world_size, device = init_distributed(args.device, args.init_method)
     try:
-        train_numbers, valid_numbers, _ = split_numbers(args.train_size, args.valid_size, 0, seed=args.seed)
-        model = _train_here(args, rank, world_size, device, train_numbers, valid_numbers)
+        train_numbers, valid_numbers, _ = split_numbers(args.train_size, args.valid_size, 0, seed=config.seed)
+        model = _train_here(args, config, rank, world_size, device, train_numbers, valid_numbers)
         difference = replica_difference(model) if args.check_replicas else None
         if rank == 0 and difference is not None:
             print(f"{world_size} replicas, largest difference from process 0: {difference}")
@@ -115,18 +116,18 @@ def run_training(args: argparse.Namespace) -> Transformer:
 
 
 # chapters/14_scaling_out.md: Putting it together
-def main(argv: list[str] | None = None) -> int:
-    """``python -m transformer.train [options]``; ``argv`` defaults to the command line.
+def main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.train") -> int:
+    """``python -m transformer.train [options]`` (``transformer train``); ``argv`` defaults to the command line.
 
-    ``--task multi30k`` hands the whole command line to the translation trainer
-    (``transformer.translate.train_main``), which has options of its own.
+    ``--task multi30k`` hands the command line to the translation trainer, ``train_main``, whose
+    configuration has fields of its own.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     task = argparse.ArgumentParser(add_help=False)
     task.add_argument("--task", choices=TASKS, default="numbers")
     if task.parse_known_args(argv)[0].task == "multi30k":
-        return train_main(argv)  # the chapter "Translating German" adds it to this module
-    parser = build_parser()
+        return train_main(argv, prog)  # the chapter "Translating German" adds it to this module
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     try:
         check_arguments(args, world_size_of_run())
@@ -137,27 +138,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # chapters/22_translation.md: The commands
-def build_train_parser() -> argparse.ArgumentParser:
-    """The options of ``python -m transformer.train --task multi30k``; defaults: ``TranslationConfig``'s."""
-    default = TranslationConfig()
+def build_train_parser(prog: str = "python -m transformer.train") -> argparse.ArgumentParser:
+    """The options of ``python -m transformer.train --task multi30k``: the fields of ``TranslationConfig``, and where."""
     parser = argparse.ArgumentParser(
-        prog="python -m transformer.train --task multi30k", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog=f"{prog} --task multi30k",
         description="Train a Transformer to translate German into English on Multi30k (data/multi30k).")
     parser.add_argument("--task", choices=("multi30k",), default="multi30k", help="what to learn")
-    add_model_options(parser, default)
-    run = add_training_options(parser, default, batch_help="the most sentences in one batch")
-    run.add_argument("--batch-tokens", type=positive_int, default=default.batch_tokens,
-                     help="the most tokens of one side of a batch, padding included")
-    run.add_argument("--lr-factor", type=float, default=default.lr_factor, help="multiplies the paper's rate")
-    run.add_argument("--vocab-size", type=positive_int, default=default.vocab_size, help="joint BPE vocabulary")
-    run.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=default.bf16,
-                     help="forward pass under bfloat16 autocast (for GPUs)")
-    run.add_argument("--eval-every", type=positive_int, default=default.eval_every,
-                     help="measure validation BLEU every N steps")
-    run.add_argument("--eval-size", type=int, default=default.eval_size,
-                     help="validation sentences for that BLEU (0: none)")
-    run.add_argument("--keep-last", type=positive_int, default=default.keep_last,
-                     help="saved checkpoints to keep and average at the end")
+    add_config_options(parser, TranslationConfig())
     add_where_options(parser)
     return parser
 
@@ -172,14 +159,14 @@ def check_train_arguments(args: argparse.Namespace) -> TranslationConfig:
     return config
 
 
-def train_main(argv: Sequence[str] | None = None) -> int:
+def train_main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.train") -> int:
     """``python -m transformer.train --task multi30k [options]``: train, alone or under torchrun.
 
     With ``--checkpoint-dir``, process 0 saves there (``checkpoint.pt`` to resume, the last
     ``--keep-last`` ``step-*.pt``) and at the end writes ``averaged.pt``, the float16 average of
     those, and prints the validation BLEU of the last model and of the average.
     """
-    parser = build_train_parser()
+    parser = build_train_parser(prog)
     args = parser.parse_args(argv)
     try:
         config = check_train_arguments(args)
@@ -198,7 +185,7 @@ def train_main(argv: Sequence[str] | None = None) -> int:
             hooks = DataParallelHooks(rank, world_size, PAD_ID)
             parallel = {"wrap_model": hooks.wrap, "shard": hooks.shard}
         resume = Path(args.checkpoint_dir or "") / "checkpoint.pt"
-        if args.checkpoint_dir is not None and resume.is_file() and rank == 0:
+        if args.resume and resume.is_file() and rank == 0:
             print(f"resuming from {resume} at step {read_checkpoint(resume)['step']} of {config.steps}")
         model, tokenizer, _ = fit_translation(
             config, train, valid if rank == 0 else None, device=device, progress=args.progress and rank == 0,

@@ -219,10 +219,10 @@ def save_translator(path: str | os.PathLike, model: Transformer, tokenizer: Any,
 
 
 # chapters/22_translation.md: The commands
-def build_parser() -> argparse.ArgumentParser:
-    """The options of ``python -m transformer.translate``."""
+def build_parser(prog: str = "python -m transformer.translate") -> argparse.ArgumentParser:
+    """The options of ``python -m transformer.translate`` (``transformer translate``)."""
     parser = argparse.ArgumentParser(
-        prog="python -m transformer.translate", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog=prog, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Translate German into English: one sentence per line, from stdin to stdout.")
     parser.add_argument("--checkpoint", required=True, help="a model of `python -m transformer.train --task multi30k`")
     parser.add_argument("--beam", type=positive_int, default=1, help="beam size (1: greedy decoding)")
@@ -235,9 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.translate") -> int:
     """``python -m transformer.translate --checkpoint PATH [--beam 4]``: stdin lines in, as many lines out."""
-    parser = build_parser()
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     if args.extra_len < 0:
         parser.error(f"--extra-len must be >= 0, got {args.extra_len}")
