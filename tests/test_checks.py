@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from transformer._checks import (
-    check_bool, check_dropout, check_features, check_positive_int, check_tensor, check_token_tensor,
+    check_bool, check_fraction, check_features, check_positive_int, check_tensor, check_token_tensor,
 )
 
 
@@ -30,8 +30,8 @@ def test_check_positive_int_rejects_non_positive_numpy_integer():
         check_positive_int("d_model", np.int64(0))
 
 
-def test_check_dropout_accepts_numpy_float():
-    out = check_dropout("dropout", np.float32(0.25))
+def test_check_fraction_accepts_numpy_float():
+    out = check_fraction("dropout", np.float32(0.25))
     assert type(out) is float and out == 0.25
 
 
@@ -59,37 +59,37 @@ def test_check_positive_int_rejects_non_positive(value):
         check_positive_int("num_heads", value)
 
 
-# check_dropout --------------------------------------------------------------------------------
+# check_fraction --------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("value", [0.0, 0.1, 0.5, 0.999])
-def test_check_dropout_accepts_and_returns(value):
-    out = check_dropout("dropout", value)
+def test_check_fraction_accepts_and_returns(value):
+    out = check_fraction("dropout", value)
     assert type(out) is float
     assert out == value
 
 
-def test_check_dropout_accepts_int_zero_as_float():
-    out = check_dropout("dropout", 0)
+def test_check_fraction_accepts_int_zero_as_float():
+    out = check_fraction("dropout", 0)
     assert type(out) is float and out == 0.0
 
 
 @pytest.mark.parametrize("value", [1.0, 1, 1.5, -0.1, -1.0, float("nan"), float("inf")])
-def test_check_dropout_rejects_outside_unit_interval(value):
+def test_check_fraction_rejects_outside_unit_interval(value):
     with pytest.raises(ValueError, match=rf"dropout must be in \[0, 1\), got {value}"):
-        check_dropout("dropout", value)
+        check_fraction("dropout", value)
 
 
 @pytest.mark.parametrize("value", [True, False])
-def test_check_dropout_rejects_bool(value):
+def test_check_fraction_rejects_bool(value):
     with pytest.raises(TypeError, match=rf"attn_dropout must be a float in \[0, 1\), got bool {value}"):
-        check_dropout("attn_dropout", value)
+        check_fraction("attn_dropout", value)
 
 
 @pytest.mark.parametrize("value", ["0.1", None, torch.tensor(0.1)])
-def test_check_dropout_rejects_non_numbers(value):
+def test_check_fraction_rejects_non_numbers(value):
     with pytest.raises(TypeError, match=rf"dropout must be a float in \[0, 1\), got {type(value).__name__}"):
-        check_dropout("dropout", value)
+        check_fraction("dropout", value)
 
 
 # check_tensor ---------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ the package instead of deep inside torch. Defined in the book's introduction.
 """
 
 
-__all__ = ['check_positive_int', 'check_dropout', 'check_tensor', 'check_features', 'check_token_tensor', 'check_bool', 'check_dtype', 'check_token_ids', 'check_token_batch', 'check_number']
+__all__ = ['check_positive_int', 'check_fraction', 'check_tensor', 'check_features', 'check_token_tensor', 'check_bool', 'check_dtype', 'check_token_ids', 'check_token_batch', 'check_number']
 
 
 import numbers
@@ -19,7 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 
 # chapters/01_introduction.md: How the package checks its input
-def check_positive_int(name: str, value) -> int:
+def check_positive_int(name: str, value: object) -> int:
     """Return ``value`` as an int if it is a positive integer, else raise naming ``name``.
 
     Any integral number is accepted (a NumPy int from a config file, say), but not a bool.
@@ -31,8 +31,9 @@ def check_positive_int(name: str, value) -> int:
     return int(value)
 
 
-def check_dropout(name: str, value) -> float:
-    """Return ``value`` as a float if it is a probability in [0, 1), else raise."""
+def check_fraction(name: str, value: object) -> float:
+    """Return ``value`` as a float if it is a fraction in [0, 1) (a dropout rate, a label smoothing, a share
+    of the steps), else raise a TypeError or ValueError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a float in [0, 1), got {type(value).__name__} {value!r}")
     p = float(value)
@@ -42,16 +43,16 @@ def check_dropout(name: str, value) -> float:
 
 
 # chapters/01_introduction.md: How the package checks its input
-def check_tensor(name: str, value) -> Tensor:
+def check_tensor(name: str, value: object) -> Tensor:
     """Return ``value`` if it is a tensor, else raise a TypeError naming ``name``."""
     if not isinstance(value, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     return value
 
 
-def check_features(name: str, x, d_model: int, ndim: int = 3) -> Tensor:
+def check_features(name: str, x: object, d_model: int, ndim: int = 3) -> Tensor:
     """Check that ``x`` is a float tensor of ``ndim`` dimensions ending in ``d_model``."""
-    check_tensor(name, x)
+    x = check_tensor(name, x)
     if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
     if x.dim() != ndim or x.shape[-1] != d_model:
@@ -60,7 +61,7 @@ def check_features(name: str, x, d_model: int, ndim: int = 3) -> Tensor:
     return x
 
 
-def check_token_tensor(name: str, tokens) -> Tensor:
+def check_token_tensor(name: str, tokens: object) -> Tensor:
     """Check that ``tokens`` is a tensor of integer token ids (any integer dtype, not bool)."""
     if not isinstance(tokens, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(tokens).__name__}")
@@ -69,7 +70,7 @@ def check_token_tensor(name: str, tokens) -> Tensor:
     return tokens
 
 
-def check_bool(name: str, value) -> bool:
+def check_bool(name: str, value: object) -> bool:
     """Return ``value`` if it is a bool (a switch such as ``norm_first``), else raise."""
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
@@ -98,13 +99,13 @@ def _values_readable(tokens: Tensor, any_device: bool = False) -> bool:
     return any_device or tokens.device.type == "cpu"
 
 
-def check_token_ids(name: str, tokens, vocab_size: int, *, any_device: bool = False) -> Tensor:
+def check_token_ids(name: str, tokens: object, vocab_size: int, *, any_device: bool = False) -> Tensor:
     """Check that ``tokens`` holds integer ids in [0, vocab_size); return them as int32 or int64.
 
     The values are checked where ``_values_readable`` allows: eager CPU tensors, or with
     ``any_device`` (an entry point, once per call rather than at every forward) any real tensor.
     """
-    check_token_tensor(name, tokens)
+    tokens = check_token_tensor(name, tokens)
     if tokens.dtype not in (torch.int32, torch.int64):
         tokens = tokens.long()  # the lookup takes int32 or int64 ids only
     if tokens.numel() > 0 and _values_readable(tokens, any_device):
@@ -117,7 +118,7 @@ def check_token_ids(name: str, tokens, vocab_size: int, *, any_device: bool = Fa
 
 
 # chapters/10_model.md: The model
-def check_token_batch(name: str, tokens, vocab_size: int, max_len: int | None = None, *,
+def check_token_batch(name: str, tokens: object, vocab_size: int, max_len: int | None = None, *,
                        any_device: bool = False) -> Tensor:
     """Check that ``tokens`` is a (B, N) tensor of ids in [0, vocab_size), 1 <= N (<= max_len).
 

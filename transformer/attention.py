@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from transformer._checks import check_dropout, check_positive_int, check_tensor, check_token_tensor
+from transformer._checks import check_fraction, check_positive_int, check_tensor, check_token_tensor
 
 
 # chapters/04_attention.md: The causal mask
@@ -184,7 +184,7 @@ def scaled_dot_product_attention(
     """
     scores_shape = _check_query_key_value(query, key, value)
     check_attention_mask(mask, scores_shape)
-    dropout_p = check_dropout("dropout_p", dropout_p)
+    dropout_p = check_fraction("dropout_p", dropout_p)
     d_k = query.shape[-1]
     # (..., L, d_k) @ (..., d_k, S) -> (..., L, S)
     scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)

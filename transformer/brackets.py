@@ -15,6 +15,7 @@ import itertools
 import math
 import random
 import zlib
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -26,7 +27,7 @@ from transformer._checks import check_positive_int, check_token_ids
 BRACKET_VOCAB = ("<pad>", "(", ")")  # token ids 0, 1, 2; id 0 pads
 
 
-def _check_brackets(name: str, text) -> str:
+def _check_brackets(name: str, text: object) -> str:
     """Check that ``text`` is a str of '(' and ')' only."""
     if not isinstance(text, str):
         raise TypeError(f"{name} must be a str of brackets, got {type(text).__name__}")
@@ -133,7 +134,7 @@ def bracket_dataset(num_examples: int, max_len: int = 24, seed: int = 0, split: 
     return torch.stack(rows)[order], torch.tensor(labels)[order]
 
 
-def _check_dataset_args(num_examples, max_len, min_len, split, test_fraction) -> None:
+def _check_dataset_args(num_examples: Any, max_len: Any, min_len: Any, split: Any, test_fraction: Any) -> None:
     if check_positive_int("num_examples", num_examples) % 2:
         raise ValueError(f"num_examples must be even (half balanced, half not), got {num_examples}")
     check_positive_int("max_len", max_len)

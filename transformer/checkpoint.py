@@ -109,7 +109,9 @@ def load_checkpoint(path: str | os.PathLike, model: None = None) -> Transformer:
 @overload
 def load_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
                     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None) -> int: ...
-def load_checkpoint(path, model=None, optimizer=None, scheduler=None):
+def load_checkpoint(path: str | os.PathLike, model: nn.Module | None = None,
+                    optimizer: torch.optim.Optimizer | None = None,
+                    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None) -> Transformer | int:
     """Load a checkpoint of ``save_checkpoint`` into ``model`` (and the optimiser and scheduler).
 
     Returns the step it was saved at. Raises ValueError, naming the parameter, when a parameter's

@@ -14,6 +14,7 @@ __all__ = ['SequenceClassifier', 'accuracy', 'classification_loss', 'train_class
 
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -124,7 +125,7 @@ def accuracy(model: nn.Module, inputs: Tensor, labels: Tensor, batch_size: int =
     return right / len(inputs)
 
 
-def _check_examples(inputs, labels, pad_id: int | None = None) -> None:
+def _check_examples(inputs: Any, labels: Any, pad_id: int | None = None) -> None:
     """Check ``inputs``: token ids (M, N), or (without ``pad_id``) floats (M, ...); ``labels``: (M,) class ids."""
     check_tensor("inputs", inputs)
     if not inputs.is_floating_point() or pad_id is not None:
@@ -211,7 +212,8 @@ def train_classifier(model: nn.Module, inputs: Tensor, labels: Tensor, steps: in
     return history
 
 
-def _check_training_args(inputs, labels, steps, batch_size, lr, warmup, eval_every, clip, pad_id) -> None:
+def _check_training_args(inputs: Tensor, labels: Tensor, steps: Any, batch_size: Any, lr: Any,
+                         warmup: Any, eval_every: Any, clip: Any, pad_id: int | None) -> None:
     _check_examples(inputs, labels, pad_id)
     for name, value in [("steps", steps), ("batch_size", batch_size), ("warmup", warmup), ("eval_every", eval_every)]:
         check_positive_int(name, value)

@@ -112,7 +112,7 @@ def autograd_depth(output: Tensor) -> int:
 
 
 # chapters/15_complexity.md: Restricted self-attention
-def _check_radius(radius) -> int:
+def _check_radius(radius: object) -> int:
     """Return ``radius`` as an int if it is a non-negative integer, else raise."""
     if isinstance(radius, bool) or not isinstance(radius, numbers.Integral):
         raise TypeError(f"radius must be a non-negative int, got {type(radius).__name__} {radius!r}")
@@ -143,7 +143,7 @@ def band_mask(size: int, radius: int, device: torch.device | str | None = None) 
 
 
 # chapters/15_complexity.md: A mask saves no work
-def _band_block_mask(size: int, block: int, radius: int, num_blocks: int, device) -> Tensor:
+def _band_block_mask(size: int, block: int, radius: int, num_blocks: int, device: torch.device) -> Tensor:
     """For block b of queries and its window of keys (blocks b - 1, b, b + 1): True = masked."""
     query_pos = torch.arange(num_blocks * block, device=device).view(num_blocks, block, 1)
     first_key = torch.arange(num_blocks, device=device).view(num_blocks, 1, 1) * block - block

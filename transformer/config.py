@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from transformer._checks import check_dropout, check_positive_int
+from transformer._checks import check_fraction, check_positive_int
 from transformer.data import Vocab
 from transformer.model import Transformer
 from transformer.schedules import warmup_scheduler
@@ -71,9 +71,9 @@ class TrainConfig:
             check_positive_int(name, getattr(self, name))
         if isinstance(self.eval_size, bool) or not isinstance(self.eval_size, int) or self.eval_size < 0:
             raise ValueError(f"eval_size must be an int >= 0, got {self.eval_size!r}")
-        check_dropout("dropout", self.dropout)
-        check_dropout("label_smoothing", self.label_smoothing)
-        check_dropout("cooldown", self.cooldown)
+        check_fraction("dropout", self.dropout)
+        check_fraction("label_smoothing", self.label_smoothing)
+        check_fraction("cooldown", self.cooldown)
         if not self.lr_factor > 0:
             raise ValueError(f"lr_factor must be > 0, got {self.lr_factor}")
         if self.clip is not None and not self.clip > 0:

@@ -51,7 +51,7 @@ def _below_thousand(n: int) -> str:
 
 
 # chapters/11_data.md: Numbers in words
-def _check_number(name: str, n) -> int:
+def _check_number(name: str, n: object) -> int:
     """Return ``n`` as an int if it is an integer in [0, MAX_NUMBER], else raise naming ``name``."""
     if isinstance(n, bool) or not isinstance(n, numbers.Integral):
         raise TypeError(f"{name} must be an int in [0, {MAX_NUMBER}], got {type(n).__name__} {n!r}")
@@ -134,7 +134,7 @@ class Vocab:
             ids.append(i)
         return ids
 
-    def decode(self, ids) -> str:
+    def decode(self, ids: Tensor | Sequence[int]) -> str:
         """The text of a sequence of ids (list or 1-D tensor): stops at ``<eos>``, drops specials."""
         if isinstance(ids, Tensor):
             ids = ids.tolist()
@@ -201,7 +201,7 @@ class Batch(NamedTuple):
         return Batch(*(tensor.to(device) for tensor in self))
 
 
-def check_numbers(numbers) -> list[int]:
+def check_numbers(numbers: object) -> list[int]:
     """Return ``numbers`` as a non-empty list of ints in [0, MAX_NUMBER], else raise."""
     if isinstance(numbers, (str, bytes)) or not isinstance(numbers, Iterable):
         raise TypeError(f"numbers must be an iterable of ints, got {type(numbers).__name__}")
@@ -211,7 +211,7 @@ def check_numbers(numbers) -> list[int]:
     return numbers
 
 
-def pad_rows(rows: list[list[int]], pad_id: int, device) -> Tensor:
+def pad_rows(rows: list[list[int]], pad_id: int, device: torch.device | str | None) -> Tensor:
     """Right-pad lists of ids to the longest one: a LongTensor (len(rows), longest)."""
     longest = max(len(row) for row in rows)
     return torch.tensor([row + [pad_id] * (longest - len(row)) for row in rows], dtype=torch.long, device=device)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from transformer._checks import check_bool, check_dropout, check_dtype, check_features, check_positive_int
+from transformer._checks import check_bool, check_fraction, check_dtype, check_features, check_positive_int
 from transformer.attention import causal_mask, check_attention_mask
 from transformer.feedforward import PositionwiseFeedForward
 from transformer.multihead import KVCache, MultiHeadAttention
@@ -79,7 +79,7 @@ class DecoderLayerCache:
             projected at the first call and reused after (the memory passed later is not read).
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.self_attn = KVCache()
         self.cross_attn = KVCache(static=True)
 
@@ -148,7 +148,7 @@ class DecoderLayer(nn.Module):
         if not callable(self_attention):
             raise TypeError(f"self_attention must be callable (a class), got {type(self_attention).__name__}")
         # MultiHeadAttention checks d_model, num_heads (and that it divides d_model) and its dropout.
-        dropout = check_dropout("dropout", dropout)
+        dropout = check_fraction("dropout", dropout)
         self.self_attn = self_attention(d_model, num_heads, dropout=attention_dropout)
         self.cross_attn: MultiHeadAttention | None = None
         self.norm2: LayerNorm | None = None

@@ -13,6 +13,7 @@ __all__ = ['evaluating', 'greedy_decode', 'beam_search']
 import contextlib
 import numbers
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -23,7 +24,7 @@ from transformer.model import Transformer
 
 
 # chapters/13_generation.md: Greedy decoding
-def _check_token_id(name: str, value, vocab_size: int) -> int:
+def _check_token_id(name: str, value: object, vocab_size: int) -> int:
     """Return ``value`` as an int if it is a token id in [0, vocab_size), else raise naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int token id, got {type(value).__name__} {value!r}")
@@ -33,7 +34,8 @@ def _check_token_id(name: str, value, vocab_size: int) -> int:
     return token_id
 
 
-def _check_generation(model: Transformer, src, max_len, bos_id, pad_id) -> tuple[int, int, int]:
+def _check_generation(model: Transformer, src: Any, max_len: Any, bos_id: Any,
+                      pad_id: int | None) -> tuple[int, int, int]:
     """Check src (B, S), 1 <= max_len <= the model's max_len, bos_id and pad_id; return the ints."""
     if not all(hasattr(model, name) for name in ("encode", "decode", "output", "src_embed", "tgt_embed")):
         raise TypeError(f"model must be an encoder-decoder model such as Transformer (with encode and "
@@ -52,7 +54,7 @@ def _check_generation(model: Transformer, src, max_len, bos_id, pad_id) -> tuple
     return max_len, bos_id, _check_token_id("pad_id", pad_id, vocab_size)
 
 
-def _output_limits(src: Tensor, src_mask: Tensor | None, max_len: int, extra_len) -> Tensor:
+def _output_limits(src: Tensor, src_mask: Tensor | None, max_len: int, extra_len: object) -> Tensor:
     """How many tokens each row may generate after the start token, (B,): ``max_len - 1``, or with
     ``extra_len`` at most its source length (the positions ``src_mask`` leaves open) + ``extra_len``."""
     B, S = src.shape
@@ -145,7 +147,7 @@ def _length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def _check_length_penalty(alpha) -> float:
+def _check_length_penalty(alpha: object) -> float:
     """Return ``alpha`` as a float if it is a number >= 0, else raise."""
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
         raise TypeError(f"length_penalty must be a number >= 0, got {type(alpha).__name__} {alpha!r}")

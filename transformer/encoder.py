@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
-from transformer._checks import check_bool, check_dropout, check_dtype, check_features, check_positive_int
+from transformer._checks import check_bool, check_fraction, check_dtype, check_features, check_positive_int
 from transformer.feedforward import PositionwiseFeedForward
 from transformer.multihead import MultiHeadAttention
 from transformer.residual import LayerNorm, add_and_norm
@@ -59,7 +59,7 @@ class EncoderLayer(nn.Module):
         self.self_attn = self_attention(d_model, num_heads, dropout=attention_dropout)
         self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=activation_dropout, activation=activation)
         self.norm1, self.norm2 = LayerNorm(d_model), LayerNorm(d_model)
-        dropout = check_dropout("dropout", dropout)
+        dropout = check_fraction("dropout", dropout)
         self.dropout1, self.dropout2 = nn.Dropout(dropout), nn.Dropout(dropout)
         self.d_model, self.norm_first = self.self_attn.d_model, norm_first
 

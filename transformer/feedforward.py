@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer._checks import check_dropout, check_dtype, check_features, check_positive_int, check_tensor
+from transformer._checks import check_fraction, check_dtype, check_features, check_positive_int, check_tensor
 
 
 # chapters/06_feedforward.md: The module
@@ -30,7 +30,7 @@ _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
-def _check_activation(activation) -> str:
+def _check_activation(activation: object) -> str:
     """Return ``activation`` if it names one of ``_ACTIVATIONS``, else raise naming the argument."""
     if not isinstance(activation, str):
         raise TypeError(f"activation must be a str, one of {sorted(_ACTIVATIONS)}, got {type(activation).__name__}")
@@ -66,7 +66,7 @@ class PositionwiseFeedForward(nn.Module):
         self.activation = _check_activation(activation)
         self.w_1 = nn.Linear(d_model, d_ff)  # W_1 = w_1.weight.T, (d_model, d_ff); b_1 = w_1.bias
         self.w_2 = nn.Linear(d_ff, d_model)  # W_2 = w_2.weight.T, (d_ff, d_model); b_2 = w_2.bias
-        self.dropout = nn.Dropout(check_dropout("dropout", dropout))
+        self.dropout = nn.Dropout(check_fraction("dropout", dropout))
 
     def forward(self, x: Tensor) -> Tensor:
         """Apply the network to every position of ``x``.

@@ -13,13 +13,13 @@ __all__ = ['CharVocab', 'DecoderOnlyLM', 'random_windows', 'loss_by_position', '
 
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer._checks import (check_dropout, check_number, check_positive_int, check_token_batch, check_token_ids,
+from transformer._checks import (check_fraction, check_number, check_positive_int, check_token_batch, check_token_ids,
     check_token_tensor)
 from transformer.decoder import Decoder, DecoderCache
 from transformer.decoding import evaluating
@@ -67,7 +67,7 @@ class CharVocab:
             raise ValueError(f"text holds characters that are not in the vocabulary: {''.join(unknown)!r}")
         return torch.tensor([self.stoi[char] for char in text], dtype=torch.long)
 
-    def decode(self, ids) -> str:
+    def decode(self, ids: Tensor | Sequence[int]) -> str:
         """The text of a sequence of ids: a 1-D integer tensor ``(N,)`` or a list of ints."""
         if not isinstance(ids, Tensor):
             ids = torch.tensor(list(ids), dtype=torch.long)
@@ -130,7 +130,7 @@ class DecoderOnlyLM(nn.Module):
         self.position = position
         self.embed = TokenEmbedding(vocab_size, d_model, scale=scale_embedding)  # checks its arguments
         self.positional_encoding = _positional_encoding(position, d_model, max_len)
-        self.dropout = nn.Dropout(check_dropout("dropout", dropout))
+        self.dropout = nn.Dropout(check_fraction("dropout", dropout))
         self.decoder = Decoder(num_layers, d_model, num_heads, d_ff, dropout, norm_first,
                                cross_attention=False, self_attention=self_attention, activation=activation)
         self.output = nn.Linear(d_model, vocab_size)  # logits = h E^T + b

@@ -124,7 +124,7 @@ def token_batches(src_lengths: Sequence[int], tgt_lengths: Sequence[int], batch_
 
 
 def translation_batches(src_rows: Sequence[list[int]], tgt_rows: Sequence[list[int]], config: TranslationConfig,
-                        start_step: int = 0, device=None) -> Iterator[Batch]:
+                        start_step: int = 0, device: torch.device | str | None = None) -> Iterator[Batch]:
     """An endless stream of training batches, epoch after epoch, each epoch grouped and shuffled anew.
 
     The stream is a function of the data and (batch_tokens, batch_size, seed): ``start_step=k``

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer._checks import check_bool, check_dropout, check_dtype, check_features, check_positive_int
+from transformer._checks import check_bool, check_fraction, check_dtype, check_features, check_positive_int
 from transformer.attention import check_attention_mask, scaled_dot_product_attention
 
 
@@ -136,7 +136,7 @@ class MultiHeadAttention(nn.Module):
                 f"d_model must be divisible by num_heads, got d_model={d_model} and num_heads={num_heads}"
             )
         self.d_model, self.num_heads, self.d_k = d_model, num_heads, d_model // num_heads
-        self.dropout = check_dropout("dropout", dropout)
+        self.dropout = check_fraction("dropout", dropout)
         bias = check_bool("bias", bias)
         self.w_q = nn.Linear(d_model, d_model, bias=bias)  # W^Q = w_q.weight.T: the W_i^Q side by side
         self.w_k = nn.Linear(d_model, d_model, bias=bias)  # W^K
@@ -152,7 +152,7 @@ class MultiHeadAttention(nn.Module):
                 nn.init.zeros_(linear.bias)
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
-                need_weights: bool = False, cache: KVCache | None = None):
+                need_weights: bool = False, cache: KVCache | None = None) -> Tensor | tuple[Tensor, Tensor | None]:
         """Attend from each query position to the key positions, with every head.
 
         Args:

@@ -12,7 +12,7 @@ __all__ = ['sinusoidal_encoding', 'SinusoidalPositionalEncoding', 'LearnedPositi
 import torch
 from torch import Tensor, nn
 
-from transformer._checks import check_dropout, check_features, check_positive_int
+from transformer._checks import check_fraction, check_features, check_positive_int
 
 
 # chapters/03_positional_encoding.md: The sinusoidal encoding
@@ -93,7 +93,7 @@ class SinusoidalPositionalEncoding(_AddPositionTable):
         super().__init__()
         self.d_model = check_positive_int("d_model", d_model)
         self.max_len = check_positive_int("max_len", max_len)
-        self.dropout = nn.Dropout(check_dropout("dropout", dropout))
+        self.dropout = nn.Dropout(check_fraction("dropout", dropout))
         self.register_buffer("table", sinusoidal_encoding(max_len, d_model), persistent=False)
         self.register_load_state_dict_post_hook(_refill_table)  # the table is not in a state dict
 
@@ -107,7 +107,7 @@ class SinusoidalPositionalEncoding(_AddPositionTable):
         return f"d_model={self.d_model}, max_len={self.max_len}"
 
 
-def _refill_table(module: SinusoidalPositionalEncoding, incompatible_keys) -> None:
+def _refill_table(module: SinusoidalPositionalEncoding, incompatible_keys: object) -> None:
     """After ``load_state_dict``: a model built on the meta device gets its table only here."""
     module.reset_parameters()
 
@@ -132,7 +132,7 @@ class LearnedPositionalEncoding(_AddPositionTable):
         super().__init__()
         self.max_len = check_positive_int("max_len", max_len)
         self.d_model = check_positive_int("d_model", d_model)
-        self.dropout = nn.Dropout(check_dropout("dropout", dropout))
+        self.dropout = nn.Dropout(check_fraction("dropout", dropout))
         self.table = nn.Parameter(torch.empty(max_len, d_model))  # (max_len, d_model)
         nn.init.normal_(self.table, mean=0.0, std=0.02)
 

@@ -25,7 +25,7 @@ from transformer.model import Transformer
 
 
 # chapters/20_pretrained.md: Pretrained weights
-def _transformers():
+def _transformers() -> Any:
     """The ``transformers`` module, or an ImportError that says how to install it."""
     try:
         return importlib.import_module("transformers")
@@ -108,7 +108,7 @@ _HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gel
                    "silu": "silu", "swish": "silu"}
 
 
-def _require(config, field: str, allowed: tuple, why: str):
+def _require(config: Any, field: str, allowed: tuple, why: str) -> Any:
     """Return ``config.<field>`` if it is one of ``allowed``; else a ValueError naming the field."""
     value = getattr(config, field, None)
     if value not in allowed:
@@ -117,7 +117,7 @@ def _require(config, field: str, allowed: tuple, why: str):
     return value
 
 
-def _require_equal(config, first: str, second: str) -> int:
+def _require_equal(config: Any, first: str, second: str) -> int:
     """The value of two fields that must agree (this package's encoder and decoder share sizes)."""
     a, b = getattr(config, first), getattr(config, second)
     if a != b:
@@ -127,7 +127,7 @@ def _require_equal(config, first: str, second: str) -> int:
 
 
 # chapters/20_pretrained.md: Marian → `Transformer`
-def _marian_model(config, shared: bool, tied: bool) -> Transformer:
+def _marian_model(config: Any, shared: bool, tied: bool) -> Transformer:
     """An empty ``Transformer`` of the sizes and choices of a ``MarianConfig``; ``shared``: one
     embedding table for source and target, ``tied``: the output layer is the target table."""
     activation = _HF_ACTIVATIONS[_require(config, "activation_function", tuple(_HF_ACTIVATIONS),
@@ -192,7 +192,7 @@ def _from_marian(hf: Any) -> Transformer:
 
 
 # chapters/20_pretrained.md: GPT-2 → `DecoderOnlyLM`
-def _gpt2_model(config) -> DecoderOnlyLM:
+def _gpt2_model(config: Any) -> DecoderOnlyLM:
     """An empty ``DecoderOnlyLM`` of the sizes and choices of a ``GPT2Config``."""
     activation = _HF_ACTIVATIONS[_require(config, "activation_function", tuple(_HF_ACTIVATIONS),
                                           "the feed-forward activations of PositionwiseFeedForward")]
@@ -264,7 +264,7 @@ def from_huggingface(model: nn.Module) -> nn.Module:
     return ours.to(device=reference.device, dtype=reference.dtype).train(model.training)
 
 
-def load_pretrained(name_or_path: str | os.PathLike, **kwargs) -> tuple[nn.Module, object]:
+def load_pretrained(name_or_path: str | os.PathLike, **kwargs: Any) -> tuple[nn.Module, object]:
     """Load a Marian or GPT-2 checkpoint into this package's classes, with its tokenizer.
 
     Args:

@@ -25,7 +25,7 @@ from transformer.multihead import MultiHeadAttention
 
 
 # chapters/18_positions_compared.md: Distances as indices
-def _check_non_negative_int(name: str, value) -> int:
+def _check_non_negative_int(name: str, value: object) -> int:
     """Return ``value`` as an int if it is an integer >= 0 (not a bool), else raise naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be a non-negative int, got {type(value).__name__} {value!r}")
@@ -124,7 +124,7 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
 
 
 # chapters/18_positions_compared.md: Rotary position embeddings
-def _check_base(base) -> float:
+def _check_base(base: object) -> float:
     """Return ``base`` as a float if it is a number > 1, else raise a clear error."""
     if isinstance(base, bool) or not isinstance(base, numbers.Real):
         raise TypeError(f"base must be a number greater than 1, got {type(base).__name__} {base!r}")

@@ -22,7 +22,7 @@ from transformer._checks import check_bool, check_features, check_positive_int, 
 
 
 # chapters/07_add_and_norm.md: Layer normalisation
-def _check_eps(eps) -> float:
+def _check_eps(eps: object) -> float:
     """Return ``eps`` as a float if it is a positive finite number, else raise."""
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise TypeError(f"eps must be a positive float, got {type(eps).__name__} {eps!r}")
@@ -77,7 +77,7 @@ class LayerNorm(nn.Module):
 
 
 # chapters/07_add_and_norm.md: Add & Norm, in two orders
-def _check_sublayer_output(output, x: Tensor) -> Tensor:
+def _check_sublayer_output(output: object, x: Tensor) -> Tensor:
     """The residual sum needs a sublayer output of exactly the shape of its input."""
     if not isinstance(output, Tensor):
         raise TypeError(f"sublayer must return a torch.Tensor, got {type(output).__name__}")

@@ -11,6 +11,8 @@ Defined in the book's chapter "Decoder-only: a character language model"
 __all__ = ['top_k_filter', 'sample']
 
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -49,7 +51,7 @@ def _next_token(logits: Tensor, temperature: float, top_k: int | None,
     return torch.multinomial(probabilities, 1, generator=generator).squeeze(1)  # (B,)
 
 
-def _check_prompt(model: nn.Module, prompt, max_new_tokens) -> tuple[Tensor, int]:
+def _check_prompt(model: nn.Module, prompt: Any, max_new_tokens: Any) -> tuple[Tensor, int]:
     """The prompt as (B, P) and ``max_new_tokens`` as an int, checked against the model's positions."""
     if not isinstance(model, DecoderOnlyLM):
         raise TypeError(f"model must be a DecoderOnlyLM, got {type(model).__name__}"

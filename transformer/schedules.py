@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from transformer._checks import check_dropout, check_positive_int
+from transformer._checks import check_fraction, check_positive_int
 
 
 # chapters/12_training.md: Adam and the warm-up schedule
@@ -30,7 +30,7 @@ def cooldown_factor(step: int, steps: int, cooldown: float) -> float:
     """The factor f(step) of a cooldown over the last share ``cooldown`` of ``steps``: 1 before it,
     then a line falling to 1 / (cooldown * steps) at the last step; always 1 for ``cooldown=0``."""
     step, steps = check_positive_int("step", step), check_positive_int("steps", steps)
-    length = round(check_dropout("cooldown", cooldown) * steps)  # the number of steps that cool down
+    length = round(check_fraction("cooldown", cooldown) * steps)  # the number of steps that cool down
     return min(1.0, (steps - step + 1) / length) if length else 1.0
 
 
@@ -49,7 +49,7 @@ def warmup_scheduler(optimizer: torch.optim.Optimizer, d_model: int, warmup: int
     check_positive_int("warmup", warmup)
     if not factor > 0:
         raise ValueError(f"factor must be > 0, got {factor}")
-    cooldown = check_dropout("cooldown", cooldown)  # a share in [0, 1), like a dropout rate
+    cooldown = check_fraction("cooldown", cooldown)  # a share of the steps, in [0, 1)
     if cooldown and steps is None:
         raise ValueError("cooldown needs steps, the length of the run")
     if steps is not None:

@@ -34,7 +34,8 @@ from transformer.model import Transformer
 
 # chapters/12_training.md: The training loop
 def training_batches(numbers: Sequence[int], batch_size: int, src_vocab: Vocab, tgt_vocab: Vocab,
-                     seed: int = 0, start_step: int = 0, device=None) -> Iterator[Batch]:
+                     seed: int = 0, start_step: int = 0,
+                     device: torch.device | str | None = None) -> Iterator[Batch]:
     """An endless stream of training batches: epoch after epoch, each in its own seeded order.
 
     The stream is a function of (numbers, batch_size, seed): ``start_step=k`` starts where an
@@ -53,7 +54,7 @@ def training_batches(numbers: Sequence[int], batch_size: int, src_vocab: Vocab, 
 
 # chapters/12_training.md: The training loop
 def predict(model: Transformer, numbers: Sequence[int], src_vocab: Vocab, tgt_vocab: Vocab,
-            batch_size: int = 1000, device=None) -> list[str]:
+            batch_size: int = 1000, device: torch.device | str | None = None) -> list[str]:
     """The model's answer for each number: the generated tokens after <bos>, up to <eos>.
 
     Special tokens before <eos> are kept by name (e.g. ``"12<pad>"``), so that only a
@@ -74,7 +75,7 @@ def predict(model: Transformer, numbers: Sequence[int], src_vocab: Vocab, tgt_vo
 
 
 def exact_match(model: Transformer, numbers: Sequence[int], src_vocab: Vocab, tgt_vocab: Vocab,
-                batch_size: int = 1000, device=None) -> float:
+                batch_size: int = 1000, device: torch.device | str | None = None) -> float:
     """The share of ``numbers`` whose digits the model generates exactly (greedy decoding)."""
     answers = predict(model, numbers, src_vocab, tgt_vocab, batch_size, device)
     return sum(answer == str(n) for answer, n in zip(answers, numbers)) / len(answers)
@@ -82,7 +83,7 @@ def exact_match(model: Transformer, numbers: Sequence[int], src_vocab: Vocab, tg
 
 @torch.no_grad()
 def evaluate_loss(model: nn.Module, numbers: Sequence[int], src_vocab: Vocab, tgt_vocab: Vocab,
-                  label_smoothing: float = 0.1, device=None) -> float:
+                  label_smoothing: float = 0.1, device: torch.device | str | None = None) -> float:
     """The teacher-forced label-smoothed loss on ``numbers``, in eval mode (mode restored)."""
     was_training = model.training
     model.eval()

@@ -16,11 +16,12 @@ import argparse
 import copy
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 from tqdm import tqdm
 
 from transformer._checks import check_positive_int
@@ -28,6 +29,7 @@ from transformer.attention import padding_mask
 from transformer.checkpoint import check_resume, read_checkpoint, restore_checkpoint, save_checkpoint
 from transformer.cli import positive_int
 from transformer.config import make_optimizer
+from transformer.data import Batch, pad_rows
 from transformer.decoding import beam_search, greedy_decode
 from transformer.loop import run_settings, run_steps
 from transformer.losses import seq2seq_loss
@@ -35,7 +37,6 @@ from transformer.metrics import corpus_scores
 from transformer.model import Transformer
 from transformer.multi30k import (BOS_ID, EOS_ID, PAD_ID, TranslationConfig, encode_lines, make_translation_model,
     translation_batches)
-from transformer.data import pad_rows
 from transformer.subwords import train_tokenizer
 
 
@@ -92,9 +93,11 @@ def step_files(folder: Path) -> list[Path]:
 
 def fit_translation(config: TranslationConfig, train: tuple[Sequence[str], Sequence[str]],
                     valid: tuple[Sequence[str], Sequence[str]] | None = None, *, tokenizer: Any = None,
-                    device=None, progress: bool = True, checkpoint_dir=None, save_every: int | None = None,
-                    save_checkpoints: bool = True, log=None, wrap_model=None,
-                    shard=None) -> tuple[Transformer, Any, dict]:
+                    device: torch.device | str | None = None, progress: bool = True,
+                    checkpoint_dir: str | os.PathLike | None = None, save_every: int | None = None,
+                    save_checkpoints: bool = True, log: Callable[[str], object] | None = None,
+                    wrap_model: Callable[[nn.Module], nn.Module] | None = None,
+                    shard: Callable[[Batch], Batch] | None = None) -> tuple[Transformer, Any, dict[str, list]]:
     """Train a German-to-English Transformer on ``train = (german, english)``; return (model, tokenizer, history).
 
     The package's training loop (``run_steps``) on token-count batches: teacher forcing, label
@@ -169,7 +172,7 @@ def fit_translation(config: TranslationConfig, train: tuple[Sequence[str], Seque
 
 
 # chapters/22_translation.md: Saving, loading and averaging
-def tokenizer_from_checkpoint(checkpoint: dict, path) -> Any:
+def tokenizer_from_checkpoint(checkpoint: dict, path: str | os.PathLike) -> Any:
     """The tokenizer saved in a translation checkpoint."""
     from tokenizers import Tokenizer
 
@@ -179,7 +182,7 @@ def tokenizer_from_checkpoint(checkpoint: dict, path) -> Any:
     return Tokenizer.from_str(checkpoint["tokenizer"])
 
 
-def _config_of(checkpoint: dict, path) -> TranslationConfig:
+def _config_of(checkpoint: dict, path: str | os.PathLike) -> TranslationConfig:
     try:
         return TranslationConfig(**checkpoint["config"])
     except (TypeError, ValueError) as err:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from transformer._checks import check_dropout, check_positive_int, check_tensor
+from transformer._checks import check_fraction, check_positive_int, check_tensor
 from transformer.encoder import Encoder
 from transformer.multihead import MultiHeadAttention
 from transformer.positional import sinusoidal_encoding
@@ -214,7 +214,7 @@ class VisionTransformer(nn.Module):
         if positions == "relative":
             attention = functools.partial(GridRelativeMultiHeadAttention, max_distance=max_distance,
                                           grid_size=self.patch_embed.grid_size)
-        self.dropout = nn.Dropout(check_dropout("dropout", dropout))
+        self.dropout = nn.Dropout(check_fraction("dropout", dropout))
         self.encoder = Encoder(num_layers, d_model, num_heads, d_ff, dropout, norm_first=True,
                                self_attention=attention)
         self.head = nn.Linear(d_model, num_classes)
