@@ -377,14 +377,14 @@ def test_the_transformer_command_lists_its_commands_and_passes_each_its_options(
     (["fly"], "transformer: error: unknown command 'fly' (choose from train, translate)"),
 ])
 def test_the_transformer_command_without_a_known_command_exits_2(argv, message, capsys):
-    from transformer.__main__ import main as command
+    from transformer.__main__ import command
 
     assert command(argv) == 2
     assert message in capsys.readouterr().err
 
 
 def test_the_transformer_command_hands_usage_errors_of_a_command_on(capsys):
-    from transformer.__main__ import main as command
+    from transformer.__main__ import command
 
     with pytest.raises(SystemExit) as stop:
         command(["train", "--steps", "0"])

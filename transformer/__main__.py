@@ -8,7 +8,7 @@ Defined in the book's chapter "Scaling out" (chapters/14_scaling_out.md).
 """
 
 
-__all__ = ['COMMANDS', 'USAGE', 'main']
+__all__ = ['COMMANDS', 'USAGE', 'command']
 
 
 import sys
@@ -21,8 +21,11 @@ COMMANDS = {"train": "train a model: number words (--task numbers) or German to 
 USAGE = "usage: transformer {train,translate} [options]"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``transformer COMMAND [options]``; ``argv`` defaults to the command line. Misuse exits 2."""
+def command(argv: Sequence[str] | None = None) -> int:
+    """``transformer COMMAND [options]``; ``argv`` defaults to the command line. Misuse exits 2.
+
+    (Not named ``main``: in this chapter's notebook, that is the trainer's.)
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         listing = "\n".join(f"  {name:<10} {meaning}" for name, meaning in COMMANDS.items())
@@ -42,4 +45,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__" and __spec__ is not None:  # `python -m transformer`, not a notebook
-    raise SystemExit(main())
+    raise SystemExit(command())
