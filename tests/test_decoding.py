@@ -614,3 +614,12 @@ def test_generation_misuse_gets_clear_errors_issue_13():
     ids = torch.tensor([[3, 4, 5]])
     torch.testing.assert_close(greedy_decode(model, ids.to(torch.uint8), 5, bos_id=1),
                                greedy_decode(model, ids, 5, bos_id=1))
+
+
+def test_generated_ids_drop_bos_and_cut_at_the_first_eos():
+    from transformer.decoding import generated_ids
+
+    tokens = torch.tensor([[1, 5, 6, 2, 7, 2],    # <bos> 5 6 <eos> ...: what follows <eos> is not said
+                           [1, 2, 9, 9, 9, 9],    # ends at once: nothing
+                           [1, 8, 8, 8, 8, 8]])   # never ends: every generated id
+    assert generated_ids(tokens, eos_id=2) == [[5, 6], [], [8, 8, 8, 8, 8]]

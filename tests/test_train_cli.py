@@ -258,6 +258,17 @@ def test_without_torchrun_a_process_runs_alone_and_joins_no_group():
     assert replica_difference(torch.nn.Linear(2, 2)) == 0.0
 
 
+def test_data_parallel_options_are_nothing_alone_and_the_hooks_in_a_group():
+    from transformer.distributed import data_parallel_options
+
+    assert data_parallel_options(0, 1) == {}
+    options = data_parallel_options(1, 3, pad_id=0)
+    assert set(options) == {"wrap_model", "shard"}
+    hooks = options["shard"].__self__
+    assert isinstance(hooks, DataParallelHooks) and (hooks.rank, hooks.world_size) == (1, 3)
+    assert options["wrap_model"].__self__ is hooks  # one set of hooks: shard's share is what wrap weights by
+
+
 # --- two processes ----------------------------------------------------------------------------
 
 # One rank of a two-process run: run_training as under torchrun, then save what it learned.

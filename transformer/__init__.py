@@ -31,9 +31,9 @@ from transformer.checkpoint import (save_checkpoint, read_checkpoint, restore_ch
     average_checkpoints)
 from transformer.config import TrainConfig, make_model, make_optimizer
 from transformer.paths import book_root, model_cache_dir, data_file
-from transformer.decoding import evaluating, greedy_decode, beam_search
-from transformer.distributed import (shard_batch, DataParallelHooks, world_size_of_run, init_distributed,
-    replica_difference)
+from transformer.decoding import evaluating, greedy_decode, generated_ids, beam_search
+from transformer.distributed import (shard_batch, DataParallelHooks, data_parallel_options, world_size_of_run,
+    init_distributed, replica_difference)
 from transformer.complexity import (self_attention_macs, recurrent_macs, convolution_macs, restricted_attention_macs,
     loglog_slope, autograd_depth, band_mask, banded_attention, saved_tensor_bytes)
 from transformer.classifier import SequenceClassifier, accuracy, classification_loss, train_classifier
@@ -115,9 +115,11 @@ __all__ = [
     'data_file',
     'evaluating',
     'greedy_decode',
+    'generated_ids',
     'beam_search',
     'shard_batch',
     'DataParallelHooks',
+    'data_parallel_options',
     'world_size_of_run',
     'init_distributed',
     'replica_difference',

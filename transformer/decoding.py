@@ -7,7 +7,7 @@ Defined in the book's chapter "Generation" (chapters/13_generation.md).
 """
 
 
-__all__ = ['evaluating', 'greedy_decode', 'beam_search']
+__all__ = ['evaluating', 'greedy_decode', 'generated_ids', 'beam_search']
 
 
 import contextlib
@@ -139,6 +139,12 @@ def greedy_decode(model: Transformer, src: Tensor, max_len: int, bos_id: int, eo
                 finished |= next_token == eos_id
             tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # (B, t + 1)
     return tokens
+
+
+def generated_ids(tokens: Tensor, eos_id: int) -> list[list[int]]:
+    """What each row of a generation says: its ids after the leading <bos>, up to (not with) its first
+    ``eos_id``, or all of them when it has none. tokens (B, T) -> B lists."""
+    return [row[:row.index(eos_id)] if eos_id in row else row for row in tokens[:, 1:].tolist()]
 
 
 # chapters/13_generation.md: Beam search

@@ -7,10 +7,11 @@ Defined in the book's chapter "Scaling out" (chapters/14_scaling_out.md).
 """
 
 
-__all__ = ['shard_batch', 'DataParallelHooks', 'world_size_of_run', 'init_distributed', 'replica_difference']
+__all__ = ['shard_batch', 'DataParallelHooks', 'data_parallel_options', 'world_size_of_run', 'init_distributed', 'replica_difference']
 
 
 import os
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -65,6 +66,15 @@ class DataParallelHooks:
         replica = DistributedDataParallel(model)  # copies rank 0's parameters to every process
         replica.register_comm_hook(self, _weighted_sum)
         return replica
+
+
+def data_parallel_options(rank: int, world_size: int, pad_id: int = 0) -> dict[str, Any]:
+    """What ``fit`` (or any task's trainer) takes to train as process ``rank`` of ``world_size``: the
+    ``wrap_model`` and ``shard`` of a ``DataParallelHooks``; nothing when the process runs alone."""
+    if world_size == 1:
+        return {}
+    hooks = DataParallelHooks(rank, world_size, pad_id)
+    return {"wrap_model": hooks.wrap, "shard": hooks.shard}
 
 
 # chapters/14_scaling_out.md: One process per device

@@ -18,7 +18,6 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
 from pathlib import Path
 
 import torch
@@ -28,7 +27,7 @@ from transformer.checkpoint import read_checkpoint, average_checkpoints
 from transformer.cli import add_config_options, add_where_options, check_where, config_from_args, positive_int
 from transformer.config import TrainConfig, make_model
 from transformer.data import source_vocab, split_numbers, target_vocab
-from transformer.distributed import DataParallelHooks, init_distributed, replica_difference, world_size_of_run
+from transformer.distributed import data_parallel_options, init_distributed, replica_difference, world_size_of_run
 from transformer.model import Transformer
 from transformer.training import exact_match, fit
 from transformer.metrics import corpus_scores
@@ -84,10 +83,7 @@ def _train_here(args: argparse.Namespace, config: TrainConfig, rank: int, world_
         step = read_checkpoint(resume)["step"]
         print(f"resuming from {resume} at step {step} of {config.steps}" if step < config.steps else
               f"resuming from {resume}: the run is already complete, step {step} of {config.steps}")
-    parallel: dict[str, Any] = {}
-    if world_size > 1:
-        hooks = DataParallelHooks(rank, world_size, target_vocab().pad_id)
-        parallel = {"wrap_model": hooks.wrap, "shard": hooks.shard}
+    parallel = data_parallel_options(rank, world_size, target_vocab().pad_id)
     model, _ = fit(config, train_numbers, valid_numbers if rank == 0 else None,
                    device=device, progress=args.progress and rank == 0, resume_from=resume,
                    checkpoint_path=path if rank == 0 else None, checkpoint_every=args.save_every,
@@ -180,10 +176,7 @@ def train_main(argv: Sequence[str] | None = None, prog: str = "python -m transfo
         torch.backends.cuda.enable_cudnn_sdp(False)
     try:
         train, valid = load_multi30k("train"), load_multi30k("val")
-        parallel: dict[str, Any] = {}
-        if world_size > 1:
-            hooks = DataParallelHooks(rank, world_size, PAD_ID)
-            parallel = {"wrap_model": hooks.wrap, "shard": hooks.shard}
+        parallel = data_parallel_options(rank, world_size, PAD_ID)
         resume = Path(args.checkpoint_dir or "") / "checkpoint.pt"
         if args.resume and resume.is_file() and rank == 0:
             print(f"resuming from {resume} at step {read_checkpoint(resume)['step']} of {config.steps}")

@@ -26,7 +26,7 @@ from transformer._checks import check_positive_int
 from transformer.checkpoint import check_resume, read_checkpoint, restore_checkpoint, save_checkpoint
 from transformer.config import TrainConfig, make_model, make_optimizer
 from transformer.data import MAX_NUMBER, Batch, Vocab, check_numbers, make_batch, source_vocab, target_vocab
-from transformer.decoding import greedy_decode
+from transformer.decoding import generated_ids, greedy_decode
 from transformer.losses import label_smoothed_cross_entropy, seq2seq_loss
 from transformer.loop import run_settings, run_steps
 from transformer.model import Transformer
@@ -68,9 +68,8 @@ def predict(model: Transformer, numbers: Sequence[int], src_vocab: Vocab, tgt_vo
         batch = make_batch(numbers[start:start + batch_size], src_vocab, tgt_vocab, device)
         tokens = greedy_decode(model, batch.src, max_len, tgt_vocab.bos_id, tgt_vocab.eos_id,
                                src_mask=batch.src_mask)  # (B, <= max_len)
-        for row in tokens[:, 1:].tolist():
-            end = row.index(tgt_vocab.eos_id) if tgt_vocab.eos_id in row else len(row)
-            answers.append("".join(tgt_vocab.itos[i] for i in row[:end]))
+        for row in generated_ids(tokens, tgt_vocab.eos_id):
+            answers.append("".join(tgt_vocab.itos[i] for i in row))
     return answers
 
 

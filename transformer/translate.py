@@ -30,7 +30,7 @@ from transformer.checkpoint import check_resume, read_checkpoint, restore_checkp
 from transformer.cli import positive_int
 from transformer.config import make_optimizer
 from transformer.data import Batch, pad_rows
-from transformer.decoding import beam_search, greedy_decode
+from transformer.decoding import beam_search, generated_ids, greedy_decode
 from transformer.loop import run_settings, run_steps
 from transformer.losses import seq2seq_loss
 from transformer.metrics import corpus_scores
@@ -75,9 +75,8 @@ def translate(model: Transformer, tokenizer: Any, sentences: Sequence[str], beam
         else:
             tokens = beam_search(model, src, limit, BOS_ID, EOS_ID, beam_size, length_penalty, src_mask=src_mask,
                                  pad_id=PAD_ID, extra_len=extra_len)  # (B, T)
-        for i, row in zip(rows, tokens[:, 1:].tolist()):
-            end = row.index(EOS_ID) if EOS_ID in row else len(row)
-            output[i] = tokenizer.decode(row[:end])
+        for i, row in zip(rows, generated_ids(tokens, EOS_ID)):
+            output[i] = tokenizer.decode(row)
     return output
 
 
