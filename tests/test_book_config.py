@@ -1,5 +1,6 @@
 """tools/book_config.py: the build's configuration, with the repository buttons and Binder."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,15 @@ def test_binder_environment_installs_the_book_with_jupytext():
     assert post_build.stat().st_mode & 0o111  # executable, as Binder requires
     text = post_build.read_text()
     assert "pip install --no-deps -e ." in text and '"markdown": "Jupytext Notebook"' in text
+
+
+def test_the_introductions_roadmap_names_every_chapter_of_the_table_of_contents():
+    """A chapter added to _toc.yml must also be announced where the introduction lists the chapters."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    chapters = [entry["file"] for part in toc["parts"] for entry in part["chapters"]
+                if entry["file"].startswith("chapters/")]
+    intro = (ROOT / "chapters" / "01_introduction.md").read_text()
+    roadmap = intro.split("## Roadmap", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"\{doc\}`([0-9]{2}_[a-z_]+)`", roadmap))
+    missing = [c for c in chapters if c.removeprefix("chapters/") not in named]
+    assert len(chapters) > 20 and not missing, f"the roadmap of chapters/01_introduction.md does not name {missing}"
