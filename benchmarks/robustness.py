@@ -17,7 +17,7 @@ Arithmetic paths:
     default  ``ATEN_CPU_CAPABILITY=default``: torch's plain, non-vectorised kernels
 
     make robustness                                   # every chapter, seeds 0-7, both paths
-    .venv/bin/python -m benchmarks.robustness --chapters 12 13 --seeds 0 1 --jobs 2
+    .venv/bin/python -m benchmarks.robustness --chapters training generation --seeds 0 1 --jobs 2
     .venv/bin/python -m benchmarks.robustness --table _build/robustness/results.json   # print again
 
 Runs go two at a time (``--jobs``), each in its own kernel on one thread (``OMP_NUM_THREADS=1``). It is
@@ -47,7 +47,7 @@ OPERATORS = {">": float.__gt__, ">=": float.__ge__, "<": float.__lt__, "<=": flo
 class Claim:
     """One asserted number: ``glued op threshold`` must hold in every run of ``chapter``."""
 
-    chapter: str  # the chapter's number, "12"
+    chapter: str  # the chapter's name without its number, "training" (chapters/NN_training.md)
     name: str  # the glue name the chapter records the number under
     op: str  # one of OPERATORS
     threshold: float
@@ -60,68 +60,69 @@ class Claim:
 # The chapters' asserts about trained models, each as the number it tests. Relations between two
 # measured numbers (a < b) are glued as one number (b - a, or a / b) so that each row has a margin.
 CLAIMS = [
-    Claim("07", "warmup_stalled", ">", 0.5, "post-LN, constant peak rate: final loss / var(y)"),
-    Claim("07", "warmup_worst_trained", "<", 0.1, "the four other settings: worst final loss / stalled"),
-    Claim("12", "test_exact_match", ">=", 0.98, "number words: exact match, 5,000 test numbers"),
-    Claim("13", "gen_close_runner_up", "<", 0.05, "share of digits whose runner-up is above 0.1"),
-    Claim("13", "gen_last_layer_in_order", ">", 0.8, "last layer: steps that do not go back"),
-    Claim("13", "gen_last_layer_sharper", ">", 0.0, "last layer sharper than the first (weight)"),
-    Claim("13", "gen_self_attention_peak", ">", 1.5, "encoder: largest weight / uniform, worst layer"),
-    Claim("13", "gen_cold_same_as_greedy", ">=", 0.99, "sampling at tau = 0.05: same as greedy"),
-    Claim("13", "gen_sampled_exact", ">", 0.35, "sampling at tau = 1: exact match, lower bound"),
-    Claim("13", "gen_sampled_exact", "<", 0.7, "sampling at tau = 1: exact match, upper bound"),
-    Claim("13", "gen_sampling_cost", ">", 0.2, "exact match lost at tau = 1 against tau = 0.05"),
-    Claim("16", "brackets_test_accuracy", ">", 90, "brackets: test accuracy (%)"),
-    Claim("16", "brackets_train_test_gap", "<", 0.05, "brackets: |test - training accuracy|"),
-    Claim("16", "brackets_min_seen", ">", 85, "brackets: worst accuracy at a trained length (%)"),
-    Claim("16", "brackets_long_drop", ">", 0.0, "brackets: length 36 below trained - 0.15 (margin)"),
-    Claim("16", "brackets_gram_margin", ">", 0.0, "brackets: windows between counts and model (margin)"),
-    Claim("17", "lm_gain_nats", ">", 0.5, "characters: held-out loss below the unigram (nats)"),
-    Claim("17", "lm_valid_rise", "<", 0.01, "characters: largest rise between validations"),
-    Claim("17", "lm_context_steps", ">", 0.0, "characters: loss falls from 0 to 1-3 to 4-15"),
-    Claim("17", "lm_context_first", ">", 0.0, "characters: first characters of context worth most"),
-    Claim("17", "lm_repeat_share", ">", 0.4, "characters: greedy continuations that loop"),
-    Claim("17", "lm_speaker_share", ">", 0.05, "characters: samples that start a new speaker"),
-    Claim("17", "lm_best_tau", ">", 0.7, "characters: best temperature, lower bound"),
-    Claim("17", "lm_best_tau", "<", 1.4, "characters: best temperature, upper bound"),
-    Claim("17", "lm_bigram_margin", ">", 0.0, "characters: position 0 near the bigram (margin)"),
-    Claim("18", "positions_relative_ahead", ">", 0.0, "positions: a relative scheme best on 0-31"),
-    Claim("18", "positions_relative_ratio", "<", 1.05, "positions: relative, loss 64-127 / loss 0-31"),
-    Claim("18", "positions_relative_steadiest", ">", 0.0, "positions: relative's ratio the lowest"),
-    Claim("18", "positions_sinusoidal_jump", ">", 0.2, "positions: sinusoidal's jump at 32 (nats)"),
-    Claim("18", "positions_learned_beats_sinusoidal", ">", 0.0, "positions: learned below sinusoidal, 64-127"),
-    Claim("18", "positions_rotary_later", ">", 0.0, "positions: rotary below sinusoidal on 32-63"),
-    Claim("18", "positions_rotary_behind", ">", 0.0, "positions: rotary above learned, relative on 64-127"),
-    Claim("19", "vit_all_above", ">", 0.0, "digits: every model above 90% (margin)"),
-    Claim("19", "vit_cnn_ahead", ">", 0.0, "digits: CNN above both ViTs + 0.5 points (margin)"),
-    Claim("19", "vit_learned_ahead", ">", 0.0, "digits: learned positions above relative + 0.5 (margin)"),
-    Claim("19", "vit_learned_near_linear", ">", 0.0, "digits: learned ViT within 1.5 points of linear (margin)"),
-    Claim("19", "vit_layout_learned", ">", -0.5, "digits: learned positions, similarity-distance corr."),
-    Claim("19", "vit_local_learned", ">", 1.0, "digits: learned, layer 1 weight near / far"),
-    Claim("19", "vit_local_relative", ">", 0.8, "digits: relative, layer 1 weight near / far, lower"),
-    Claim("19", "vit_local_relative", "<", 1.4, "digits: relative, layer 1 weight near / far, upper"),
-    Claim("22", "tr_live_first_loss", ">", 8.5, "Multi30k live run: first loss, about ln 8000"),
-    Claim("22", "tr_live_last_loss", "<", 5.5, "Multi30k live run: mean loss of the last 10 steps"),
-    Claim("22", "tr_live_bleu", ">", 3.0, "Multi30k live run: validation BLEU, 100 sentences"),
-    Claim("22", "tr_test_bleu", ">=", 36.0, "committed model: test2016 BLEU, beam 4, on this CPU"),
+    Claim("add_and_norm", "warmup_stalled", ">", 0.5, "post-LN, constant peak rate: final loss / var(y)"),
+    Claim("add_and_norm", "warmup_worst_trained", "<", 0.1, "the four other settings: worst final loss / stalled"),
+    Claim("training", "test_exact_match", ">=", 0.98, "number words: exact match, 5,000 test numbers"),
+    Claim("generation", "gen_close_runner_up", "<", 0.05, "share of digits whose runner-up is above 0.1"),
+    Claim("generation", "gen_last_layer_in_order", ">", 0.8, "last layer: steps that do not go back"),
+    Claim("generation", "gen_last_layer_sharper", ">", 0.0, "last layer sharper than the first (weight)"),
+    Claim("generation", "gen_self_attention_peak", ">", 1.5, "encoder: largest weight / uniform, worst layer"),
+    Claim("generation", "gen_cold_same_as_greedy", ">=", 0.99, "sampling at tau = 0.05: same as greedy"),
+    Claim("generation", "gen_sampled_exact", ">", 0.35, "sampling at tau = 1: exact match, lower bound"),
+    Claim("generation", "gen_sampled_exact", "<", 0.7, "sampling at tau = 1: exact match, upper bound"),
+    Claim("generation", "gen_sampling_cost", ">", 0.2, "exact match lost at tau = 1 against tau = 0.05"),
+    Claim("encoder_only", "brackets_test_accuracy", ">", 90, "brackets: test accuracy (%)"),
+    Claim("encoder_only", "brackets_train_test_gap", "<", 0.05, "brackets: |test - training accuracy|"),
+    Claim("encoder_only", "brackets_min_seen", ">", 85, "brackets: worst accuracy at a trained length (%)"),
+    Claim("encoder_only", "brackets_long_drop", ">", 0.0, "brackets: length 36 below trained - 0.15 (margin)"),
+    Claim("encoder_only", "brackets_gram_margin", ">", 0.0, "brackets: windows between counts and model (margin)"),
+    Claim("decoder_only", "lm_gain_nats", ">", 0.5, "characters: held-out loss below the unigram (nats)"),
+    Claim("decoder_only", "lm_valid_rise", "<", 0.01, "characters: largest rise between validations"),
+    Claim("decoder_only", "lm_context_steps", ">", 0.0, "characters: loss falls from 0 to 1-3 to 4-15"),
+    Claim("decoder_only", "lm_context_first", ">", 0.0, "characters: first characters of context worth most"),
+    Claim("decoder_only", "lm_repeat_share", ">", 0.4, "characters: greedy continuations that loop"),
+    Claim("decoder_only", "lm_speaker_share", ">", 0.05, "characters: samples that start a new speaker"),
+    Claim("decoder_only", "lm_best_tau", ">", 0.7, "characters: best temperature, lower bound"),
+    Claim("decoder_only", "lm_best_tau", "<", 1.4, "characters: best temperature, upper bound"),
+    Claim("decoder_only", "lm_bigram_margin", ">", 0.0, "characters: position 0 near the bigram (margin)"),
+    Claim("positions_compared", "positions_relative_ahead", ">", 0.0, "positions: a relative scheme best on 0-31"),
+    Claim("positions_compared", "positions_relative_ratio", "<", 1.05, "positions: relative, loss 64-127 / loss 0-31"),
+    Claim("positions_compared", "positions_relative_steadiest", ">", 0.0, "positions: relative's ratio the lowest"),
+    Claim("positions_compared", "positions_sinusoidal_jump", ">", 0.2, "positions: sinusoidal's jump at 32 (nats)"),
+    Claim("positions_compared", "positions_learned_beats_sinusoidal", ">", 0.0, "positions: learned below sinusoidal, 64-127"),
+    Claim("positions_compared", "positions_rotary_later", ">", 0.0, "positions: rotary below sinusoidal on 32-63"),
+    Claim("positions_compared", "positions_rotary_behind", ">", 0.0, "positions: rotary above learned, relative on 64-127"),
+    Claim("vision", "vit_all_above", ">", 0.0, "digits: every model above 90% (margin)"),
+    Claim("vision", "vit_cnn_ahead", ">", 0.0, "digits: CNN above both ViTs + 0.5 points (margin)"),
+    Claim("vision", "vit_learned_ahead", ">", 0.0, "digits: learned positions above relative + 0.5 (margin)"),
+    Claim("vision", "vit_learned_near_linear", ">", 0.0, "digits: learned ViT within 1.5 points of linear (margin)"),
+    Claim("vision", "vit_layout_learned", ">", -0.5, "digits: learned positions, similarity-distance corr."),
+    Claim("vision", "vit_local_learned", ">", 1.0, "digits: learned, layer 1 weight near / far"),
+    Claim("vision", "vit_local_relative", ">", 0.8, "digits: relative, layer 1 weight near / far, lower"),
+    Claim("vision", "vit_local_relative", "<", 1.4, "digits: relative, layer 1 weight near / far, upper"),
+    Claim("translation", "tr_live_first_loss", ">", 8.5, "Multi30k live run: first loss, about ln 8000"),
+    Claim("translation", "tr_live_last_loss", "<", 5.5, "Multi30k live run: mean loss of the last 10 steps"),
+    Claim("translation", "tr_live_bleu", ">", 3.0, "Multi30k live run: validation BLEU, 100 sentences"),
+    Claim("translation", "tr_test_bleu", ">=", 36.0, "committed model: test2016 BLEU, beam 4, on this CPU"),
 ]
 
 
-def chapter_path(number: str) -> Path:
-    (path,) = sorted((ROOT / "chapters").glob(f"{number}_*.md"))
+def chapter_path(name: str) -> Path:
+    """``chapters/NN_name.md``: claims name their chapter without its number, which a new chapter may change."""
+    (path,) = sorted((ROOT / "chapters").glob(f"[0-9][0-9]_{name}.md"))
     return path
 
 
-def run_one(number: str, seed: int, path_name: str, timeout: int) -> dict:
+def run_one(name: str, seed: int, path_name: str, timeout: int) -> dict:
     """Execute one chapter with ``SEED = seed``; return its glued numbers and failing cells."""
     import nbclient  # noqa: PLC0415 (only in the worker: the parent needs no Jupyter)
 
     from tools.chapters import read_chapter  # noqa: PLC0415
 
-    nb = read_chapter(chapter_path(number))
+    nb = read_chapter(chapter_path(name))
     cells = [cell for cell in nb.cells if "parameters" in cell.metadata.get("tags", [])]
     if len(cells) != 1:
-        raise SystemExit(f"chapter {number} has {len(cells)} cells tagged 'parameters', expected 1")
+        raise SystemExit(f"chapter {name} has {len(cells)} cells tagged 'parameters', expected 1")
     cells[0].source = f"SEED = {seed}"
     start = time.perf_counter()
     client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
@@ -139,19 +140,19 @@ def run_one(number: str, seed: int, path_name: str, timeout: int) -> dict:
                     glued[name] = float(plain[0])
                 except ValueError:
                     pass  # a glued string (a formatted figure): not a claim
-    return {"chapter": number, "seed": seed, "path": path_name, "glued": glued, "errors": errors,
+    return {"chapter": name, "seed": seed, "path": path_name, "glued": glued, "errors": errors,
             "seconds": time.perf_counter() - start}
 
 
-def launch(number: str, seed: int, path_name: str, timeout: int) -> dict:
+def launch(name: str, seed: int, path_name: str, timeout: int) -> dict:
     """``run_one`` in a child process whose environment selects the arithmetic path."""
     # One thread per run, so that two runs at a time share two cores without oversubscribing them.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **PATHS[path_name]}
-    command = [sys.executable, "-m", "benchmarks.robustness", "--one", number, str(seed), path_name,
+    command = [sys.executable, "-m", "benchmarks.robustness", "--one", name, str(seed), path_name,
                "--timeout", str(timeout)]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     if done.returncode != 0:
-        return {"chapter": number, "seed": seed, "path": path_name, "glued": {}, "seconds": 0.0,
+        return {"chapter": name, "seed": seed, "path": path_name, "glued": {}, "seconds": 0.0,
                 "errors": [f"the run itself failed: {done.stderr.strip().splitlines()[-1:]}"]}
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -180,12 +181,12 @@ def table(results: list[dict], claims: list[Claim] = CLAIMS) -> tuple[str, bool]
                      f"seed {worst['seed']}, {worst['path']}{'' if claim.holds(worst_value) else ' **MISSED**'} |")
     chapters = sorted({r["chapter"] for r in results})
     lines += ["", "| ch. | runs | runs with a failing cell | time per run (s), min - max |", "|---|---|---|---|"]
-    for number in chapters:
-        mine = [r for r in results if r["chapter"] == number]
+    for chapter in chapters:
+        mine = [r for r in results if r["chapter"] == chapter]
         failing = [r for r in mine if r["errors"]]
         ok &= not failing
         seconds = [r["seconds"] for r in mine]
-        lines.append(f"| {number} | {len(mine)} | {len(failing)} | {min(seconds):.0f} - {max(seconds):.0f} |")
+        lines.append(f"| {chapter} | {len(mine)} | {len(failing)} | {min(seconds):.0f} - {max(seconds):.0f} |")
     for r in results:
         for error in r["errors"]:
             lines.append(f"\nchapter {r['chapter']}, seed {r['seed']}, {r['path']}: {error[:300]}")
@@ -204,8 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one", nargs=3, metavar=("CHAPTER", "SEED", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
-        number, seed, path_name = args.one
-        print(json.dumps(run_one(number, int(seed), path_name, args.timeout)))
+        name, seed, path_name = args.one
+        print(json.dumps(run_one(name, int(seed), path_name, args.timeout)))
         return 0
     if args.table:
         text, ok = table(json.loads(args.table.read_text()))
@@ -213,13 +214,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if ok else 1
     import torch  # noqa: PLC0415
 
-    jobs = [(number, seed, path_name) for number in args.chapters for path_name in args.paths for seed in args.seeds]
+    jobs = [(name, seed, path_name) for name in args.chapters for path_name in args.paths for seed in args.seeds]
     print(f"{len(jobs)} runs ({len(args.chapters)} chapters x {len(args.paths)} paths x {len(args.seeds)} seeds), "
           f"{args.jobs} at a time; torch {torch.__version__}, native capability "
           f"{torch.backends.cpu.get_cpu_capability()}", flush=True)
     results, start = [], time.perf_counter()
     with ThreadPoolExecutor(args.jobs) as pool:
-        futures = [pool.submit(launch, *job, args.timeout) for job in jobs]  # in order: 12 before 13
+        futures = [pool.submit(launch, *job, args.timeout) for job in jobs]  # in the order given
         for future in futures:
             r = future.result()
             results.append(r)

@@ -14,14 +14,14 @@ from tools.chapters import read_chapter
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("number", sorted({claim.chapter for claim in CLAIMS}))
-def test_each_chapter_has_one_seed_cell_and_uses_the_seed(number):
-    nb = read_chapter(chapter_path(number))
+@pytest.mark.parametrize("name", sorted({claim.chapter for claim in CLAIMS}))
+def test_each_chapter_has_one_seed_cell_and_uses_the_seed(name):
+    nb = read_chapter(chapter_path(name))
     params = [cell for cell in nb.cells if "parameters" in cell.metadata.get("tags", [])]
-    assert len(params) == 1, f"chapter {number}: {len(params)} cells tagged 'parameters'"
+    assert len(params) == 1, f"chapter {name}: {len(params)} cells tagged 'parameters'"
     assert re.match(r"SEED = 0\b", params[0].source), params[0].source
     later = "\n".join(cell.source for cell in nb.cells[nb.cells.index(params[0]) + 1:] if cell.cell_type == "code")
-    assert re.search(r"\bSEED\b", later), f"chapter {number} never uses SEED after setting it"
+    assert re.search(r"\bSEED\b", later), f"chapter {name} never uses SEED after setting it"
 
 
 @pytest.mark.parametrize("claim", CLAIMS, ids=lambda claim: f"{claim.chapter}-{claim.name}-{claim.op}")

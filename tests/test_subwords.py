@@ -1,4 +1,4 @@
-"""Tests for transformer/subwords.py (chapters/21_subwords.md)."""
+"""Tests for transformer/subwords.py (chapters/12_subwords.md)."""
 
 import gzip
 import hashlib

@@ -23,6 +23,8 @@ from transformer.decoder import DecoderLayerCache, DecoderCache, DecoderLayer, D
 from transformer.model import Transformer
 from transformer.data import (MAX_NUMBER, number_to_words, Vocab, source_vocab, target_vocab, split_numbers, Batch,
     check_numbers, pad_rows, make_batch, batches)
+from transformer.subwords import (MULTI30K_SHA256, MULTI30K_SPLITS, load_multi30k, WORD_START, pre_tokenize,
+    word_counts, learn_bpe, bpe_encode, bpe_decode, SPECIAL_TOKENS, train_tokenizer)
 from transformer.training import training_batches, predict, exact_match, evaluate_loss, fit
 from transformer.losses import label_smoothed_cross_entropy, LossFunction, seq2seq_loss
 from transformer.schedules import warmup_lr, cooldown_factor, warmup_scheduler, warmup_cosine
@@ -32,10 +34,11 @@ from transformer.checkpoint import (save_checkpoint, read_checkpoint, restore_ch
 from transformer.config import TrainConfig, make_model, make_optimizer
 from transformer.paths import book_root, model_cache_dir, data_file
 from transformer.decoding import evaluating, greedy_decode, generated_ids, beam_search
-from transformer.distributed import (shard_batch, DataParallelHooks, data_parallel_options, world_size_of_run,
-    init_distributed, replica_difference)
+from transformer.metrics import corpus_scores
 from transformer.complexity import (self_attention_macs, recurrent_macs, convolution_macs, restricted_attention_macs,
     loglog_slope, autograd_depth, band_mask, banded_attention, saved_tensor_bytes)
+from transformer.distributed import (shard_batch, DataParallelHooks, data_parallel_options, world_size_of_run,
+    init_distributed, replica_difference)
 from transformer.classifier import SequenceClassifier, accuracy, classification_loss, train_classifier
 from transformer.brackets import (BRACKET_VOCAB, is_balanced, encode_brackets, decode_brackets, random_balanced,
     near_miss, bracket_split, bracket_dataset)
@@ -47,9 +50,6 @@ from transformer.vision import (patches, PatchEmbedding, sinusoidal_encoding_2d,
     GridRelativeMultiHeadAttention, VisionTransformer)
 from transformer.digits import DIGITS_SHA256, load_digits, stratified_split
 from transformer.pretrained import marian_permutation, from_huggingface, load_pretrained
-from transformer.subwords import (MULTI30K_SHA256, MULTI30K_SPLITS, load_multi30k, WORD_START, pre_tokenize,
-    word_counts, learn_bpe, bpe_encode, bpe_decode, SPECIAL_TOKENS, train_tokenizer)
-from transformer.metrics import corpus_scores
 
 __all__ = [
     'TokenEmbedding',
@@ -85,6 +85,17 @@ __all__ = [
     'pad_rows',
     'make_batch',
     'batches',
+    'MULTI30K_SHA256',
+    'MULTI30K_SPLITS',
+    'load_multi30k',
+    'WORD_START',
+    'pre_tokenize',
+    'word_counts',
+    'learn_bpe',
+    'bpe_encode',
+    'bpe_decode',
+    'SPECIAL_TOKENS',
+    'train_tokenizer',
     'training_batches',
     'predict',
     'exact_match',
@@ -117,12 +128,7 @@ __all__ = [
     'greedy_decode',
     'generated_ids',
     'beam_search',
-    'shard_batch',
-    'DataParallelHooks',
-    'data_parallel_options',
-    'world_size_of_run',
-    'init_distributed',
-    'replica_difference',
+    'corpus_scores',
     'self_attention_macs',
     'recurrent_macs',
     'convolution_macs',
@@ -132,6 +138,12 @@ __all__ = [
     'band_mask',
     'banded_attention',
     'saved_tensor_bytes',
+    'shard_batch',
+    'DataParallelHooks',
+    'data_parallel_options',
+    'world_size_of_run',
+    'init_distributed',
+    'replica_difference',
     'SequenceClassifier',
     'accuracy',
     'classification_loss',
@@ -169,16 +181,4 @@ __all__ = [
     'marian_permutation',
     'from_huggingface',
     'load_pretrained',
-    'MULTI30K_SHA256',
-    'MULTI30K_SPLITS',
-    'load_multi30k',
-    'WORD_START',
-    'pre_tokenize',
-    'word_counts',
-    'learn_bpe',
-    'bpe_encode',
-    'bpe_decode',
-    'SPECIAL_TOKENS',
-    'train_tokenizer',
-    'corpus_scores',
 ]
