@@ -1,0 +1,94 @@
+"""The book's conventions, checked on every chapter: length, figures, exercises (issue 23)."""
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from tools.chapters import chapter_paths, is_tagged, read_chapter
+
+ROOT = Path(__file__).resolve().parent.parent
+CHAPTERS = chapter_paths(ROOT)
+MAX_LINES = 900
+
+
+def _ids(paths):
+    return [path.stem for path in paths]
+
+
+def _code_cells(path: Path):
+    return [cell for cell in read_chapter(path).cells if cell.cell_type == "code"]
+
+
+def _drawing_functions(cells) -> set[str]:
+    """Names of the functions a chapter defines that end in ``plt.show()``: calling one draws a figure."""
+    names = set()
+    for cell in cells:
+        try:
+            tree = ast.parse(cell.source)
+        except SyntaxError:  # IPython magics: not a drawing cell
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and "plt.show()" in ast.unparse(node):
+                names.add(node.name)
+    return names
+
+
+def _draws(cell, drawing: set[str]) -> bool:
+    """Whether the cell draws a figure at top level: ``plt.show()``, or a call of a drawing function."""
+    try:
+        tree = ast.parse(cell.source)
+    except SyntaxError:
+        return False
+    for statement in tree.body:
+        if isinstance(statement, (ast.FunctionDef, ast.ClassDef)):
+            continue
+        for node in ast.walk(statement):
+            if isinstance(node, ast.Call):
+                called = ast.unparse(node.func)
+                if called == "plt.show" or called in drawing:
+                    return True
+    return False
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=_ids(CHAPTERS))
+def test_no_chapter_is_longer_than_900_lines(path):
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_LINES, f"{path.name} has {lines} lines, more than {MAX_LINES}: split it or cut repetition"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=_ids(CHAPTERS))
+def test_every_figure_has_a_caption_and_a_name_and_folds_its_code(path):
+    cells = _code_cells(path)
+    drawing = _drawing_functions(cells)
+    for cell in cells:
+        if not _draws(cell, drawing):
+            continue
+        figure = cell.metadata.get("mystnb", {}).get("figure", {})
+        where = f"{path.name}: the cell starting {cell.source.strip().splitlines()[0]!r}"
+        assert figure.get("caption", "").strip(), f"{where} draws a figure without a caption"
+        assert re.fullmatch(r"fig-[a-z0-9-]+", figure.get("name", "")), f"{where} draws a figure without a fig- name"
+        assert is_tagged(cell, "hide-input"), f"{where} draws a figure; tag it hide-input"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=_ids(CHAPTERS))
+def test_every_named_figure_is_referenced(path):
+    text = path.read_text()
+    for name in re.findall(r"^\s*name: (fig-[a-z0-9-]+)\s*$", text, flags=re.MULTILINE):
+        assert re.search(rf"\{{numref\}}`[^`]*{re.escape(name)}>?`", text), f"{path.name}: {name} is never referenced"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=_ids(CHAPTERS))
+def test_exercises_have_solutions_that_are_checked(path):
+    text = path.read_text()
+    if "\n## Exercises" not in text:
+        pytest.fail(f"{path.name} has no Exercises section")
+    exercises = text.split("\n## Exercises", 1)[1]
+    count = len(re.findall(r"^\d+\. ", exercises, flags=re.MULTILINE))
+    solutions = exercises.count(":class: dropdown") + len(re.findall(r"^# Solution to exercise", exercises, re.MULTILINE))
+    assert count >= 1, f"{path.name}: no numbered exercises"
+    assert solutions >= count, f"{path.name}: {count} exercises but {solutions} solutions"
+    for cell in _code_cells(path):
+        if cell.source.lstrip().startswith("# Solution"):
+            assert "assert" in cell.source, f"{path.name}: a solution cell that checks nothing: {cell.source[:80]!r}"
