@@ -1,4 +1,4 @@
-"""Tests for transformer/complexity.py (chapters/18_complexity.md)."""
+"""Tests for transformer/complexity.py (chapters/19_complexity.md)."""
 
 import math
 
