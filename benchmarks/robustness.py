@@ -62,7 +62,7 @@ class Claim:
 CLAIMS = [
     Claim("add_and_norm", "warmup_stalled", ">", 0.5, "post-LN, constant peak rate: final loss / var(y)"),
     Claim("add_and_norm", "warmup_worst_trained", "<", 0.1, "the four other settings: worst final loss / stalled"),
-    Claim("training", "test_exact_match", ">=", 0.98, "number words: exact match, 5,000 test numbers"),
+    Claim("training_run", "test_exact_match", ">=", 0.98, "number words: exact match, 5,000 test numbers"),
     Claim("generation", "gen_close_runner_up", "<", 0.05, "share of digits whose runner-up is above 0.1"),
     Claim("generation", "gen_last_layer_in_order", ">", 0.8, "last layer: steps that do not go back"),
     Claim("generation", "gen_last_layer_sharper", ">", 0.0, "last layer sharper than the first (weight)"),

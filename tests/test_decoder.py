@@ -239,7 +239,7 @@ def test_layer_without_cross_attention_is_a_causal_encoder_layer(norm_first):
 
 
 def test_stack_without_cross_attention_is_causal_and_caches():
-    from transformer.decoder import DecoderCache
+    from transformer.cache import DecoderCache
     torch.manual_seed(0)
     decoder = Decoder(2, D_MODEL, NUM_HEADS, D_FF, dropout=0.0, norm_first=True, cross_attention=False).eval()
     x = torch.randn(B, T, D_MODEL)

@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from transformer.attention import causal_mask, padding_mask
-from transformer.multihead import KVCache, MultiHeadAttention
+from transformer.cache import KVCache
+from transformer.multihead import MultiHeadAttention
 
 D_MODEL, NUM_HEADS = 8, 2
 

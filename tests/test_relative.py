@@ -8,8 +8,9 @@ import torch
 from torch import nn
 
 from transformer.attention import causal_mask, padding_mask
-from transformer.decoder import Decoder, DecoderCache
-from transformer.multihead import KVCache, MultiHeadAttention
+from transformer.cache import DecoderCache, KVCache
+from transformer.decoder import Decoder
+from transformer.multihead import MultiHeadAttention
 from transformer.positional import SinusoidalPositionalEncoding
 from transformer.relative import (
     RelativeMultiHeadAttention,

@@ -15,28 +15,30 @@ from transformer.positional import (sinusoidal_encoding, SinusoidalPositionalEnc
     add_positions)
 from transformer.attention import (causal_mask, padding_mask, masked_softmax, check_attention_mask,
     scaled_dot_product_attention)
-from transformer.multihead import KVCache, MultiHeadAttention
+from transformer.multihead import MultiHeadAttention
 from transformer.feedforward import PositionwiseFeedForward
 from transformer.residual import LayerNorm, add_and_norm
 from transformer.encoder import EncoderLayer, Encoder
-from transformer.decoder import DecoderLayerCache, DecoderCache, DecoderLayer, Decoder
+from transformer.decoder import DecoderLayer, Decoder
 from transformer.model import Transformer
 from transformer.data import (MAX_NUMBER, number_to_words, Vocab, source_vocab, target_vocab, split_numbers, Batch,
     check_numbers, pad_rows, make_batch, batches)
 from transformer.subwords import (MULTI30K_SHA256, MULTI30K_SPLITS, load_multi30k, WORD_START, pre_tokenize,
     word_counts, learn_bpe, bpe_encode, bpe_decode, SPECIAL_TOKENS, train_tokenizer)
-from transformer.training import training_batches, predict, exact_match, evaluate_loss, fit
 from transformer.losses import label_smoothed_cross_entropy, LossFunction, seq2seq_loss
 from transformer.schedules import warmup_lr, cooldown_factor, warmup_scheduler, warmup_cosine
-from transformer.loop import optimizer_step, train_step, run_settings, run_steps
-from transformer.checkpoint import (save_checkpoint, read_checkpoint, restore_checkpoint, load_checkpoint, check_resume,
-    average_checkpoints)
+from transformer.loop import optimizer_step, train_step, run_steps, run_settings
+from transformer.training import training_batches, predict, exact_match, evaluate_loss, fit
 from transformer.config import TrainConfig, make_model, make_optimizer
-from transformer.paths import book_root, model_cache_dir, data_file
 from transformer.decoding import evaluating, greedy_decode, generated_ids, beam_search
+from transformer.cache import KVCache, DecoderLayerCache, DecoderCache
 from transformer.metrics import corpus_scores
 from transformer.complexity import (self_attention_macs, recurrent_macs, convolution_macs, restricted_attention_macs,
-    loglog_slope, autograd_depth, band_mask, banded_attention, saved_tensor_bytes)
+    flops, cpu_times, loglog_slope, loglog_plot, autograd_depth, layers_to_connect, band_mask, banded_attention,
+    saved_tensor_bytes)
+from transformer.checkpoint import (save_checkpoint, read_checkpoint, restore_checkpoint, load_checkpoint, check_resume,
+    average_checkpoints)
+from transformer.paths import book_root, model_cache_dir, data_file
 from transformer.distributed import (shard_batch, DataParallelHooks, data_parallel_options, world_size_of_run,
     init_distributed, replica_difference)
 from transformer.classifier import SequenceClassifier, accuracy, classification_loss, train_classifier
@@ -62,15 +64,12 @@ __all__ = [
     'masked_softmax',
     'check_attention_mask',
     'scaled_dot_product_attention',
-    'KVCache',
     'MultiHeadAttention',
     'PositionwiseFeedForward',
     'LayerNorm',
     'add_and_norm',
     'EncoderLayer',
     'Encoder',
-    'DecoderLayerCache',
-    'DecoderCache',
     'DecoderLayer',
     'Decoder',
     'Transformer',
@@ -96,11 +95,6 @@ __all__ = [
     'bpe_decode',
     'SPECIAL_TOKENS',
     'train_tokenizer',
-    'training_batches',
-    'predict',
-    'exact_match',
-    'evaluate_loss',
-    'fit',
     'label_smoothed_cross_entropy',
     'LossFunction',
     'seq2seq_loss',
@@ -110,34 +104,46 @@ __all__ = [
     'warmup_cosine',
     'optimizer_step',
     'train_step',
-    'run_settings',
     'run_steps',
+    'run_settings',
+    'training_batches',
+    'predict',
+    'exact_match',
+    'evaluate_loss',
+    'fit',
+    'TrainConfig',
+    'make_model',
+    'make_optimizer',
+    'evaluating',
+    'greedy_decode',
+    'generated_ids',
+    'beam_search',
+    'KVCache',
+    'DecoderLayerCache',
+    'DecoderCache',
+    'corpus_scores',
+    'self_attention_macs',
+    'recurrent_macs',
+    'convolution_macs',
+    'restricted_attention_macs',
+    'flops',
+    'cpu_times',
+    'loglog_slope',
+    'loglog_plot',
+    'autograd_depth',
+    'layers_to_connect',
+    'band_mask',
+    'banded_attention',
+    'saved_tensor_bytes',
     'save_checkpoint',
     'read_checkpoint',
     'restore_checkpoint',
     'load_checkpoint',
     'check_resume',
     'average_checkpoints',
-    'TrainConfig',
-    'make_model',
-    'make_optimizer',
     'book_root',
     'model_cache_dir',
     'data_file',
-    'evaluating',
-    'greedy_decode',
-    'generated_ids',
-    'beam_search',
-    'corpus_scores',
-    'self_attention_macs',
-    'recurrent_macs',
-    'convolution_macs',
-    'restricted_attention_macs',
-    'loglog_slope',
-    'autograd_depth',
-    'band_mask',
-    'banded_attention',
-    'saved_tensor_bytes',
     'shard_batch',
     'DataParallelHooks',
     'data_parallel_options',

@@ -8,7 +8,7 @@ Defined in the book's chapter "The decoder" (chapters/09_decoder.md).
 """
 
 
-__all__ = ['DecoderLayerCache', 'DecoderCache', 'DecoderLayer', 'Decoder']
+__all__ = ['DecoderLayer', 'Decoder']
 
 
 from collections.abc import Callable
@@ -19,7 +19,8 @@ from torch import Tensor, nn
 from transformer._checks import check_bool, check_fraction, check_dtype, check_features, check_positive_int
 from transformer.attention import causal_mask, check_attention_mask
 from transformer.feedforward import PositionwiseFeedForward
-from transformer.multihead import KVCache, MultiHeadAttention
+from transformer.cache import DecoderCache, DecoderLayerCache
+from transformer.multihead import MultiHeadAttention
 from transformer.residual import LayerNorm, add_and_norm
 
 
@@ -67,40 +68,6 @@ def _self_attention_mask(tgt_mask: Tensor | None, size: int, device: torch.devic
     if tgt_mask is not None:
         mask = mask | tgt_mask  # e.g. (T, T) | (B, 1, 1, T) -> (B, 1, T, T)
     return mask
-
-
-# chapters/09_decoder.md: Always causal
-class DecoderLayerCache:
-    """The caches of one decoder layer during generation (see the book's chapter "Generation").
-
-    Attributes:
-        self_attn: ``KVCache`` of the self-attention; grows by the new target positions at each call.
-        cross_attn: static ``KVCache`` of the cross-attention: the memory's keys and values,
-            projected at the first call and reused after (the memory passed later is not read).
-    """
-
-    def __init__(self) -> None:
-        self.self_attn = KVCache()
-        self.cross_attn = KVCache(static=True)
-
-
-class DecoderCache:
-    """The caches of every layer of a decoder: ``layers[i]`` is the ``DecoderLayerCache`` of layer i."""
-
-    def __init__(self, num_layers: int):
-        check_positive_int("num_layers", num_layers)
-        self.layers = [DecoderLayerCache() for _ in range(num_layers)]
-
-    @property
-    def length(self) -> int:
-        """The number of target positions held (0 before the first call)."""
-        return self.layers[0].self_attn.length
-
-    def reorder(self, index: Tensor) -> None:
-        """Keep the batch rows ``index`` in every cache (beam search)."""
-        for layer in self.layers:
-            layer.self_attn.reorder(index)
-            layer.cross_attn.reorder(index)
 
 
 # chapters/09_decoder.md: Always causal

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer._checks import check_positive_int, check_token_batch
-from transformer.decoder import DecoderCache
+from transformer.cache import DecoderCache
 from transformer.model import Transformer
 
 

@@ -21,7 +21,8 @@ from torch import Tensor, nn
 
 from transformer._checks import (check_fraction, check_number, check_positive_int, check_token_batch, check_token_ids,
     check_token_tensor)
-from transformer.decoder import Decoder, DecoderCache
+from transformer.cache import DecoderCache
+from transformer.decoder import Decoder
 from transformer.decoding import evaluating
 from transformer.embedding import TokenEmbedding
 from transformer.loop import run_settings, run_steps
@@ -173,7 +174,7 @@ class DecoderOnlyLM(nn.Module):
         return self.output(h)  # (B, T, d_model) @ E^T -> (B, T, V)
 
 
-# chapters/24_decoder_only.md: Teacher forcing: every position at once
+# chapters/24_decoder_only.md: Every position at once
 def random_windows(data: Tensor, batch_size: int, seq_len: int,
                    generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
     """A batch of windows of ``seq_len + 1`` consecutive tokens, at random places in ``data``.

@@ -15,7 +15,8 @@ from torch import Tensor, nn
 
 from transformer._checks import check_bool, check_features, check_positive_int, check_token_batch
 from transformer.attention import check_attention_mask
-from transformer.decoder import Decoder, DecoderCache
+from transformer.cache import DecoderCache
+from transformer.decoder import Decoder
 from transformer.embedding import TokenEmbedding
 from transformer.encoder import Encoder, EncoderLayer
 from transformer.positional import SinusoidalPositionalEncoding, add_positions

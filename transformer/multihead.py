@@ -7,7 +7,7 @@ Defined in the book's chapter "Multi-head attention" (chapters/05_multihead_atte
 """
 
 
-__all__ = ['KVCache', 'MultiHeadAttention']
+__all__ = ['MultiHeadAttention']
 
 
 import torch
@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from transformer._checks import check_bool, check_fraction, check_dtype, check_features, check_positive_int
 from transformer.attention import check_attention_mask, scaled_dot_product_attention
+from transformer.cache import KVCache
 
 
 # chapters/05_multihead_attention.md: All heads at once
@@ -65,49 +66,6 @@ def _check_inputs(query: Tensor, key: Tensor, value: Tensor, d_model: int) -> tu
             f"got value {tuple(value.shape)}"
         )
     return query.shape[0], query.shape[1], key.shape[1]
-
-
-# chapters/05_multihead_attention.md: The module
-class KVCache:
-    """The projected keys and values of one attention layer, kept between the steps of generation.
-
-    Args:
-        static: False for self-attention, where each call appends the keys and values of its new
-            positions; True for cross-attention, where the first call stores the memory's keys and
-            values and later calls reuse them (the key and value passed in are then not projected).
-
-    Attributes:
-        key, value: ``(B, H, S, d_k)`` and ``(B, H, S, d_v)``, or None while the cache is empty.
-    """
-
-    def __init__(self, static: bool = False):
-        self.static = static
-        self.key: Tensor | None = None
-        self.value: Tensor | None = None
-
-    @property
-    def length(self) -> int:
-        """The number of key positions held, S (0 while empty)."""
-        return 0 if self.key is None else self.key.shape[2]
-
-    def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-        """Store the new keys and values (appended along the positions) and return all of them."""
-        if self.key is not None and self.value is not None:  # (both or neither)
-            self.check_batch(key.shape[0])
-            key = torch.cat([self.key, key], dim=2)  # (B, H, S_old + S_new, d_k)
-            value = torch.cat([self.value, value], dim=2)  # (B, H, S_old + S_new, d_v)
-        self.key, self.value = key, value
-        return key, value
-
-    def check_batch(self, batch_size: int) -> None:
-        """Raise a ValueError unless the cache is empty or holds a batch of ``batch_size``."""
-        if self.key is not None and self.key.shape[0] != batch_size:
-            raise ValueError(f"cache holds a batch of {self.key.shape[0]}, got a batch of {batch_size}")
-
-    def reorder(self, index: Tensor) -> None:
-        """Keep the batch rows ``index`` (in that order): how beam search follows its beams."""
-        if self.key is not None and self.value is not None:
-            self.key, self.value = self.key.index_select(0, index), self.value.index_select(0, index)
 
 
 # chapters/05_multihead_attention.md: The module
