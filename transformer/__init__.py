@@ -13,8 +13,8 @@ except _PackageNotFoundError:  # the source folder on sys.path, not installed
 from transformer.embedding import TokenEmbedding
 from transformer.positional import (sinusoidal_encoding, SinusoidalPositionalEncoding, LearnedPositionalEncoding,
     add_positions)
-from transformer.attention import (causal_mask, padding_mask, masked_softmax, check_attention_mask,
-    scaled_dot_product_attention)
+from transformer.attention import (causal_mask, padding_mask, masked_softmax, scaled_dot_product_attention,
+    check_attention_mask, check_query_key_value)
 from transformer.multihead import MultiHeadAttention
 from transformer.feedforward import PositionwiseFeedForward
 from transformer.residual import LayerNorm, add_and_norm
@@ -62,8 +62,9 @@ __all__ = [
     'causal_mask',
     'padding_mask',
     'masked_softmax',
-    'check_attention_mask',
     'scaled_dot_product_attention',
+    'check_attention_mask',
+    'check_query_key_value',
     'MultiHeadAttention',
     'PositionwiseFeedForward',
     'LayerNorm',
