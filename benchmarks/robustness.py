@@ -60,6 +60,9 @@ class Claim:
 # The chapters' asserts about trained models, each as the number it tests. Relations between two
 # measured numbers (a < b) are glued as one number (b - a, or a / b) so that each row has a margin.
 CLAIMS = [
+    Claim("multihead_attention", "mh_two_worse", ">", 0.95, "two lookups: two heads, worse of the two accuracies"),
+    Claim("multihead_attention", "mh_one_worse", "<", 0.6, "two lookups: one head, worse of the two accuracies"),
+    Claim("multihead_attention", "mh_two_found", ">", 0.8, "two lookups: each asked position's best head weight"),
     Claim("add_and_norm", "warmup_stalled", ">", 0.5, "post-LN, constant peak rate: final loss / var(y)"),
     Claim("add_and_norm", "warmup_worst_trained", "<", 0.1, "the four other settings: worst final loss / stalled"),
     Claim("training_run", "test_exact_match", ">=", 0.98, "number words: exact match, 5,000 test numbers"),
