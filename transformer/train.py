@@ -11,7 +11,7 @@ Defined in the book's chapter "Scaling out" (chapters/22_scaling_out.md).
 """
 
 
-__all__ = ['build_train_parser', 'check_train_arguments', 'train_main', 'TASKS', 'build_parser', 'check_arguments', 'run_training', 'main']
+__all__ = ['TASKS', 'build_parser', 'build_train_parser', 'check_train_arguments', 'train_main', 'check_arguments', 'run_training', 'main']
 
 
 from collections.abc import Sequence
@@ -36,7 +36,29 @@ from transformer.model import Transformer
 from transformer.training import exact_match, fit
 
 
-# chapters/21_long_runs.md: The commands
+# chapters/21_long_runs.md: A command for every run
+TASKS = ("numbers", "multi30k")  # multi30k: German to English, chapter "Translating German"
+
+
+def build_parser(prog: str = "python -m transformer.train") -> argparse.ArgumentParser:
+    """The options of ``python -m transformer.train`` (or ``transformer train``) for the number words."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Train the Transformer to turn English number words into digits "
+                    "(--task multi30k: to translate German, with options of its own: --task multi30k --help).")
+    task = parser.add_argument_group("task")
+    task.add_argument("--task", choices=TASKS, default="numbers", help="what to learn (default: numbers)")
+    task.add_argument("--train-size", type=positive_int, default=200_000, help="numbers to train on (default: 200000)")
+    task.add_argument("--valid-size", type=positive_int, default=1_000,
+                      help="numbers for the exact match (default: 1000)")
+    add_config_options(parser, TrainConfig())
+    where = add_where_options(parser)
+    where.add_argument("--check-replicas", action="store_true",
+                       help="after training, check that every process holds the same parameters")
+    return parser
+
+
+# chapters/21_long_runs.md: The translator's commands
 def build_train_parser(prog: str = "python -m transformer.train") -> argparse.ArgumentParser:
     """The options of ``python -m transformer.train --task multi30k``: the fields of ``TranslationConfig``, and where."""
     parser = argparse.ArgumentParser(
@@ -100,28 +122,6 @@ def train_main(argv: Sequence[str] | None = None, prog: str = "python -m transfo
     finally:
         if world_size > 1:
             torch.distributed.destroy_process_group()
-
-
-# chapters/22_scaling_out.md: The command
-TASKS = ("numbers", "multi30k")  # multi30k: German to English, chapter "Translating German"
-
-
-def build_parser(prog: str = "python -m transformer.train") -> argparse.ArgumentParser:
-    """The options of ``python -m transformer.train`` (or ``transformer train``) for the number words."""
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description="Train the Transformer to turn English number words into digits "
-                    "(--task multi30k: to translate German, with options of its own: --task multi30k --help).")
-    task = parser.add_argument_group("task")
-    task.add_argument("--task", choices=TASKS, default="numbers", help="what to learn (default: numbers)")
-    task.add_argument("--train-size", type=positive_int, default=200_000, help="numbers to train on (default: 200000)")
-    task.add_argument("--valid-size", type=positive_int, default=1_000,
-                      help="numbers for the exact match (default: 1000)")
-    add_config_options(parser, TrainConfig())
-    where = add_where_options(parser)
-    where.add_argument("--check-replicas", action="store_true",
-                       help="after training, check that every process holds the same parameters")
-    return parser
 
 
 # chapters/22_scaling_out.md: One process per device

@@ -220,7 +220,7 @@ def save_translator(path: str | os.PathLike, model: Transformer, tokenizer: Any,
                     extra={"tokenizer": tokenizer.to_str(), "note": note or {}})
 
 
-# chapters/21_long_runs.md: The commands
+# chapters/21_long_runs.md: The translator's commands
 def build_parser(prog: str = "python -m transformer.translate") -> argparse.ArgumentParser:
     """The options of ``python -m transformer.translate`` (``transformer translate``)."""
     parser = argparse.ArgumentParser(
