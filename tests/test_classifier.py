@@ -1,4 +1,4 @@
-"""Tests for transformer/classifier.py (chapters/23_encoder_only.md)."""
+"""Tests for transformer/classifier.py (chapters/24_encoder_only.md)."""
 
 import itertools
 import math

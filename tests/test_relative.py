@@ -1,4 +1,4 @@
-"""Tests for transformer/relative.py (chapters/26_positions_compared.md)."""
+"""Tests for transformer/relative.py (chapters/27_positions_compared.md)."""
 
 import functools
 import math

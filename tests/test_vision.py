@@ -1,4 +1,4 @@
-"""Tests for transformer/vision.py (chapters/28_vision.md)."""
+"""Tests for transformer/vision.py (chapters/30_vision.md)."""
 
 import gzip
 import hashlib

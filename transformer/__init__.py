@@ -41,9 +41,9 @@ from transformer.checkpoint import (save_checkpoint, read_checkpoint, restore_ch
 from transformer.paths import book_root, model_cache_dir, data_file
 from transformer.distributed import (shard_batch, DataParallelHooks, data_parallel_options, world_size_of_run,
     init_distributed, replica_difference)
-from transformer.classifier import SequenceClassifier, accuracy, classification_loss, train_classifier
 from transformer.brackets import (BRACKET_VOCAB, is_balanced, encode_brackets, decode_brackets, random_balanced,
     near_miss, bracket_split, bracket_dataset)
+from transformer.classifier import SequenceClassifier, accuracy, classification_loss, train_classifier
 from transformer.language_model import (CharVocab, DecoderOnlyLM, random_windows, loss_by_position,
     evaluate_language_model, next_token_loss, train_language_model)
 from transformer.sampling import top_k_filter, sample
@@ -151,10 +151,6 @@ __all__ = [
     'world_size_of_run',
     'init_distributed',
     'replica_difference',
-    'SequenceClassifier',
-    'accuracy',
-    'classification_loss',
-    'train_classifier',
     'BRACKET_VOCAB',
     'is_balanced',
     'encode_brackets',
@@ -163,6 +159,10 @@ __all__ = [
     'near_miss',
     'bracket_split',
     'bracket_dataset',
+    'SequenceClassifier',
+    'accuracy',
+    'classification_loss',
+    'train_classifier',
     'CharVocab',
     'DecoderOnlyLM',
     'random_windows',
