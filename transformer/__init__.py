@@ -48,9 +48,9 @@ from transformer.language_model import (CharVocab, DecoderOnlyLM, random_windows
     evaluate_language_model, next_token_loss, train_language_model)
 from transformer.sampling import top_k_filter, sample
 from transformer.relative import relative_positions, RelativeMultiHeadAttention, rotary, RotaryMultiHeadAttention
+from transformer.digits import DIGITS_SHA256, load_digits, stratified_split
 from transformer.vision import (patches, PatchEmbedding, sinusoidal_encoding_2d, grid_relations,
     GridRelativeMultiHeadAttention, VisionTransformer)
-from transformer.digits import DIGITS_SHA256, load_digits, stratified_split
 from transformer.pretrained import marian_permutation, from_huggingface, load_pretrained
 
 __all__ = [
@@ -176,15 +176,15 @@ __all__ = [
     'RelativeMultiHeadAttention',
     'rotary',
     'RotaryMultiHeadAttention',
+    'DIGITS_SHA256',
+    'load_digits',
+    'stratified_split',
     'patches',
     'PatchEmbedding',
     'sinusoidal_encoding_2d',
     'grid_relations',
     'GridRelativeMultiHeadAttention',
     'VisionTransformer',
-    'DIGITS_SHA256',
-    'load_digits',
-    'stratified_split',
     'marian_permutation',
     'from_huggingface',
     'load_pretrained',
