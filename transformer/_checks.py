@@ -22,13 +22,13 @@ from torch._subclasses.fake_tensor import FakeTensor
 # chapters/10_model.md: The model
 def check_token_batch(name: str, tokens: object, vocab_size: int, max_len: int | None = None, *,
                        any_device: bool = False) -> Tensor:
-    """Check that ``tokens`` is a (B, N) tensor of ids in [0, vocab_size), 1 <= N (<= max_len).
+    """Check that ``tokens`` is a (B, S) tensor of ids in [0, vocab_size), 1 <= S (<= max_len).
 
     Returns the ids as int32 or int64 (see ``check_token_ids``, and there for ``any_device``).
     """
     tokens = check_token_ids(name, tokens, vocab_size, any_device=any_device)
     if tokens.dim() != 2:
-        raise ValueError(f"{name} must have shape (B, N), got {tuple(tokens.shape)}")
+        raise ValueError(f"{name} must have shape (B, S), got {tuple(tokens.shape)}")
     if tokens.shape[1] == 0:
         raise ValueError(f"{name} must hold at least one position, got shape {tuple(tokens.shape)}")
     if max_len is not None and tokens.shape[1] > max_len:

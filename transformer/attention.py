@@ -54,14 +54,14 @@ def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
         of ``tokens``.
 
     Shape:
-        tokens (B, N) -> mask (B, 1, 1, N), broadcastable to the scores (B, H, L, N).
+        tokens (B, S) -> mask (B, 1, 1, S), broadcastable to the scores (B, H, L, S).
     """
     check_token_tensor("tokens", tokens)
     if tokens.dim() != 2:
-        raise ValueError(f"tokens must have shape (B, N), got {tuple(tokens.shape)}")
+        raise ValueError(f"tokens must have shape (B, S), got {tuple(tokens.shape)}")
     if isinstance(pad_id, bool) or not isinstance(pad_id, int):
         raise TypeError(f"pad_id must be an int, got {type(pad_id).__name__} {pad_id!r}")
-    return (tokens == pad_id)[:, None, None, :]  # (B, N) -> (B, 1, 1, N)
+    return (tokens == pad_id)[:, None, None, :]  # (B, S) -> (B, 1, 1, S)
 
 
 # chapters/04_attention.md: A query with nothing to attend to

@@ -44,7 +44,7 @@ class SequenceClassifier(nn.Module):
             (BERT's [CLS]), or ``"mean"``, the mean of the outputs at the non-padding positions.
 
     Shape:
-        tokens (B, N) integer ids -> logits (B, num_classes).
+        tokens (B, S) integer ids -> logits (B, num_classes).
     """
 
     def __init__(self, vocab_size: int, num_classes: int, d_model: int = 64, num_heads: int = 4,
@@ -71,39 +71,39 @@ class SequenceClassifier(nn.Module):
         """What the encoder reads: the vectors with positions added, and their padding mask.
 
         Shape:
-            tokens (B, N) -> x (B, N', d_model) and mask (B, 1, 1, N'), True at padding;
-            N' = N + 1 with the class token (at position 0), else N.
+            tokens (B, S) -> x (B, S', d_model) and mask (B, 1, 1, S'), True at padding;
+            S' = S + 1 with the class token (at position 0), else S.
         """
         check_token_batch("tokens", tokens, self.embed.vocab_size)
         length = tokens.shape[1] + (self.cls_token is not None)
         if length > self.max_len:
             raise ValueError(f"tokens has {tokens.shape[1]} positions, {length} with the class token, "
                              f"more than max_len={self.max_len}")
-        x = self.embed(tokens)  # (B, N) -> (B, N, d_model)
-        mask = padding_mask(tokens, self.pad_id)  # (B, 1, 1, N)
+        x = self.embed(tokens)  # (B, S) -> (B, S, d_model)
+        mask = padding_mask(tokens, self.pad_id)  # (B, 1, 1, S)
         if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(x.shape[0], 1, -1), x], dim=1)  # (B, 1 + N, d_model)
-            mask = F.pad(mask, (1, 0), value=False)  # (B, 1, 1, 1 + N): the class token is never masked
+            x = torch.cat([self.cls_token.expand(x.shape[0], 1, -1), x], dim=1)  # (B, 1 + S, d_model)
+            mask = F.pad(mask, (1, 0), value=False)  # (B, 1, 1, 1 + S): the class token is never masked
         return self.positional_encoding(x), mask
 
     def pool(self, h: Tensor, mask: Tensor) -> Tensor:
-        """One vector per sequence from the encoder's output ``h`` (B, N', d_model): (B, d_model)."""
+        """One vector per sequence from the encoder's output ``h`` (B, S', d_model): (B, d_model)."""
         if self.cls_token is not None:
             return h[:, 0]  # the output at the class token
-        keep = (~mask[:, 0, 0]).unsqueeze(-1).to(h.dtype)  # (B, N, 1): 1 at real tokens
+        keep = (~mask[:, 0, 0]).unsqueeze(-1).to(h.dtype)  # (B, S, 1): 1 at real tokens
         return (h * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1)  # (B, d_model); no real token: 0
 
     def forward(self, tokens: Tensor) -> Tensor:
         """Scores of the classes for each sequence.
 
         Args:
-            tokens: integer ids ``(B, N)``, padded with ``pad_id`` (anywhere, usually at the end).
+            tokens: integer ids ``(B, S)``, padded with ``pad_id`` (anywhere, usually at the end).
 
         Returns:
             The logits ``(B, num_classes)``; a softmax over the last dimension gives probabilities.
         """
-        x, mask = self.encoder_inputs(tokens)  # (B, N', d_model), (B, 1, 1, N')
-        h = self.encoder(x, mask=mask)  # (B, N', d_model)
+        x, mask = self.encoder_inputs(tokens)  # (B, S', d_model), (B, 1, 1, S')
+        h = self.encoder(x, mask=mask)  # (B, S', d_model)
         return self.head(self.pool(h, mask))  # (B, d_model) -> (B, num_classes)
 
 
@@ -112,7 +112,7 @@ class SequenceClassifier(nn.Module):
 def accuracy(model: nn.Module, inputs: Tensor, labels: Tensor, batch_size: int = 1000) -> float:
     """The share of ``inputs`` whose highest logit is their label (eval mode; mode restored).
 
-    ``inputs`` holds one example per row: token ids (M, N), or floats of any shape (M, ...), such as
+    ``inputs`` holds one example per row: token ids (M, S), or floats of any shape (M, ...), such as
     images (M, C, H, W); ``labels`` holds their classes (M,).
     """
     _check_examples(inputs, labels)
@@ -126,7 +126,7 @@ def accuracy(model: nn.Module, inputs: Tensor, labels: Tensor, batch_size: int =
 
 
 def _check_examples(inputs: Any, labels: Any, pad_id: int | None = None) -> None:
-    """Check ``inputs``: token ids (M, N), or (without ``pad_id``) floats (M, ...); ``labels``: (M,) class ids."""
+    """Check ``inputs``: token ids (M, S), or (without ``pad_id``) floats (M, ...); ``labels``: (M,) class ids."""
     check_tensor("inputs", inputs)
     if not inputs.is_floating_point() or pad_id is not None:
         if inputs.is_floating_point():
@@ -138,7 +138,7 @@ def _check_examples(inputs: Any, labels: Any, pad_id: int | None = None) -> None
         raise TypeError(f"labels must be an integer tensor of class ids, got {got}")
     rows_ok = inputs.dim() == 2 or (inputs.is_floating_point() and inputs.dim() >= 1)
     if not rows_ok or labels.shape != inputs.shape[:1]:
-        expected = "(M, ...)" if inputs.is_floating_point() else "(M, N) of token ids"
+        expected = "(M, ...)" if inputs.is_floating_point() else "(M, S) of token ids"
         raise ValueError(f"inputs must have shape {expected} and labels (M,), got {tuple(inputs.shape)} "
                          f"and {tuple(labels.shape)}")
 
@@ -152,7 +152,7 @@ def _batches(inputs: Tensor, labels: Tensor, batch_size: int, seed: int,
         order = torch.randperm(len(inputs), generator=generator)
         for start in range(0, len(order) - batch_size + 1, batch_size):  # full batches only
             rows = order[start:start + batch_size]
-            x = inputs[rows]  # (batch_size, N) or (batch_size, ...)
+            x = inputs[rows]  # (batch_size, S) or (batch_size, ...)
             if pad_id is not None:
                 used = (x != pad_id).any(dim=0).nonzero()  # columns with a real token somewhere
                 x = x[:, :int(used[-1]) + 1] if len(used) else x[:, :1]
@@ -179,7 +179,7 @@ def train_classifier(model: nn.Module, inputs: Tensor, labels: Tensor, steps: in
     then falls as 1/sqrt(step) (the paper's schedule, scaled), and over the last share ``cooldown`` of
     the steps linearly to zero (``cooldown_factor``; 0: no cooldown); gradients clipped to norm ``clip``.
     ``seed`` fixes the batch order and dropout; ``num_threads`` CPU threads (None: torch's setting).
-    ``inputs`` are token ids (M, N), whose trailing columns that hold only ``pad_id`` in a batch are
+    ``inputs`` are token ids (M, S), whose trailing columns that hold only ``pad_id`` in a batch are
     cut off (the model must ignore padding, as ``SequenceClassifier`` does), or, with
     ``pad_id=None``, anything the model reads, such as images (M, C, H, W). The model is left in
     eval mode.

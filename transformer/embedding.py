@@ -23,7 +23,7 @@ class TokenEmbedding(nn.Module):
     """Token ids to vectors: a learned lookup table scaled by sqrt(d_model).
 
     Implements x_t = sqrt(d_model) * E[t] (the paper, section 3.4). The table ``weight``
-    is initialised from N(0, 1/d_model), so the scaled vectors have unit-variance entries.
+    is initialised from S(0, 1/d_model), so the scaled vectors have unit-variance entries.
 
     Args:
         vocab_size: number of token ids V; every id must lie in [0, V).
@@ -33,7 +33,7 @@ class TokenEmbedding(nn.Module):
             as GPT-2 does.
 
     Shape:
-        tokens (B, N) integer ids -> (B, N, d_model). Any leading shape works: (*) -> (*, d_model).
+        tokens (B, S) integer ids -> (B, S, d_model). Any leading shape works: (*) -> (*, d_model).
     """
 
     def __init__(self, vocab_size: int, d_model: int, padding_idx: int | None = None, scale: bool = True):
@@ -51,7 +51,7 @@ class TokenEmbedding(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Draw E from N(0, 1/d_model); zero the padding row."""
+        """Draw E from S(0, 1/d_model); zero the padding row."""
         nn.init.normal_(self.weight, mean=0.0, std=self.d_model**-0.5)
         if self.padding_idx is not None:
             with torch.no_grad():
@@ -61,13 +61,13 @@ class TokenEmbedding(nn.Module):
         """Look up and scale the vectors of ``tokens``.
 
         Args:
-            tokens: integer token ids, (B, N).
+            tokens: integer token ids, (B, S).
 
         Returns:
-            The embeddings, (B, N, d_model), in the dtype of ``weight``.
+            The embeddings, (B, S, d_model), in the dtype of ``weight``.
         """
         tokens = check_token_ids("tokens", tokens, self.vocab_size)
-        x = F.embedding(tokens, self.weight, self.padding_idx)  # (B, N) -> (B, N, d_model)
+        x = F.embedding(tokens, self.weight, self.padding_idx)  # (B, S) -> (B, S, d_model)
         return x * math.sqrt(self.d_model) if self.scale else x
 
     def extra_repr(self) -> str:

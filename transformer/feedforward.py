@@ -73,20 +73,20 @@ class PositionwiseFeedForward(nn.Module):
 
         Args:
             x: a floating-point tensor whose last dimension is ``d_model``: usually
-                ``(B, N, d_model)``, but any leading dimensions are accepted, since every vector
+                ``(B, S, d_model)``, but any leading dimensions are accepted, since every vector
                 is transformed on its own.
 
         Returns:
             FFN(x), a tensor of the same shape as ``x``.
 
         Shape:
-            ``(B, N, d_model)`` -> ``(B, N, d_model)``; in general ``(..., d_model)`` -> ``(..., d_model)``.
+            ``(B, S, d_model)`` -> ``(B, S, d_model)``; in general ``(..., d_model)`` -> ``(..., d_model)``.
         """
         check_tensor("x", x)
         check_features("x", x, self.d_model, ndim=max(x.dim(), 1))  # any leading dims, last d_model
         check_dtype("x", x, self.w_1.weight.dtype)  # float64 into a float32 network: say so, not mat1/mat2
-        # ReLU works in place: the (B, N, d_ff) product is fresh, so it may overwrite it instead of
+        # ReLU works in place: the (B, S, d_ff) product is fresh, so it may overwrite it instead of
         # allocating another tensor of the largest size in the layer (autograd allows it: ReLU's
         # backward needs only its output).
-        hidden = _ACTIVATIONS[self.activation](self.w_1(x))  # (B, N, d_model) @ W_1 -> (B, N, d_ff)
-        return self.w_2(self.dropout(hidden))  # (B, N, d_ff) @ W_2 -> (B, N, d_model)
+        hidden = _ACTIVATIONS[self.activation](self.w_1(x))  # (B, S, d_model) @ W_1 -> (B, S, d_ff)
+        return self.w_2(self.dropout(hidden))  # (B, S, d_ff) @ W_2 -> (B, S, d_model)

@@ -60,7 +60,7 @@ class CharVocab:
         return len(self.itos)
 
     def encode(self, text: str) -> Tensor:
-        """The ids of the characters of ``text``: LongTensor ``(N,)``."""
+        """The ids of the characters of ``text``: LongTensor ``(S,)``."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         unknown = sorted(set(text) - self.stoi.keys())
@@ -69,12 +69,12 @@ class CharVocab:
         return torch.tensor([self.stoi[char] for char in text], dtype=torch.long)
 
     def decode(self, ids: Tensor | Sequence[int]) -> str:
-        """The text of a sequence of ids: a 1-D integer tensor ``(N,)`` or a list of ints."""
+        """The text of a sequence of ids: a 1-D integer tensor ``(S,)`` or a list of ints."""
         if not isinstance(ids, Tensor):
             ids = torch.tensor(list(ids), dtype=torch.long)
         check_token_ids("ids", ids, len(self))
         if ids.dim() != 1:
-            raise ValueError(f"ids must have shape (N,), got {tuple(ids.shape)}")
+            raise ValueError(f"ids must have shape (S,), got {tuple(ids.shape)}")
         return "".join(self.itos[i] for i in ids.tolist())
 
 
@@ -180,7 +180,7 @@ def random_windows(data: Tensor, batch_size: int, seq_len: int,
     """A batch of windows of ``seq_len + 1`` consecutive tokens, at random places in ``data``.
 
     Args:
-        data: the token ids of the whole text, ``(N,)``, N > seq_len.
+        data: the token ids of the whole text, ``(S,)``, S > seq_len.
         batch_size, seq_len: B windows of T = seq_len inputs each.
         generator: the ``torch.Generator`` (on the CPU) that draws the start positions.
 
@@ -191,7 +191,7 @@ def random_windows(data: Tensor, batch_size: int, seq_len: int,
     check_token_tensor("data", data)
     batch_size, seq_len = check_positive_int("batch_size", batch_size), check_positive_int("seq_len", seq_len)
     if data.dim() != 1 or data.numel() <= seq_len:
-        raise ValueError(f"data must have shape (N,) with N > seq_len={seq_len}, got {tuple(data.shape)}")
+        raise ValueError(f"data must have shape (S,) with S > seq_len={seq_len}, got {tuple(data.shape)}")
     starts = torch.randint(0, data.numel() - seq_len, (batch_size,), generator=generator)  # (B,)
     index = starts.to(data.device)[:, None] + torch.arange(seq_len + 1, device=data.device)  # (B, T + 1)
     windows = data[index]  # (B, T + 1)
@@ -215,7 +215,7 @@ def loss_by_position(model: nn.Module, data: Tensor, seq_len: int, max_windows: 
     seq_len = check_positive_int("seq_len", seq_len)
     count = (data.numel() - 1) // seq_len if data.dim() == 1 else 0
     if count == 0:
-        raise ValueError(f"data must have shape (N,) with N > seq_len={seq_len}, got {tuple(data.shape)}")
+        raise ValueError(f"data must have shape (S,) with S > seq_len={seq_len}, got {tuple(data.shape)}")
     if max_windows is not None:
         count = min(count, check_positive_int("max_windows", max_windows))
     batch_size = check_positive_int("batch_size", batch_size)
@@ -257,7 +257,7 @@ def train_language_model(model: nn.Module, data: Tensor, steps: int, batch_size:
 
     Args:
         model: maps ids ``(B, T)`` to logits ``(B, T, V)``, e.g. a ``DecoderOnlyLM``.
-        data: token ids of the training text, ``(N,)``. valid_data: optional held-out ids.
+        data: token ids of the training text, ``(S,)``. valid_data: optional held-out ids.
         steps, batch_size, seq_len: the number of steps, and B windows of T tokens per step.
         seed: seeds the windows and dropout; the same seed, data and initial weights give the same run.
         eval_every, eval_windows: every ``eval_every`` steps (and at the end), the loss on the first

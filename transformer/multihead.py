@@ -21,16 +21,16 @@ from transformer.cache import KVCache
 
 # chapters/05_multihead_attention.md: All heads at once
 def _split_heads(x: Tensor, num_heads: int) -> Tensor:
-    """Cut the features into ``num_heads`` blocks: (B, N, d_model) -> (B, H, N, d_k)."""
-    B, N, d_model = x.shape
-    x = x.reshape(B, N, num_heads, d_model // num_heads)  # (B, N, H, d_k)
-    return x.transpose(1, 2)  # (B, H, N, d_k)
+    """Cut the features into ``num_heads`` blocks: (B, S, d_model) -> (B, H, S, d_k)."""
+    B, S, d_model = x.shape
+    x = x.reshape(B, S, num_heads, d_model // num_heads)  # (B, S, H, d_k)
+    return x.transpose(1, 2)  # (B, H, S, d_k)
 
 
 def _merge_heads(x: Tensor) -> Tensor:
-    """Concat(head_1, ..., head_h): (B, H, N, d_v) -> (B, N, H * d_v)."""
-    B, H, N, d_v = x.shape
-    return x.transpose(1, 2).reshape(B, N, H * d_v)  # (B, N, H, d_v) -> (B, N, H * d_v)
+    """Concat(head_1, ..., head_h): (B, H, S, d_v) -> (B, S, H * d_v)."""
+    B, H, S, d_v = x.shape
+    return x.transpose(1, 2).reshape(B, S, H * d_v)  # (B, S, H, d_v) -> (B, S, H * d_v)
 
 
 # chapters/05_multihead_attention.md: Two ways to run the heads

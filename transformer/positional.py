@@ -48,7 +48,7 @@ def sinusoidal_encoding(num_positions: int, d_model: int, base: float = 10000.0)
 
 # chapters/03_positional_encoding.md: The layer: add, then dropout
 class _AddPositionTable(nn.Module):
-    """Shared forward of the positional encodings: x + table[:N], then dropout.
+    """Shared forward of the positional encodings: x + table[:S], then dropout.
 
     Subclasses set ``d_model``, ``max_len``, ``table`` (max_len, d_model), a buffer or a parameter,
     and ``dropout``.
@@ -60,20 +60,20 @@ class _AddPositionTable(nn.Module):
     dropout: nn.Dropout
 
     def forward(self, x: Tensor) -> Tensor:
-        """Add the encoding of positions 0 .. N-1 to ``x``.
+        """Add the encoding of positions 0 .. S-1 to ``x``.
 
         Args:
-            x: token embeddings, (B, N, d_model), with N <= max_len.
+            x: token embeddings, (B, S, d_model), with S <= max_len.
 
         Returns:
-            ``dropout(x + table[:N])``, (B, N, d_model), in the dtype of ``x``.
+            ``dropout(x + table[:S])``, (B, S, d_model), in the dtype of ``x``.
         """
         check_features("x", x, self.d_model)
         n = x.shape[1]
         if n > self.max_len:
             raise ValueError(f"x has sequence length {n}, longer than max_len={self.max_len}")
-        positions = self.table[:n].to(dtype=x.dtype)  # (N, d_model), broadcast over B
-        return self.dropout(x + positions)  # (B, N, d_model)
+        positions = self.table[:n].to(dtype=x.dtype)  # (S, d_model), broadcast over B
+        return self.dropout(x + positions)  # (B, S, d_model)
 
 
 # chapters/03_positional_encoding.md: The layer: add, then dropout
@@ -86,7 +86,7 @@ class SinusoidalPositionalEncoding(_AddPositionTable):
         dropout: dropout rate applied to the sum (0.1 in the paper's base model).
 
     Shape:
-        x (B, N, d_model) -> (B, N, d_model), N <= max_len.
+        x (B, S, d_model) -> (B, S, d_model), S <= max_len.
     """
 
     def __init__(self, d_model: int, max_len: int = 5000, dropout: float = 0.0):
@@ -116,7 +116,7 @@ def _refill_table(module: SinusoidalPositionalEncoding, incompatible_keys: objec
 class LearnedPositionalEncoding(_AddPositionTable):
     """Adds a learned table of position vectors to token embeddings, then applies dropout.
 
-    The table is a parameter initialised from N(0, 0.02**2), as in BERT and GPT-2. Unlike the
+    The table is a parameter initialised from S(0, 0.02**2), as in BERT and GPT-2. Unlike the
     sinusoidal table it has no rows beyond ``max_len``: longer inputs are refused.
 
     Args:
@@ -125,7 +125,7 @@ class LearnedPositionalEncoding(_AddPositionTable):
         dropout: dropout rate applied to the sum.
 
     Shape:
-        x (B, N, d_model) -> (B, N, d_model), N <= max_len.
+        x (B, S, d_model) -> (B, S, d_model), S <= max_len.
     """
 
     def __init__(self, max_len: int, d_model: int, dropout: float = 0.0):
@@ -142,9 +142,9 @@ class LearnedPositionalEncoding(_AddPositionTable):
 
 # chapters/10_model.md: The model
 def add_positions(encoding: _AddPositionTable, x: Tensor, start: int) -> Tensor:
-    """``encoding(x)`` for positions ``start .. start + N - 1`` (generation with a cache)."""
+    """``encoding(x)`` for positions ``start .. start + S - 1`` (generation with a cache)."""
     if start == 0:
-        return encoding(x)  # (B, N, d_model)
+        return encoding(x)  # (B, S, d_model)
     if start + x.shape[1] > encoding.max_len:
         raise ValueError(f"positions up to {start + x.shape[1]} exceed max_len={encoding.max_len}")
-    return encoding.dropout(x + encoding.table[start:start + x.shape[1]].to(x.dtype))  # (B, N, d_model)
+    return encoding.dropout(x + encoding.table[start:start + x.shape[1]].to(x.dtype))  # (B, S, d_model)

@@ -82,7 +82,7 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
     ``num_relations`` (the rows of the tables) and ``relation_index`` (the row of each pair).
 
     Shape:
-        as ``MultiHeadAttention``: query, key, value (B, N, d_model) -> (B, N, d_model).
+        as ``MultiHeadAttention``: query, key, value (B, S, d_model) -> (B, S, d_model).
     """
 
     def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
@@ -92,7 +92,7 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
         self.rel_k = nn.Embedding(self.num_relations(), self.d_k)  # w^K_{-k} .. w^K_k
         self.rel_v = nn.Embedding(self.num_relations(), self.d_k)  # w^V_{-k} .. w^V_k
         for table in (self.rel_k, self.rel_v):
-            nn.init.xavier_uniform_(table.weight)  # like the projections (nn.Embedding's N(0, 1) is larger)
+            nn.init.xavier_uniform_(table.weight)  # like the projections (nn.Embedding's S(0, 1) is larger)
 
     def num_relations(self) -> int:
         """The number of rows of each table: one per clipped distance, 2k + 1."""
@@ -141,7 +141,7 @@ def rotary(x: Tensor, start: int = 0, base: float = 10000.0) -> Tensor:
     (float64 for float64 input) and the result has the dtype of ``x``.
 
     Args:
-        x: queries or keys, ``(..., N, d)`` with d even; row n stands for position ``start + n``.
+        x: queries or keys, ``(..., S, d)`` with d even; row n stands for position ``start + n``.
         start: the position of the first row.
         base: the 10000 of the frequencies.
 
@@ -149,22 +149,22 @@ def rotary(x: Tensor, start: int = 0, base: float = 10000.0) -> Tensor:
         The rotated tensor, same shape and dtype; every pair keeps its length.
 
     Shape:
-        (..., N, d) -> (..., N, d).
+        (..., S, d) -> (..., S, d).
     """
     check_tensor("x", x)
     if not x.is_floating_point() or x.dim() < 2 or x.shape[-1] % 2 != 0:
-        raise ValueError(f"x must be a float tensor (..., N, d) with d even (feature pairs), "
+        raise ValueError(f"x must be a float tensor (..., S, d) with d even (feature pairs), "
                          f"got dtype {x.dtype} and shape {tuple(x.shape)}")
     start, base = _check_non_negative_int("start", start), _check_base(base)
     n, d = x.shape[-2], x.shape[-1]
     dtype = torch.promote_types(x.dtype, torch.float32)  # angles in at least single precision
-    position = torch.arange(start, start + n, device=x.device, dtype=dtype)  # (N,)
+    position = torch.arange(start, start + n, device=x.device, dtype=dtype)  # (S,)
     theta = base ** (-torch.arange(0, d, 2, device=x.device, dtype=dtype) / d)  # (d/2,)
-    angle = position.unsqueeze(1) * theta  # (N, 1) * (d/2,) -> (N, d/2)
+    angle = position.unsqueeze(1) * theta  # (S, 1) * (d/2,) -> (S, d/2)
     cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
-    x_even, x_odd = x.unflatten(-1, (d // 2, 2)).unbind(-1)  # (..., N, d) -> 2 x (..., N, d/2)
+    x_even, x_odd = x.unflatten(-1, (d // 2, 2)).unbind(-1)  # (..., S, d) -> 2 x (..., S, d/2)
     rotated = torch.stack([x_even * cos - x_odd * sin, x_even * sin + x_odd * cos], dim=-1)
-    return rotated.flatten(-2)  # (..., N, d/2, 2) -> (..., N, d): pairs back side by side
+    return rotated.flatten(-2)  # (..., S, d/2, 2) -> (..., S, d): pairs back side by side
 
 
 # chapters/27_positions_compared.md: The layer
@@ -183,7 +183,7 @@ class RotaryMultiHeadAttention(MultiHeadAttention):
         base: the base of the frequencies, theta_i = base ** (-2i / d_k).
 
     Shape:
-        as ``MultiHeadAttention``: query, key, value (B, N, d_model) -> (B, N, d_model).
+        as ``MultiHeadAttention``: query, key, value (B, S, d_model) -> (B, S, d_model).
     """
 
     def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True,

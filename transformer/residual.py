@@ -95,7 +95,7 @@ def add_and_norm(x: Tensor, sublayer: Callable[[Tensor], Tensor], norm: nn.Modul
     pre-LN: x + dropout(sublayer(norm(x))).
 
     Args:
-        x: the sublayer's input, ``(..., d_model)``; usually ``(B, N, d_model)``.
+        x: the sublayer's input, ``(..., d_model)``; usually ``(B, S, d_model)``.
         sublayer: a function of one tensor that keeps its shape, such as a feed-forward module
             or ``lambda y: self_attn(y, y, y, mask=mask)``.
         norm: the layer normalisation (``LayerNorm(d_model)`` or ``nn.LayerNorm(d_model)``).
