@@ -98,8 +98,8 @@ class KVCache:
         if self.length == self._key.shape[2] or index.shape[0] != self._key.shape[0]:
             self._key, self._value = self._key.index_select(0, index), self._value.index_select(0, index)
         else:  # same batch size: move the filled part within the buffers
-            self._key[:, :, :self.length] = self.key.index_select(0, index)
-            self._value[:, :, :self.length] = self.value.index_select(0, index)
+            self._key[:, :, :self.length] = self._key[:, :, :self.length].index_select(0, index)
+            self._value[:, :, :self.length] = self._value[:, :, :self.length].index_select(0, index)
 
 
 # chapters/16_fast_generation.md: Every layer of the decoder
