@@ -7,7 +7,7 @@ Defined in the book's chapter "Fast generation" (chapters/16_fast_generation.md)
 """
 
 
-__all__ = ['KVCache', 'DecoderLayerCache', 'DecoderCache']
+__all__ = ['KVCache', 'DecoderLayerCache', 'DecoderCache', 'keep_rows', 'beam_memory']
 
 
 from typing import Any
@@ -154,3 +154,16 @@ class DecoderCache:
                 layer.cross_attn.reorder(index)
             elif sources is not None:
                 layer.cross_attn.reorder(sources)
+
+
+# chapters/16_fast_generation.md: Every layer of the decoder
+def keep_rows(mask: Tensor | None, keep: Tensor) -> Tensor | None:
+    """The rows ``keep`` of a per-example mask (B, ..., S); a mask that broadcasts stays."""
+    return mask if mask is None or mask.dim() < 4 or mask.shape[0] == 1 else mask[keep]
+
+def beam_memory(memory: Tensor, k: int, cache: DecoderCache | None) -> Tensor:
+    """The memory of each beam row, (B * k, S, d_model). With a cache that holds its keys and values
+    (``DecoderCache.share``) it is never read: a stand-in of that shape that costs nothing."""
+    if cache is None:
+        return memory.repeat_interleave(k, dim=0)
+    return memory.new_zeros(()).expand(memory.shape[0] * k, *memory.shape[1:])

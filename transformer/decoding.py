@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer._checks import check_positive_int, check_token_batch
-from transformer.cache import DecoderCache
+from transformer.cache import DecoderCache, beam_memory, keep_rows
 from transformer.model import Transformer
 
 
@@ -138,7 +138,7 @@ def greedy_decode(model: Transformer, src: Tensor, max_len: int, bos_id: int, eo
                 out[rows[done], :length] = tokens[done, :length]
                 keep = (~done).nonzero().squeeze(1)
                 rows, tokens, memory, limits = rows[keep], tokens[keep], memory[keep], limits[keep]
-                src_mask = _keep_rows(src_mask, keep)
+                src_mask = keep_rows(src_mask, keep)
                 if cache is not None:
                     cache.reorder(keep)
                 if rows.numel() == 0:
@@ -149,10 +149,6 @@ def greedy_decode(model: Transformer, src: Tensor, max_len: int, bos_id: int, eo
         out[rows, :length] = tokens[:, :length]  # the rows still there at the end
     return out[:, :length]
 
-
-def _keep_rows(mask: Tensor | None, keep: Tensor) -> Tensor | None:
-    """The rows ``keep`` of a per-example mask (B, ..., S); a mask that broadcasts stays."""
-    return mask if mask is None or mask.dim() < 4 or mask.shape[0] == 1 else mask[keep]
 
 
 def generated_ids(tokens: Tensor, eos_id: int) -> list[list[int]]:
@@ -259,7 +255,7 @@ def beam_search(model: Transformer, src: Tensor, max_len: int, bos_id: int, eos_
         cache = DecoderCache(len(model.decoder.layers), capacity=max_len) if use_cache else None
         if cache is not None:  # cross-attention keys and values: once per source, read by its k beams
             cache.share([layer.cross_attn for layer in model.decoder.layers], memory, k)
-        beam_memory = _beam_memory(memory, k, cache)  # (B * k, S, d_model)
+        beam_memory = beam_memory(memory, k, cache)  # (B * k, S, d_model)
         beam_mask = _expand_beams(src_mask, k)
         tokens = torch.full((B * k, max_len), pad_id, dtype=torch.long, device=src.device)
         tokens[:, 0] = bos_id  # (B * k, max_len): allocated once
@@ -285,18 +281,10 @@ def beam_search(model: Transformer, src: Tensor, max_len: int, bos_id: int, eos_
                 beam_rows = (rows_of[keep] + torch.arange(k, device=src.device)).view(-1)  # (n' * k,)
                 sources, scores, lengths, finished = sources[keep], scores[keep], lengths[keep], finished[keep]
                 limits, memory, tokens = limits[keep], memory[keep], tokens[beam_rows]
-                beam_memory, beam_mask = _beam_memory(memory, k, cache), _keep_rows(beam_mask, beam_rows)
+                beam_memory, beam_mask = beam_memory(memory, k, cache), keep_rows(beam_mask, beam_rows)
                 if cache is not None:
                     cache.reorder(beam_rows, sources=keep)
                 if sources.numel() == 0:
                     break
         out[sources, :length] = tokens.view(-1, k, max_len)[:, 0, :length]
     return out[:, :length]  # (B, T): the best of each beam
-
-
-def _beam_memory(memory: Tensor, k: int, cache: DecoderCache | None) -> Tensor:
-    """The memory of each beam row, (B * k, S, d_model). With a cache that holds its keys and values
-    (``DecoderCache.share``) it is never read: a stand-in of that shape that costs nothing."""
-    if cache is None:
-        return memory.repeat_interleave(k, dim=0)
-    return memory.new_zeros(()).expand(memory.shape[0] * k, *memory.shape[1:])
