@@ -255,7 +255,7 @@ def beam_search(model: Transformer, src: Tensor, max_len: int, bos_id: int, eos_
         cache = DecoderCache(len(model.decoder.layers), capacity=max_len) if use_cache else None
         if cache is not None:  # cross-attention keys and values: once per source, read by its k beams
             cache.share([layer.cross_attn for layer in model.decoder.layers], memory, k)
-        beam_memory = beam_memory(memory, k, cache)  # (B * k, S, d_model)
+        shared_memory = beam_memory(memory, k, cache)  # (B * k, S, d_model)
         beam_mask = _expand_beams(src_mask, k)
         tokens = torch.full((B * k, max_len), pad_id, dtype=torch.long, device=src.device)
         tokens[:, 0] = bos_id  # (B * k, max_len): allocated once
@@ -265,7 +265,7 @@ def beam_search(model: Transformer, src: Tensor, max_len: int, bos_id: int, eos_
         for step in range(max_len - 1):  # step: the tokens generated so far
             n = sources.shape[0]  # the sources still searching
             finished = finished | (step >= limits)  # hypotheses at their row's limit end here
-            log_probs = _next_logits(model, tokens[:, :step + 1], beam_memory, beam_mask, cache).log_softmax(-1)
+            log_probs = _next_logits(model, tokens[:, :step + 1], shared_memory, beam_mask, cache).log_softmax(-1)
             parent, token, scores, lengths, finished = _beam_step(
                 log_probs.view(n, k, -1), scores, lengths, finished, alpha, pad_id)
             finished = finished | (token == eos_id)
@@ -281,7 +281,7 @@ def beam_search(model: Transformer, src: Tensor, max_len: int, bos_id: int, eos_
                 beam_rows = (rows_of[keep] + torch.arange(k, device=src.device)).view(-1)  # (n' * k,)
                 sources, scores, lengths, finished = sources[keep], scores[keep], lengths[keep], finished[keep]
                 limits, memory, tokens = limits[keep], memory[keep], tokens[beam_rows]
-                beam_memory, beam_mask = beam_memory(memory, k, cache), keep_rows(beam_mask, beam_rows)
+                shared_memory, beam_mask = beam_memory(memory, k, cache), keep_rows(beam_mask, beam_rows)
                 if cache is not None:
                     cache.reorder(beam_rows, sources=keep)
                 if sources.numel() == 0:
