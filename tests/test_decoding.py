@@ -623,3 +623,32 @@ def test_generated_ids_drop_bos_and_cut_at_the_first_eos():
                            [1, 2, 9, 9, 9, 9],    # ends at once: nothing
                            [1, 8, 8, 8, 8, 8]])   # never ends: every generated id
     assert generated_ids(tokens, eos_id=2) == [[5, 6], [], [8, 8, 8, 8, 8]]
+
+
+def test_preallocated_cache_writes_in_place_and_equals_appending():
+    torch.manual_seed(0)
+    key, value = torch.randn(2, 2, 5, 4), torch.randn(2, 2, 5, 4)
+    cache = KVCache(capacity=8)
+    cache.update(key[:, :, :2], value[:, :, :2])
+    buffer = cache._key
+    for t in range(2, 5):
+        cache.update(key[:, :, t:t + 1], value[:, :, t:t + 1])
+    assert cache._key is buffer and buffer.shape == (2, 2, 8, 4)  # allocated once, written in place
+    assert torch.equal(cache.key, key) and torch.equal(cache.value, value)  # the reference: torch.cat
+    grown = KVCache()  # no capacity: grows by doubling, same contents
+    for t in range(5):
+        grown.update(key[:, :, t:t + 1], value[:, :, t:t + 1])
+    assert torch.equal(grown.key, key) and grown.length == 5
+
+
+def test_beam_search_shares_cross_attention_keys_by_source(src):
+    model = small()
+    src_mask = padding_mask(src, PAD)
+    calls = []
+    hook = model.decoder.layers[0].cross_attn.w_k.register_forward_hook(
+        lambda module, args, output: calls.append(args[0].shape[0]))
+    with_cache = beam_search(model, src, 10, BOS, EOS, beam_size=3, src_mask=src_mask)
+    hook.remove()
+    assert calls == [src.shape[0]]  # projected once, for the B sources, not B * k rows
+    assert torch.equal(with_cache, beam_search(model, src, 10, BOS, EOS, beam_size=3, src_mask=src_mask,
+                                               use_cache=False))

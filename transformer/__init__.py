@@ -31,7 +31,7 @@ from transformer.loop import optimizer_step, train_step, run_steps, run_settings
 from transformer.training import training_batches, predict, exact_match, evaluate_loss, fit
 from transformer.config import TrainConfig, make_model, make_optimizer
 from transformer.decoding import evaluating, greedy_decode, generated_ids, beam_search
-from transformer.cache import KVCache, DecoderLayerCache, DecoderCache
+from transformer.cache import KVCache, DecoderLayerCache, DecoderCache, keep_rows, beam_memory
 from transformer.metrics import corpus_scores
 from transformer.complexity import (self_attention_macs, recurrent_macs, convolution_macs, restricted_attention_macs,
     flops, cpu_times, loglog_slope, loglog_plot, autograd_depth, layers_to_connect, band_mask, banded_attention,
@@ -122,6 +122,8 @@ __all__ = [
     'KVCache',
     'DecoderLayerCache',
     'DecoderCache',
+    'keep_rows',
+    'beam_memory',
     'corpus_scores',
     'self_attention_macs',
     'recurrent_macs',

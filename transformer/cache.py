@@ -7,8 +7,10 @@ Defined in the book's chapter "Fast generation" (chapters/16_fast_generation.md)
 """
 
 
-__all__ = ['KVCache', 'DecoderLayerCache', 'DecoderCache']
+__all__ = ['KVCache', 'DecoderLayerCache', 'DecoderCache', 'keep_rows', 'beam_memory']
 
+
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -20,43 +22,84 @@ from transformer._checks import check_positive_int
 class KVCache:
     """The projected keys and values of one attention layer, kept between the steps of generation.
 
+    The keys and values live in buffers allocated once, for ``capacity`` positions, and each call
+    writes its new positions in place, at the write position ``length``: no step copies the prefix.
+    Without a capacity, or past it, the buffers grow by doubling (amortised O(1) a position).
+
     Args:
-        static: False for self-attention, where each call appends the keys and values of its new
+        static: False for self-attention, where each call writes the keys and values of its new
             positions; True for cross-attention, where the first call stores the memory's keys and
             values and later calls reuse them (the key and value passed in are then not projected).
+        capacity: the number of positions to allocate at the first call (e.g. the output limit),
+            or None to allocate what the first call needs and grow from there.
 
     Attributes:
-        key, value: ``(B, H, S, d_k)`` and ``(B, H, S, d_v)``, or None while the cache is empty.
+        key, value: ``(B, H, S, d_k)`` and ``(B, H, S, d_v)``, views of the filled part of the
+            buffers, or None while the cache is empty.
+        beams: for a static cache filled by ``share``, the number k of consecutive query rows
+            (the beams of one source) that read each of its B rows; 1 otherwise.
     """
 
-    def __init__(self, static: bool = False):
+    def __init__(self, static: bool = False, capacity: int | None = None):
         self.static = static
-        self.key: Tensor | None = None
-        self.value: Tensor | None = None
+        self.capacity = None if capacity is None else check_positive_int("capacity", capacity)
+        self.beams = 1
+        self._key: Tensor | None = None  # (B, H, capacity, d_k): the buffer, filled up to length
+        self._value: Tensor | None = None
+        self.length = 0  # the write position: how many key positions are held, S
 
     @property
-    def length(self) -> int:
-        """The number of key positions held, S (0 while empty)."""
-        return 0 if self.key is None else self.key.shape[2]
+    def key(self) -> Tensor | None:
+        return None if self._key is None else self._key[:, :, :self.length]
+
+    @property
+    def value(self) -> Tensor | None:
+        return None if self._value is None else self._value[:, :, :self.length]
 
     def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-        """Store the new keys and values (appended along the positions) and return all of them."""
-        if self.key is not None and self.value is not None:  # (both or neither)
+        """Write the new keys and values after the held ones and return all of them (views)."""
+        new, end = key.shape[2], self.length + key.shape[2]
+        if self._key is None or self._value is None:
+            size = max(end, self.capacity or 0)
+            self._key = key.new_empty(*key.shape[:2], size, key.shape[3])  # allocated once
+            self._value = value.new_empty(*value.shape[:2], size, value.shape[3])
+        else:
             self.check_batch(key.shape[0])
-            key = torch.cat([self.key, key], dim=2)  # (B, H, S_old + S_new, d_k)
-            value = torch.cat([self.value, value], dim=2)  # (B, H, S_old + S_new, d_v)
-        self.key, self.value = key, value
-        return key, value
+            if end > self._key.shape[2]:  # past the capacity: grow by doubling, rarely
+                self._key, self._value = self._grown(self._key, end), self._grown(self._value, end)
+        self._key[:, :, self.length:end] = key  # in place, at the write position
+        self._value[:, :, self.length:end] = value
+        self.length = end
+        return self._key[:, :, :end], self._value[:, :, :end]  # (B, H, S_old + S_new, d_k)
+
+    def _grown(self, buffer: Tensor, needed: int) -> Tensor:
+        """A buffer of at least ``needed`` (and twice the old) positions holding the filled part."""
+        grown = buffer.new_empty(*buffer.shape[:2], max(needed, 2 * buffer.shape[2]), buffer.shape[3])
+        grown[:, :, :self.length] = buffer[:, :, :self.length]
+        return grown
+
+    def share(self, key: Tensor, value: Tensor, beams: int) -> None:
+        """Fill a static cache with one source's keys and values, ``(B, H, S, d_k)``, for ``beams``
+        consecutive query rows each (beam search): the beams read them by broadcasting, no copies."""
+        self._key, self._value, self.length = key, value, key.shape[2]
+        self.beams = check_positive_int("beams", beams)
 
     def check_batch(self, batch_size: int) -> None:
-        """Raise a ValueError unless the cache is empty or holds a batch of ``batch_size``."""
-        if self.key is not None and self.key.shape[0] != batch_size:
-            raise ValueError(f"cache holds a batch of {self.key.shape[0]}, got a batch of {batch_size}")
+        """Raise a ValueError unless the cache is empty or holds a batch of ``batch_size`` rows."""
+        if self._key is not None and self._key.shape[0] * self.beams != batch_size:
+            raise ValueError(f"cache holds a batch of {self._key.shape[0] * self.beams}, "
+                             f"got a batch of {batch_size}")
 
     def reorder(self, index: Tensor) -> None:
-        """Keep the batch rows ``index`` (in that order): how beam search follows its beams."""
-        if self.key is not None and self.value is not None:
-            self.key, self.value = self.key.index_select(0, index), self.value.index_select(0, index)
+        """Keep the batch rows ``index`` (in that order): how beam search follows its beams and
+        drops finished rows. Only the filled part is moved; the buffers keep their capacity."""
+        if self._key is None or self._value is None:
+            return
+        if self.length == self._key.shape[2] or index.shape[0] != self._key.shape[0]:
+            self._key, self._value = self._key.index_select(0, index), self._value.index_select(0, index)
+        else:  # same batch size: move the filled part within the buffers
+            self._key[:, :, :self.length] = self._key[:, :, :self.length].index_select(0, index)
+            self._value[:, :, :self.length] = self._value[:, :, :self.length].index_select(0, index)
 
 
 # chapters/16_fast_generation.md: Every layer of the decoder
@@ -64,30 +107,63 @@ class DecoderLayerCache:
     """The caches of one decoder layer during generation (see the book's chapter "Fast generation").
 
     Attributes:
-        self_attn: ``KVCache`` of the self-attention; grows by the new target positions at each call.
+        self_attn: ``KVCache`` of the self-attention, written at the new target positions at each call.
         cross_attn: static ``KVCache`` of the cross-attention: the memory's keys and values,
-            projected at the first call and reused after (the memory passed later is not read).
+            projected at the first call (or by ``DecoderCache.share``) and reused after (the
+            memory passed later is not read).
     """
 
-    def __init__(self) -> None:
-        self.self_attn = KVCache()
+    def __init__(self, capacity: int | None = None) -> None:
+        self.self_attn = KVCache(capacity=capacity)
         self.cross_attn = KVCache(static=True)
 
 
 class DecoderCache:
-    """The caches of every layer of a decoder: ``layers[i]`` is the ``DecoderLayerCache`` of layer i."""
+    """The caches of every layer of a decoder: ``layers[i]`` is the ``DecoderLayerCache`` of layer i.
 
-    def __init__(self, num_layers: int):
+    ``capacity``: the target positions to allocate once in every self-attention cache (e.g. the
+    output limit ``max_len``), or None to grow as needed.
+    """
+
+    def __init__(self, num_layers: int, capacity: int | None = None):
         check_positive_int("num_layers", num_layers)
-        self.layers = [DecoderLayerCache() for _ in range(num_layers)]
+        self.layers = [DecoderLayerCache(capacity) for _ in range(num_layers)]
 
     @property
     def length(self) -> int:
         """The number of target positions held (0 before the first call)."""
         return self.layers[0].self_attn.length
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep the batch rows ``index`` in every cache (beam search)."""
+    def share(self, cross_attentions: list[Any], memory: Tensor, beams: int) -> None:
+        """Project the memory ``(B, S, d_model)`` once per source into every layer's cross-attention
+        cache, read by ``beams`` consecutive rows each: ``cross_attentions[i]`` is layer i's
+        ``MultiHeadAttention`` (its ``w_k``, ``w_v`` and ``num_heads``)."""
+        for layer, attention in zip(self.layers, cross_attentions, strict=True):
+            B, S, _ = memory.shape
+            key = attention.w_k(memory).view(B, S, attention.num_heads, -1).transpose(1, 2)  # (B, H, S, d_k)
+            value = attention.w_v(memory).view(B, S, attention.num_heads, -1).transpose(1, 2)
+            layer.cross_attn.share(key, value, beams)
+
+    def reorder(self, index: Tensor, sources: Tensor | None = None) -> None:
+        """Keep the batch rows ``index`` in every cache (beam search). Cross-attention caches shared
+        by beams (``share``) are indexed by source instead: they keep the sources ``sources``, or
+        stay as they are when it is None (the beams of a source read the same keys)."""
         for layer in self.layers:
             layer.self_attn.reorder(index)
-            layer.cross_attn.reorder(index)
+            if layer.cross_attn.beams == 1:
+                layer.cross_attn.reorder(index)
+            elif sources is not None:
+                layer.cross_attn.reorder(sources)
+
+
+# chapters/16_fast_generation.md: Every layer of the decoder
+def keep_rows(mask: Tensor | None, keep: Tensor) -> Tensor | None:
+    """The rows ``keep`` of a per-example mask (B, ..., S); a mask that broadcasts stays."""
+    return mask if mask is None or mask.dim() < 4 or mask.shape[0] == 1 else mask[keep]
+
+def beam_memory(memory: Tensor, k: int, cache: DecoderCache | None) -> Tensor:
+    """The memory of each beam row, (B * k, S, d_model). With a cache that holds its keys and values
+    (``DecoderCache.share``) it is never read: a stand-in of that shape that costs nothing."""
+    if cache is None:
+        return memory.repeat_interleave(k, dim=0)
+    return memory.new_zeros(()).expand(memory.shape[0] * k, *memory.shape[1:])

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer._checks import check_positive_int, check_token_batch
-from transformer.cache import DecoderCache
+from transformer.cache import DecoderCache, beam_memory, keep_rows
 from transformer.model import Transformer
 
 
@@ -126,19 +126,29 @@ def greedy_decode(model: Transformer, src: Tensor, max_len: int, bos_id: int, eo
     limits = _output_limits(src, src_mask, max_len, extra_len)  # (B,)
     with evaluating(model):
         memory = model.encode(src, src_mask)  # (B, S, d_model), once for all steps
-        cache = DecoderCache(len(model.decoder.layers)) if use_cache else None
-        tokens = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)  # (B, 1)
-        finished = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)  # (B,)
+        cache = DecoderCache(len(model.decoder.layers), capacity=max_len) if use_cache else None
+        tokens = torch.full((src.shape[0], max_len), pad_id, dtype=torch.long, device=src.device)
+        tokens[:, 0] = bos_id  # (B, max_len): allocated once, written column by column
+        out, rows, length = tokens.clone(), torch.arange(src.shape[0], device=src.device), 1
         for step in range(max_len - 1):  # step: the tokens generated so far
-            finished |= step >= limits  # rows at their limit end here
-            if finished.all():
-                break
-            next_token = _next_logits(model, tokens, memory, src_mask, cache).argmax(dim=-1)  # (B,)
-            next_token = next_token.masked_fill(finished, pad_id)  # ended rows get padding
-            if eos_id is not None:
-                finished |= next_token == eos_id
-            tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # (B, t + 1)
-    return tokens
+            done = step >= limits  # (B,): rows at their limit, or (below) after their end token
+            if eos_id is not None and step > 0:
+                done |= tokens[:, step] == eos_id
+            if done.any():  # finished rows leave the batch: their tokens go to out
+                out[rows[done], :length] = tokens[done, :length]
+                keep = (~done).nonzero().squeeze(1)
+                rows, tokens, memory, limits = rows[keep], tokens[keep], memory[keep], limits[keep]
+                src_mask = keep_rows(src_mask, keep)
+                if cache is not None:
+                    cache.reorder(keep)
+                if rows.numel() == 0:
+                    break
+            logits = _next_logits(model, tokens[:, :step + 1], memory, src_mask, cache)  # (B, V)
+            tokens[:, step + 1] = logits.argmax(dim=-1)  # in place
+            length = step + 2
+        out[rows, :length] = tokens[:, :length]  # the rows still there at the end
+    return out[:, :length]
+
 
 
 def generated_ids(tokens: Tensor, eos_id: int) -> list[list[int]]:
@@ -183,8 +193,8 @@ def _expand_beams(src_mask: Tensor | None, beam_size: int) -> Tensor | None:
 
 
 def _beams_done(scores: Tensor, lengths: Tensor, finished: Tensor, alpha: float,
-                max_generated: int | Tensor) -> bool:
-    """True when, in every beam, no live hypothesis can beat the best finished one any more.
+                max_generated: int | Tensor) -> Tensor:
+    """(B,): True where, in a beam, no live hypothesis can beat the best finished one any more.
 
     A live hypothesis's log P can only fall, and lp(Y) grows at most to lp(max_generated), so
     log P / lp(max_generated) bounds every score it can still reach. scores etc. are (B, k);
@@ -194,7 +204,7 @@ def _beams_done(scores: Tensor, lengths: Tensor, finished: Tensor, alpha: float,
     best_finished = torch.where(finished, finished_scores, float("-inf")).amax(dim=1)  # (B,)
     bound = scores / _length_penalty(torch.as_tensor(max_generated, dtype=scores.dtype), alpha)  # (B, k)
     best_live = torch.where(finished, float("-inf"), bound).amax(dim=1)  # (B,)
-    return bool((best_finished >= best_live).all())
+    return best_finished >= best_live
 
 
 def _beam_step(log_probs: Tensor, scores: Tensor, lengths: Tensor, finished: Tensor, alpha: float,
@@ -241,22 +251,40 @@ def beam_search(model: Transformer, src: Tensor, max_len: int, bos_id: int, eos_
     B = src.shape[0]
     limits = _output_limits(src, src_mask, max_len, extra_len)[:, None]  # (B, 1)
     with evaluating(model):
-        memory = model.encode(src, src_mask).repeat_interleave(k, dim=0)  # (B * k, S, d_model)
+        memory = model.encode(src, src_mask)  # (B, S, d_model): once per source, not repeated
+        cache = DecoderCache(len(model.decoder.layers), capacity=max_len) if use_cache else None
+        if cache is not None:  # cross-attention keys and values: once per source, read by its k beams
+            cache.share([layer.cross_attn for layer in model.decoder.layers], memory, k)
+        shared_memory = beam_memory(memory, k, cache)  # (B * k, S, d_model)
         beam_mask = _expand_beams(src_mask, k)
-        cache = DecoderCache(len(model.decoder.layers)) if use_cache else None
-        tokens = torch.full((B * k, 1), bos_id, dtype=torch.long, device=src.device)  # (B * k, 1)
+        tokens = torch.full((B * k, max_len), pad_id, dtype=torch.long, device=src.device)
+        tokens[:, 0] = bos_id  # (B * k, max_len): allocated once
+        out, sources, length = tokens[::k].clone(), torch.arange(B, device=src.device), 1
         scores, lengths, finished = _start_beams(B, k, src.device)  # (B, k) each
         rows_of = torch.arange(B, device=src.device)[:, None] * k  # (B, 1): first row of each beam
         for step in range(max_len - 1):  # step: the tokens generated so far
+            n = sources.shape[0]  # the sources still searching
             finished = finished | (step >= limits)  # hypotheses at their row's limit end here
-            log_probs = _next_logits(model, tokens, memory, beam_mask, cache).log_softmax(-1)  # (B * k, V)
+            log_probs = _next_logits(model, tokens[:, :step + 1], shared_memory, beam_mask, cache).log_softmax(-1)
             parent, token, scores, lengths, finished = _beam_step(
-                log_probs.view(B, k, -1), scores, lengths, finished, alpha, pad_id)
+                log_probs.view(n, k, -1), scores, lengths, finished, alpha, pad_id)
             finished = finished | (token == eos_id)
-            rows = (rows_of + parent).view(-1)  # (B * k,): the row each survivor extends
-            tokens = torch.cat([tokens[rows], token.view(-1, 1)], dim=1)  # (B * k, t + 1)
+            rows = (rows_of[:n] + parent).view(-1)  # (n * k,): the row each survivor extends
+            tokens[:, :step + 1] = tokens[rows, :step + 1]  # the filled part only
+            tokens[:, step + 1], length = token.view(-1), step + 2
             if cache is not None:
                 cache.reorder(rows)
-            if _beams_done(scores, lengths, finished | (step + 1 >= limits), alpha, limits):
-                break
-    return tokens.view(B, k, -1)[:, 0]  # (B, T): the best of each beam
+            done = _beams_done(scores, lengths, finished | (step + 1 >= limits), alpha, limits)  # (n,)
+            if done.any():  # finished sources leave the batch, their best hypothesis to out
+                out[sources[done], :length] = tokens.view(n, k, -1)[done, 0, :length]
+                keep = (~done).nonzero().squeeze(1)
+                beam_rows = (rows_of[keep] + torch.arange(k, device=src.device)).view(-1)  # (n' * k,)
+                sources, scores, lengths, finished = sources[keep], scores[keep], lengths[keep], finished[keep]
+                limits, memory, tokens = limits[keep], memory[keep], tokens[beam_rows]
+                shared_memory, beam_mask = beam_memory(memory, k, cache), keep_rows(beam_mask, beam_rows)
+                if cache is not None:
+                    cache.reorder(beam_rows, sources=keep)
+                if sources.numel() == 0:
+                    break
+        out[sources, :length] = tokens.view(-1, k, max_len)[:, 0, :length]
+    return out[:, :length]  # (B, T): the best of each beam

@@ -144,7 +144,13 @@ class MultiHeadAttention(nn.Module):
         k, v = self._keys_values(key, value, cache)  # (B, H, S, d_k), (B, H, S, d_v)
         mask = check_attention_mask(mask, (B, self.num_heads, L, k.shape[2]))  # S: cached ones too
         dropout_p = self.dropout if self.training else 0.0
+        beams = 1 if cache is None else cache.beams  # >1: k rows of queries share each row of keys
+        if beams > 1:  # fold the beams of a source into its queries: (B/k, H, k * L, d_k)
+            q, mask = _fold_beams(q, beams), None if mask is None else _fold_beams(_rows(mask, B, L), beams)
         heads, weights = self.attend(q, k, v, mask, dropout_p, need_weights, query_start)  # (B, H, L, d_v)
+        if beams > 1:
+            heads = _unfold_beams(heads, beams)
+            weights = None if weights is None else _unfold_beams(weights, beams)
         output = self.w_o(_merge_heads(heads))  # (B, L, H * d_v) @ W^O -> (B, L, d_model)
         return (output, weights) if need_weights else output
 
@@ -173,3 +179,19 @@ class MultiHeadAttention(nn.Module):
         k = _split_heads(self.w_k(key), self.num_heads)  # (B, S, d_model) -> (B, H, S, d_k)
         v = _split_heads(self.w_v(value), self.num_heads)  # (B, S, d_model) -> (B, H, S, d_v)
         return (k, v) if cache is None else cache.update(k, v)  # (B, H, S_cached + S, d_k)
+
+
+def _rows(mask: Tensor, batch_rows: int, query_len: int) -> Tensor:
+    """A mask broadcastable to (B, H, L, S) as a view of (B, 1 or H, L, S)."""
+    mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    return mask.expand(batch_rows, -1, query_len, -1)
+
+
+def _fold_beams(x: Tensor, beams: int) -> Tensor:
+    """Put the k beams of each source after each other as queries: (B * k, H, L, d) -> (B, H, k * L, d)."""
+    return x.unflatten(0, (-1, beams)).transpose(1, 2).flatten(2, 3)
+
+
+def _unfold_beams(x: Tensor, beams: int) -> Tensor:
+    """The inverse of ``_fold_beams``: (B, H, k * L, d) -> (B * k, H, L, d)."""
+    return x.unflatten(2, (beams, -1)).transpose(1, 2).flatten(0, 1)
