@@ -69,7 +69,6 @@ CLAIMS = [
     Claim("generation", "gen_close_runner_up", "<", 0.05, "share of digits whose runner-up is above 0.1"),
     Claim("generation", "gen_last_layer_in_order", ">", 0.8, "last layer: steps that do not go back"),
     Claim("generation", "gen_last_layer_sharper", ">", 0.0, "last layer sharper than the first (weight)"),
-    Claim("generation", "gen_self_attention_peak", ">", 1.5, "encoder: largest weight / uniform, worst layer"),
     Claim("generation", "gen_cold_same_as_greedy", ">=", 0.99, "sampling at tau = 0.05: same as greedy"),
     Claim("generation", "gen_sampled_exact", ">", 0.35, "sampling at tau = 1: exact match, lower bound"),
     Claim("generation", "gen_sampled_exact", "<", 0.7, "sampling at tau = 1: exact match, upper bound"),
