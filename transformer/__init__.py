@@ -52,6 +52,11 @@ from transformer.vision import (patches, PatchEmbedding, sinusoidal_encoding_2d,
     GridRelativeMultiHeadAttention, VisionTransformer)
 from transformer.digits import DIGITS_SHA256, load_digits, stratified_split
 from transformer.pretrained import marian_permutation, from_huggingface, load_pretrained
+from transformer.captioning import PatchFrontEnd, ImageCaptioner, caption_batches, caption_scores
+from transformer.scenes import (DIGIT_NAMES, LAYOUTS, CELL_SIZE, CANVAS_SIZE, PIXEL_LEVELS, caption, cells_of,
+    is_held_out, Scenes, make_scenes, pixel_tokens, CaptionVocab)
+from transformer.drawing import (PROMPT_WORDS, DRAWING_VOCAB_SIZE, PIXELS, prompt_ids, digit_sequences, drawn_images,
+    drawing_batches)
 
 __all__ = [
     'TokenEmbedding',
@@ -188,4 +193,27 @@ __all__ = [
     'marian_permutation',
     'from_huggingface',
     'load_pretrained',
+    'PatchFrontEnd',
+    'ImageCaptioner',
+    'caption_batches',
+    'caption_scores',
+    'DIGIT_NAMES',
+    'LAYOUTS',
+    'CELL_SIZE',
+    'CANVAS_SIZE',
+    'PIXEL_LEVELS',
+    'caption',
+    'cells_of',
+    'is_held_out',
+    'Scenes',
+    'make_scenes',
+    'pixel_tokens',
+    'CaptionVocab',
+    'PROMPT_WORDS',
+    'DRAWING_VOCAB_SIZE',
+    'PIXELS',
+    'prompt_ids',
+    'digit_sequences',
+    'drawn_images',
+    'drawing_batches',
 ]
