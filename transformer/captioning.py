@@ -17,11 +17,11 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
-from transformer._checks import check_fraction, check_positive_int, check_tensor, check_token_batch
+from transformer._checks import check_fraction, check_positive_int, check_token_batch
 from transformer.data import Batch
 from transformer.attention import check_attention_mask, padding_mask
 from transformer.model import Transformer
-from transformer.scenes import CANVAS_SIZE, PIXEL_LEVELS, CaptionVocab
+from transformer.scenes import CANVAS_SIZE, PIXEL_LEVELS
 from transformer.vision import PatchEmbedding
 
 

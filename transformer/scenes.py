@@ -88,7 +88,8 @@ def make_scenes(images: Tensor, labels: Tensor, count: int, seed: int, held_out:
     count = check_positive_int("count", count)
     generator = torch.Generator().manual_seed(seed)
     canvas = torch.zeros(count, 1, CANVAS_SIZE, CANVAS_SIZE)
-    captions, digits, cells, layouts = [], [], [], []
+    captions: list[str] = []
+    digits, cells, layouts = [], [], []  # per scene: (first, second), their cells, the layout
     while len(captions) < count:
         a, b = torch.randint(0, len(images), (2,), generator=generator).tolist()
         layout, line = torch.randint(0, 2, (2,), generator=generator).tolist()
