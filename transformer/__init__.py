@@ -51,6 +51,11 @@ from transformer.relative import relative_positions, RelativeMultiHeadAttention,
 from transformer.digits import DIGITS_SHA256, load_digits, stratified_split
 from transformer.vision import (patches, PatchEmbedding, sinusoidal_encoding_2d, grid_relations,
     GridRelativeMultiHeadAttention, VisionTransformer)
+from transformer.captioning import PatchFrontEnd, ImageCaptioner, caption_batches, caption_scores
+from transformer.scenes import (DIGIT_NAMES, LAYOUTS, CELL_SIZE, CANVAS_SIZE, PIXEL_LEVELS, caption, cells_of,
+    is_held_out, Scenes, make_scenes, pixel_tokens, CaptionVocab)
+from transformer.drawing import (PROMPT_WORDS, DRAWING_VOCAB_SIZE, PIXELS, prompt_ids, digit_sequences, drawn_images,
+    drawing_batches)
 from transformer.pretrained import marian_permutation, from_huggingface, load_pretrained
 
 __all__ = [
@@ -187,6 +192,29 @@ __all__ = [
     'grid_relations',
     'GridRelativeMultiHeadAttention',
     'VisionTransformer',
+    'PatchFrontEnd',
+    'ImageCaptioner',
+    'caption_batches',
+    'caption_scores',
+    'DIGIT_NAMES',
+    'LAYOUTS',
+    'CELL_SIZE',
+    'CANVAS_SIZE',
+    'PIXEL_LEVELS',
+    'caption',
+    'cells_of',
+    'is_held_out',
+    'Scenes',
+    'make_scenes',
+    'pixel_tokens',
+    'CaptionVocab',
+    'PROMPT_WORDS',
+    'DRAWING_VOCAB_SIZE',
+    'PIXELS',
+    'prompt_ids',
+    'digit_sequences',
+    'drawn_images',
+    'drawing_batches',
     'marian_permutation',
     'from_huggingface',
     'load_pretrained',
