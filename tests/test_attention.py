@@ -422,7 +422,7 @@ def test_padding_mask_non_integer_tokens(dtype):
 def test_padding_mask_other_bad_input():
     with pytest.raises(TypeError, match="tokens must be a torch.Tensor"):
         padding_mask([[1, 2, 0]], PAD)
-    with pytest.raises(ValueError, match=r"tokens must have shape \(B, N\), got \(6,\)"):
+    with pytest.raises(ValueError, match=r"tokens must have shape \(B, S\), got \(6,\)"):
         padding_mask(TOKENS[0], PAD)
     with pytest.raises(TypeError, match="pad_id must be an int"):
         padding_mask(TOKENS, 0.0)

@@ -192,7 +192,7 @@ def test_bad_tokens(pooling):
         model(torch.rand(2, 4))
     with pytest.raises(TypeError, match="tokens must be a torch.Tensor"):
         model([[1, 2]])
-    with pytest.raises(ValueError, match=r"tokens must have shape \(B, N\)"):
+    with pytest.raises(ValueError, match=r"tokens must have shape \(B, S\)"):
         model(torch.tensor([1, 2, 3]))
     with pytest.raises(ValueError, match=r"tokens must lie in \[0, vocab_size=5\)"):
         model(torch.tensor([[1, 5]]))
@@ -406,7 +406,7 @@ def test_training_bad_arguments():
         train_classifier(model, tokens, labels, lr=0.0)
     with pytest.raises(ValueError, match="clip must be > 0 or None"):
         train_classifier(model, tokens, labels, clip=-1.0)
-    with pytest.raises(ValueError, match=r"inputs must have shape \(M, N\) of token ids and labels \(M,\)"):
+    with pytest.raises(ValueError, match=r"inputs must have shape \(M, S\) of token ids and labels \(M,\)"):
         train_classifier(model, tokens, labels[:-1])
     with pytest.raises(TypeError, match="inputs must hold integer token ids when pad_id is set"):
         train_classifier(model, tokens.float(), labels)

@@ -584,8 +584,8 @@ def test_bad_length_penalty_is_refused(src, alpha, error):
 
 @pytest.mark.parametrize("bad, error, message", [
     (torch.ones(3, 6), TypeError, "src must hold integer token ids"),
-    (torch.ones(6, dtype=torch.long), ValueError, r"src must have shape \(B, N\)"),
-    (torch.ones(1, 3, 6, dtype=torch.long), ValueError, r"src must have shape \(B, N\)"),
+    (torch.ones(6, dtype=torch.long), ValueError, r"src must have shape \(B, S\)"),
+    (torch.ones(1, 3, 6, dtype=torch.long), ValueError, r"src must have shape \(B, S\)"),
     ([[3, 4]], TypeError, "src must be a torch.Tensor"),
     (torch.full((2, 3), SRC_VOCAB), ValueError, r"src must lie in \[0, vocab_size=13\)"),
 ])

@@ -56,7 +56,7 @@ def test_char_vocab_errors():
         CharVocab("")
     with pytest.raises(ValueError, match=r"ids must lie in \[0, vocab_size=3\), got ids from 0 to 3"):
         vocab.decode(torch.tensor([0, 3]))
-    with pytest.raises(ValueError, match=r"ids must have shape \(N,\)"):
+    with pytest.raises(ValueError, match=r"ids must have shape \(S,\)"):
         vocab.decode(torch.zeros(2, 2, dtype=torch.long))
     with pytest.raises(TypeError, match="ids must hold integer token ids"):
         vocab.decode(torch.zeros(2))
@@ -165,7 +165,7 @@ def test_model_errors(tokens):
         DecoderOnlyLM(V, dropout=1.0)
     with pytest.raises(ValueError, match="divisible"):
         DecoderOnlyLM(V, d_model=10, num_heads=4)
-    with pytest.raises(ValueError, match=r"tokens must have shape \(B, N\)"):
+    with pytest.raises(ValueError, match=r"tokens must have shape \(B, S\)"):
         model(tokens[0])
     with pytest.raises(TypeError, match="tokens must hold integer token ids"):
         model(tokens.float())
@@ -202,7 +202,7 @@ def test_random_windows_reach_both_ends_and_are_deterministic():
 
 def test_random_windows_errors():
     data = torch.arange(10)
-    with pytest.raises(ValueError, match=r"data must have shape \(N,\) with N > seq_len=10, got \(10,\)"):
+    with pytest.raises(ValueError, match=r"data must have shape \(S,\) with S > seq_len=10, got \(10,\)"):
         random_windows(data, 2, 10)
     with pytest.raises(ValueError, match="data must have shape"):
         random_windows(data.view(2, 5), 2, 3)

@@ -167,8 +167,8 @@ def test_gradients_reach_every_parameter(batch):
     "call, error, message",
     [
         (lambda m, s, t: m(s, t[:2]), ValueError, r"src and tgt must have the same batch size"),
-        (lambda m, s, t: m(s[0], t[0]), ValueError, r"src must have shape \(B, N\), got \(7,\)"),
-        (lambda m, s, t: m(s, t[:, :, None]), ValueError, r"tgt must have shape \(B, N\), got \(3, 5, 1\)"),
+        (lambda m, s, t: m(s[0], t[0]), ValueError, r"src must have shape \(B, S\), got \(7,\)"),
+        (lambda m, s, t: m(s, t[:, :, None]), ValueError, r"tgt must have shape \(B, S\), got \(3, 5, 1\)"),
         (lambda m, s, t: m(s, t.float()), TypeError, r"tgt must hold integer token ids"),
         (lambda m, s, t: m(s + 20, t), ValueError, r"src must lie in \[0, vocab_size=13\)"),
         (lambda m, s, t: m(s, t + 10), ValueError, r"tgt must lie in \[0, vocab_size=11\)"),
