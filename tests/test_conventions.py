@@ -92,3 +92,14 @@ def test_exercises_have_solutions_that_are_checked(path):
     for cell in _code_cells(path):
         if cell.source.lstrip().startswith("# Solution"):
             assert "assert" in cell.source, f"{path.name}: a solution cell that checks nothing: {cell.source[:80]!r}"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=_ids(CHAPTERS))
+def test_title_has_no_math(path):
+    # The sidebar prints every chapter's title on every page, and Sphinx loads MathJax only on pages
+    # whose own text has math: a `$...$` title stays raw TeX on the pages without any.
+    title = next(line for line in path.read_text().splitlines() if line.startswith("# "))
+    assert "$" not in title and "\\(" not in title, (
+        f"{path.name}'s title {title!r} has math; write it in text (e.g. *n* × *n*), "
+        "since the sidebar shows it on pages that do not load MathJax"
+    )
