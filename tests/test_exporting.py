@@ -111,9 +111,9 @@ def test_generate_gives_our_greedy_tokens_on_the_first_sentences(committed, expo
 
 
 @pytest.mark.parametrize("changes, setting", [
-    (dict(norm_first=True), "norm_first"),
-    (dict(share_embeddings=False), "share_embeddings"),
-    (dict(tie_output=False), "tie_output"),
+    ({"norm_first": True}, "norm_first"),
+    ({"share_embeddings": False}, "share_embeddings"),
+    ({"tie_output": False}, "tie_output"),
 ])
 def test_settings_marian_cannot_hold_are_refused_by_name(changes, setting):
     model = small_transformer(**{"share_embeddings": True, "src_vocab_size": 11, "tgt_vocab_size": 11, **changes})
