@@ -197,19 +197,17 @@ def test_ctranslate2_translates_the_first_100_test_sentences_as_we_do(committed,
 
 @pytest.mark.slow
 def test_onnxruntime_gives_pytorchs_logits_and_greedy_translations(committed, tmp_path, test_de):
-    import onnxruntime
-
     from transformer.onnx_export import (
         DecoderStepGraph,
         EncoderGraph,
         export_onnx,
         onnx_greedy,
+        onnx_sessions,
     )
 
     model, tokenizer = committed
     export_onnx(model, tmp_path)
-    encoder = onnxruntime.InferenceSession(str(tmp_path / "encoder.onnx"), providers=["CPUExecutionProvider"])
-    step = onnxruntime.InferenceSession(str(tmp_path / "decoder_step.onnx"), providers=["CPUExecutionProvider"])
+    encoder, step = onnx_sessions(tmp_path)
     src = torch.tensor([tokenizer.encode(test_de[3]).ids])
     tgt = torch.tensor([[BOS_ID, 25, 300, 41]])
     with torch.no_grad():
@@ -225,5 +223,13 @@ def test_onnxruntime_gives_pytorchs_logits_and_greedy_translations(committed, tm
     torch.testing.assert_close(torch.from_numpy(onnx_weights), weights, atol=1e-5, rtol=0)
     sentences = test_de[:40]
     ours = book_greedy(model, tokenizer, sentences)
-    theirs = [onnx_greedy(tmp_path, tokenizer.encode(line).ids, BOS_ID, EOS_ID)[0] for line in sentences]
+    theirs = [onnx_greedy((encoder, step), tokenizer.encode(line).ids, BOS_ID, EOS_ID)[0] for line in sentences]
     assert sum(a == b for a, b in zip(ours, theirs)) >= 39
+
+
+def test_onnx_sessions_refuse_a_folder_without_the_graphs(tmp_path):
+    from transformer.onnx_export import onnx_sessions
+
+    (tmp_path / "encoder.onnx").write_bytes(b"")
+    with pytest.raises(ValueError, match="decoder_step.onnx"):
+        onnx_sessions(tmp_path)

@@ -8,7 +8,7 @@ Defined in the book's chapter "The translator everywhere" (chapters/34_exporting
 """
 
 
-__all__ = ['EncoderGraph', 'DecoderStepGraph', 'export_onnx', 'onnx_greedy']
+__all__ = ['EncoderGraph', 'DecoderStepGraph', 'export_onnx', 'onnx_sessions', 'onnx_greedy']
 
 
 import importlib
@@ -78,23 +78,36 @@ def export_onnx(model: Transformer, out: str | os.PathLike) -> tuple[Path, Path]
     S, T = torch.export.Dim("S", min=1, max=model.positional_encoding.max_len), torch.export.Dim("T", min=1)
     paths = out / "encoder.onnx", out / "decoder_step.onnx"
     with torch.no_grad():
-        torch.onnx.export(EncoderGraph(model), (src,), paths[0], input_names=["src"], output_names=["memory"],
+        torch.onnx.export(EncoderGraph(model).eval(), (src,), paths[0], input_names=["src"], output_names=["memory"],
                           dynamic_shapes=({1: S},), dynamo=True, external_data=False, verbose=False)
-        torch.onnx.export(DecoderStepGraph(model), (tgt, memory), paths[1], input_names=["tgt", "memory"],
+        torch.onnx.export(DecoderStepGraph(model).eval(), (tgt, memory), paths[1], input_names=["tgt", "memory"],
                           output_names=["logits", "cross_attention"], dynamic_shapes=({1: T}, {1: S}),
                           dynamo=True, external_data=False, verbose=False)
     return paths
 
 
-def onnx_greedy(folder: str | os.PathLike, ids: list[int], bos_id: int, eos_id: int,
+def onnx_sessions(folder: str | os.PathLike) -> tuple[Any, Any]:
+    """onnxruntime sessions for the two graphs ``export_onnx`` wrote into ``folder``: open them once,
+    decode many sentences."""
+    try:
+        ort = importlib.import_module("onnxruntime")
+    except ImportError as err:
+        raise ImportError("running the ONNX graphs needs `onnxruntime`: pip install -e \".[onnx]\"") from err
+    folder = Path(folder)
+    missing = [name for name in ("encoder.onnx", "decoder_step.onnx") if not (folder / name).is_file()]
+    if missing:
+        raise ValueError(f"folder must hold what export_onnx writes; {folder} has no {', '.join(missing)}")
+    return tuple(ort.InferenceSession(os.fspath(folder / name), providers=["CPUExecutionProvider"])
+                 for name in ("encoder.onnx", "decoder_step.onnx"))
+
+
+def onnx_greedy(sessions: tuple[Any, Any], ids: list[int], bos_id: int, eos_id: int,
                 extra_len: int = 50) -> tuple[list[int], list[Any]]:
-    """Greedy decoding with onnxruntime over the two graphs of ``export_onnx``: the output ids (no
-    <bos>, no <eos>) and, per output token, the cross-attention row over the source."""
-    ort = importlib.import_module("onnxruntime")
+    """Greedy decoding with the (encoder, decoder step) sessions of ``onnx_sessions``: the output ids
+    (no <bos>, no <eos>) and, per output token, the cross-attention row over the source."""
     import numpy as np
 
-    encoder = ort.InferenceSession(os.fspath(Path(folder) / "encoder.onnx"), providers=["CPUExecutionProvider"])
-    step = ort.InferenceSession(os.fspath(Path(folder) / "decoder_step.onnx"), providers=["CPUExecutionProvider"])
+    encoder, step = sessions
     memory = encoder.run(None, {"src": np.array([ids], dtype=np.int64)})[0]
     tokens, rows = [bos_id], []
     for _ in range(len(ids) + extra_len):
