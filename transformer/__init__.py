@@ -32,6 +32,7 @@ from transformer.training import training_batches, predict, exact_match, evaluat
 from transformer.config import TrainConfig, make_model, make_optimizer
 from transformer.decoding import evaluating, greedy_decode, generated_ids, beam_search
 from transformer.cache import KVCache, DecoderLayerCache, DecoderCache, keep_rows, beam_memory
+from transformer.quantize import quantize_int8
 from transformer.metrics import corpus_scores
 from transformer.complexity import (self_attention_macs, recurrent_macs, convolution_macs, restricted_attention_macs,
     flops, cpu_times, loglog_slope, loglog_plot, autograd_depth, layers_to_connect, band_mask, banded_attention,
@@ -129,6 +130,7 @@ __all__ = [
     'DecoderCache',
     'keep_rows',
     'beam_memory',
+    'quantize_int8',
     'corpus_scores',
     'self_attention_macs',
     'recurrent_macs',

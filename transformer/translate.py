@@ -38,6 +38,7 @@ from transformer.model import Transformer
 from transformer.multi30k import (BOS_ID, EOS_ID, PAD_ID, TranslationConfig, encode_lines, make_translation_model,
     translation_batches)
 from transformer.subwords import train_tokenizer
+from transformer.quantize import quantize_int8
 
 
 # chapters/17_translation.md: Translating a sentence
@@ -232,6 +233,7 @@ def build_parser(prog: str = "python -m transformer.translate") -> argparse.Argu
     parser.add_argument("--extra-len", type=int, default=50, help="an output has at most (input length + this) tokens")
     parser.add_argument("--batch-size", type=positive_int, default=64, help="sentences decoded at once")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--int8", action="store_true", help="int8 linear layers (CPU only; see quantize_int8)")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                         help="show a progress bar on stderr")
     return parser
@@ -245,13 +247,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.t
         parser.error(f"--extra-len must be >= 0, got {args.extra_len}")
     if args.length_penalty < 0:
         parser.error(f"--length-penalty must be >= 0, got {args.length_penalty}")
+    if args.int8 and args.device != "cpu":
+        parser.error(f"--int8 runs on the CPU: add --device cpu (got --device {args.device})")
     try:
         model, tokenizer = load_translator(args.checkpoint, args.device)
     except (OSError, ValueError) as err:
         parser.error(f"--checkpoint {args.checkpoint}: {err}")
     lines = [line.rstrip("\r\n") for line in sys.stdin]
-    for line in translate(model, tokenizer, lines, args.beam, args.length_penalty, args.extra_len,
-                          args.batch_size, progress=args.progress):
+    for line in translate(quantize_int8(model) if args.int8 else model, tokenizer, lines, args.beam,
+                          args.length_penalty, args.extra_len, args.batch_size, progress=args.progress):
         sys.stdout.write(line + "\n")
     return 0
 
