@@ -41,7 +41,7 @@ from transformer.checkpoint import (save_checkpoint, read_checkpoint, restore_ch
     average_checkpoints)
 from transformer.paths import book_root, model_cache_dir, data_file
 from transformer.distributed import (shard_batch, DataParallelHooks, data_parallel_options, world_size_of_run,
-    init_distributed, replica_difference)
+    init_distributed, replica_difference, free_cores)
 from transformer.brackets import (BRACKET_VOCAB, is_balanced, encode_brackets, decode_brackets, random_balanced,
     near_miss, bracket_split, bracket_dataset)
 from transformer.classifier import SequenceClassifier, accuracy, classification_loss, train_classifier
@@ -160,6 +160,7 @@ __all__ = [
     'world_size_of_run',
     'init_distributed',
     'replica_difference',
+    'free_cores',
     'BRACKET_VOCAB',
     'is_balanced',
     'encode_brackets',
