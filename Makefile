@@ -10,6 +10,11 @@ NOTEBOOKS := _build/notebooks
 # MathJax 3 from npm, served by the built site so equations render with no network.
 MATHJAX := node_modules/mathjax/es5/tex-mml-chtml.js
 ASSETS := _build/assets
+# The translator page (chapters/34_exporting.md): onnxruntime-web (WebAssembly), the BPE tokenizer of
+# @huggingface/tokenizers, the page's script, and the committed model as two ONNX graphs exported
+# from models/multi30k/model.pt at build time (not committed).
+DEMO := $(ASSETS)/demo
+ORT := node_modules/onnxruntime-web/dist
 
 export JUPYTER_PLATFORM_DIRS := 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
@@ -91,10 +96,16 @@ browser: setup
 
 # Static files the site serves itself, outside any `_static/` folder (Jupyter Book 1 would add
 # every .js file in one to every page).
-assets: setup
+assets: setup $(DEMO)/decoder_step.onnx
 	rm -rf $(ASSETS)/mathjax
 	mkdir -p $(ASSETS)
 	cp -r node_modules/mathjax/es5 $(ASSETS)/mathjax
+	cp $(ORT)/ort.wasm.min.mjs $(ORT)/ort-wasm-simd-threaded.mjs $(ORT)/ort-wasm-simd-threaded.wasm $(DEMO)/
+	cp node_modules/@huggingface/tokenizers/dist/tokenizers.min.mjs tools/demo/translate.mjs $(DEMO)/
+
+# The ONNX export takes about 20 seconds; it is redone only when the model or the exporter changes.
+$(DEMO)/decoder_step.onnx: models/multi30k/model.pt transformer/onnx_export.py tools/demo_model.py | $(STAMP)
+	$(BIN)/python -m tools.demo_model --checkpoint models/multi30k/model.pt --out $(DEMO)
 
 # One chapter as a notebook under nbval: make chapter CHAPTER=chapters/02_embeddings.md
 chapter: setup

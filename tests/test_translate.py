@@ -270,20 +270,42 @@ class CountingTokenizer:
 def test_greedy_translation_is_the_most_likely_token_step_by_step_in_the_input_order(committed):
     model, tokenizer = committed
     expected = [greedy_by_hand(model, tokenizer, s) for s in GERMAN]
-    # batches of 4 sentences sorted by length: GERMAN's order is not theirs
-    assert translate(model, tokenizer, GERMAN, beam_size=1, batch_size=4) == expected
+    # batches of at most 40 tokens, sentences sorted by length: GERMAN's order is not theirs
+    assert translate(model, tokenizer, GERMAN, beam_size=1, batch_tokens=40) == expected
     assert "dog" in expected[0] and "men" in expected[1]  # and it is English
     # what is decoded: the tokens after <bos> and before <eos>, nothing special
     ids = [json.loads(out) for out in translate(model, CountingTokenizer(tokenizer), GERMAN)]
     assert [tokenizer.decode(row) for row in ids] == expected
     assert all(i not in (PAD_ID, BOS_ID, EOS_ID) for row in ids for i in row)
-    assert translate(model, tokenizer, GERMAN[::-1], batch_size=64) == expected[::-1]
+    assert translate(model, tokenizer, GERMAN[::-1]) == expected[::-1]
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_translation_batches_hold_at_most_batch_tokens_tokens_of_hypotheses(committed, monkeypatch, beam_size):
+    model, tokenizer = committed
+    german = load_multi30k("test")[0][:120]
+    seen = []
+
+    def recording(decode):
+        def run(model, src, *args, **kwargs):
+            seen.append(tuple(src.shape))  # (B, S)
+            return decode(model, src, *args, **kwargs)
+        return run
+
+    import transformer.translate as module
+    monkeypatch.setattr(module, "greedy_decode", recording(module.greedy_decode))
+    monkeypatch.setattr(module, "beam_search", recording(module.beam_search))
+    translate(model, tokenizer, german, beam_size=beam_size, batch_tokens=600)
+    assert sum(rows for rows, _ in seen) == len(german)
+    assert all(rows * length * beam_size <= 600 or rows == 1 for rows, length in seen), seen
+    assert max(rows for rows, _ in seen) >= 600 // (beam_size * max(length for _, length in seen))  # batches fill up
+    assert len(seen) < len(german) / 4  # not one sentence at a time
 
 
 def test_beam_translation_keeps_the_input_order(committed):
     model, tokenizer = committed
     one_by_one = [translate(model, tokenizer, [s], beam_size=3)[0] for s in GERMAN]
-    assert translate(model, tokenizer, GERMAN, beam_size=3, batch_size=4) == one_by_one
+    assert translate(model, tokenizer, GERMAN, beam_size=3, batch_tokens=120) == one_by_one
     assert translate(model, tokenizer, ["", *GERMAN[:2], ""], beam_size=3) == ["", *one_by_one[:2], ""]
 
 
@@ -312,8 +334,8 @@ def test_translation_runs_in_eval_mode_and_restores_the_mode(committed):
         model.eval()
 
 
-@pytest.mark.parametrize("beam_size, batch_size", [(1, 64), (1, 1), (3, 64), (3, 1)])
-def test_outputs_stop_at_source_length_plus_extra_len_and_at_max_len(tokenizer, beam_size, batch_size):
+@pytest.mark.parametrize("beam_size, batch_tokens", [(1, 4096), (1, 1), (3, 4096), (3, 1)])
+def test_outputs_stop_at_source_length_plus_extra_len_and_at_max_len(tokenizer, beam_size, batch_tokens):
     model = tiny_model(tokenizer, max_len=24).eval()
     with torch.no_grad():  # never <eos> (nor <pad>, <bos>): every output runs to its limit
         model.output.bias[[PAD_ID, BOS_ID, EOS_ID]] = -1e4
@@ -323,7 +345,7 @@ def test_outputs_stop_at_source_length_plus_extra_len_and_at_max_len(tokenizer, 
     assert lengths[0] < lengths[1] < 18 < 24 < lengths[2]  # the last is longer than max_len
     for extra_len in (0, 3, 50):
         outputs = [json.loads(out) for out in translate(model, counting, sentences, beam_size, extra_len=extra_len,
-                                                             batch_size=batch_size)]
+                                                             batch_tokens=batch_tokens)]
         generated = [[i for i in out if i != PAD_ID] for out in outputs]  # rows padded after their limit
         assert all(i > EOS_ID for out in generated for i in out)
         # at most (source length + extra_len) tokens, and at most max_len - 1 after <bos>; a source
@@ -339,8 +361,8 @@ def test_translate_refuses_a_bare_string_and_bad_sizes(committed):
         translate(model, tokenizer, ["Ein Hund.", 3])
     with pytest.raises(ValueError, match="beam_size must be a positive int, got 0"):
         translate(model, tokenizer, GERMAN, beam_size=0)
-    with pytest.raises(ValueError, match="batch_size must be a positive int, got -1"):
-        translate(model, tokenizer, GERMAN, batch_size=-1)
+    with pytest.raises(ValueError, match="batch_tokens must be a positive int, got -1"):
+        translate(model, tokenizer, GERMAN, batch_tokens=-1)
     with pytest.raises(ValueError, match="extra_len must be None or an int >= 0, got -1"):
         translate(model, tokenizer, GERMAN, extra_len=-1)
 
@@ -533,11 +555,38 @@ def test_translate_command_reads_crlf_lines_and_a_last_line_without_newline(comm
     assert capsys.readouterr().out == "".join(line + "\n" for line in expected)
 
 
+def test_translate_command_runs_on_the_free_cores_unless_told(committed, monkeypatch, capsys):
+    import transformer.translate as module
+
+    threads = torch.get_num_threads()
+    try:
+        for options, free, expected in (([], 1, 1), ([], 2, 2), (["--threads", "1"], 2, 1), (["--threads", "3"], 1, 3)):
+            monkeypatch.setattr(module, "free_cores", lambda free=free: free)
+            monkeypatch.setattr(sys, "stdin", io.StringIO("Ein Hund läuft.\n"))
+            assert main(["--checkpoint", str(MODEL), "--no-progress", "--device", "cpu", *options]) == 0
+            assert torch.get_num_threads() == expected, options
+            assert capsys.readouterr().out == translate(*committed, ["Ein Hund läuft."])[0] + "\n"
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("cores, load, free", [({0, 1}, 0.1, 2), ({0, 1}, 1.4, 1), ({0, 1}, 6.0, 1),
+                                               (set(range(8)), 2.5, 6), (set(range(8)), 0.0, 8)])
+def test_free_cores_are_the_cores_minus_the_load_average(monkeypatch, cores, load, free):
+    from transformer.distributed import free_cores
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cores)
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, 0.0, 0.0))
+    assert free_cores() == free
+
+
 @pytest.mark.parametrize("options, message", [
     (["--checkpoint", "no/such/model.pt"], "--checkpoint no/such/model.pt: no checkpoint at no/such/model.pt"),
     (["--checkpoint", str(MODEL), "--extra-len", "-1"], "--extra-len must be >= 0, got -1"),
     (["--checkpoint", str(MODEL), "--length-penalty", "-0.5"], "--length-penalty must be >= 0, got -0.5"),
     (["--checkpoint", str(MODEL), "--beam", "0"], "argument --beam: expected a positive integer, got 0"),
+    (["--checkpoint", str(MODEL), "--threads", "0"], "argument --threads: expected a positive integer, got 0"),
+    (["--checkpoint", str(MODEL), "--batch-tokens", "x"], "argument --batch-tokens: expected a positive integer, got 'x'"),
     ([], "the following arguments are required: --checkpoint"),
 ])
 def test_translate_command_usage_errors(options, message, capsys):

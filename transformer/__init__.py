@@ -32,6 +32,7 @@ from transformer.training import training_batches, predict, exact_match, evaluat
 from transformer.config import TrainConfig, make_model, make_optimizer
 from transformer.decoding import evaluating, greedy_decode, generated_ids, beam_search
 from transformer.cache import KVCache, DecoderLayerCache, DecoderCache, keep_rows, beam_memory
+from transformer.quantize import quantize_int8
 from transformer.metrics import corpus_scores
 from transformer.complexity import (self_attention_macs, recurrent_macs, convolution_macs, restricted_attention_macs,
     flops, cpu_times, loglog_slope, loglog_plot, autograd_depth, layers_to_connect, band_mask, banded_attention,
@@ -40,7 +41,7 @@ from transformer.checkpoint import (save_checkpoint, read_checkpoint, restore_ch
     average_checkpoints)
 from transformer.paths import book_root, model_cache_dir, data_file
 from transformer.distributed import (shard_batch, DataParallelHooks, data_parallel_options, world_size_of_run,
-    init_distributed, replica_difference)
+    init_distributed, replica_difference, free_cores)
 from transformer.brackets import (BRACKET_VOCAB, is_balanced, encode_brackets, decode_brackets, random_balanced,
     near_miss, bracket_split, bracket_dataset)
 from transformer.classifier import SequenceClassifier, accuracy, classification_loss, train_classifier
@@ -129,6 +130,7 @@ __all__ = [
     'DecoderCache',
     'keep_rows',
     'beam_memory',
+    'quantize_int8',
     'corpus_scores',
     'self_attention_macs',
     'recurrent_macs',
@@ -158,6 +160,7 @@ __all__ = [
     'world_size_of_run',
     'init_distributed',
     'replica_difference',
+    'free_cores',
     'BRACKET_VOCAB',
     'is_balanced',
     'encode_brackets',

@@ -17,8 +17,9 @@ from collections.abc import Sequence
 
 # chapters/22_scaling_out.md: Putting it together
 COMMANDS = {"train": "train a model: number words (--task numbers) or German to English (--task multi30k)",
-            "translate": "translate German lines from stdin with a trained checkpoint"}
-USAGE = "usage: transformer {train,translate} [options]"
+            "translate": "translate German lines from stdin with a trained checkpoint",
+            "export": "write a trained translator in another format (huggingface)"}
+USAGE = "usage: transformer {train,translate,export} [options]"
 
 
 def command(argv: Sequence[str] | None = None) -> int:
@@ -37,8 +38,10 @@ def command(argv: Sequence[str] | None = None) -> int:
         from transformer.train import main as run  # imported here: each command loads only what it needs
     elif command == "translate":
         from transformer.translate import main as run
+    elif command == "export":
+        from transformer.exporting import main as run
     else:
-        print(f"{USAGE}\ntransformer: error: unknown command {command!r} (choose from train, translate)",
+        print(f"{USAGE}\ntransformer: error: unknown command {command!r} (choose from train, translate, export)",
               file=sys.stderr)
         return 2
     return run(rest, prog=f"transformer {command}")

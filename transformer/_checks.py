@@ -9,13 +9,13 @@ the package instead of deep inside torch. Defined in the book's appendix
 """
 
 
-__all__ = ['check_token_batch', 'check_number', 'check_positive_int', 'check_fraction', 'check_tensor', 'check_features', 'check_token_tensor', 'check_bool', 'check_dtype', 'check_token_ids']
+__all__ = ['check_token_batch', 'check_number', 'check_positive_int', 'check_fraction', 'check_tensor', 'check_features', 'check_token_tensor', 'check_bool', 'check_dtype', 'input_dtype', 'check_token_ids']
 
 
 import numbers
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch._subclasses.fake_tensor import FakeTensor
 
 
@@ -115,6 +115,13 @@ def check_dtype(name: str, x: Tensor, dtype: torch.dtype) -> Tensor:
         raise TypeError(f"{name} must have the dtype of the module's parameters, {dtype}, got {x.dtype}: "
                         f"convert one to the other, e.g. {name}.to({dtype}) or module.to({x.dtype})")
     return x
+
+
+def input_dtype(linear: nn.Module) -> torch.dtype:
+    """The dtype of the features a linear layer takes: its weight's, or float32 for a layer that
+    torch's dynamic quantization made int8 (its ``weight`` is then a method, and it takes float32)."""
+    weight = getattr(linear, "weight", None)
+    return weight.dtype if isinstance(weight, Tensor) else torch.float32
 
 
 # chapters/35_conventions.md: Token ids: read where that is free

@@ -7,7 +7,7 @@ Defined in the book's chapter "Scaling out" (chapters/22_scaling_out.md).
 """
 
 
-__all__ = ['shard_batch', 'DataParallelHooks', 'data_parallel_options', 'world_size_of_run', 'init_distributed', 'replica_difference']
+__all__ = ['shard_batch', 'DataParallelHooks', 'data_parallel_options', 'world_size_of_run', 'init_distributed', 'replica_difference', 'free_cores']
 
 
 import os
@@ -111,3 +111,13 @@ def replica_difference(model: nn.Module) -> float:
     largest = (mine - first).abs().max().reshape(1)
     dist.all_reduce(largest, op=dist.ReduceOp.MAX)
     return largest.item()
+
+
+# chapters/22_scaling_out.md: Threads on a shared machine
+def free_cores() -> int:
+    """The CPU cores this process may use that the last minute's load average leaves idle, at least 1:
+    the default number of threads of the translate command, so that a busy machine does not make it
+    spin at barriers for cores that other processes hold."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    busy = round(os.getloadavg()[0]) if hasattr(os, "getloadavg") else 0
+    return max(1, min(cores, cores - busy))

@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer._checks import check_fraction, check_dtype, check_features, check_positive_int, check_tensor
+from transformer._checks import (check_fraction, check_dtype, input_dtype, check_features, check_positive_int,
+    check_tensor)
 
 
 # chapters/06_feedforward.md: The module
@@ -84,7 +85,7 @@ class PositionwiseFeedForward(nn.Module):
         """
         check_tensor("x", x)
         check_features("x", x, self.d_model, ndim=max(x.dim(), 1))  # any leading dims, last d_model
-        check_dtype("x", x, self.w_1.weight.dtype)  # float64 into a float32 network: say so, not mat1/mat2
+        check_dtype("x", x, input_dtype(self.w_1))  # float64 into a float32 network: say so, not mat1/mat2
         # ReLU works in place: the (B, S, d_ff) product is fresh, so it may overwrite it instead of
         # allocating another tensor of the largest size in the layer (autograd allows it: ReLU's
         # backward needs only its output).

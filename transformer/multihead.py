@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer._checks import check_bool, check_fraction, check_dtype, check_features, check_positive_int
+from transformer._checks import check_bool, check_fraction, check_dtype, input_dtype, check_features, check_positive_int
 from transformer.attention import check_attention_mask, scaled_dot_product_attention
 from transformer.cache import KVCache
 
@@ -135,7 +135,7 @@ class MultiHeadAttention(nn.Module):
             ``(B, L, d_model)``, weights ``(B, num_heads, L, S)``.
         """
         B, L, _ = _check_inputs(query, key, value, self.d_model)
-        check_dtype("query", query, self.w_q.weight.dtype)
+        check_dtype("query", query, input_dtype(self.w_q))  # int8 layers too (fast generation)
         check_bool("need_weights", need_weights)
         if cache is not None and not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")

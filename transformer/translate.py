@@ -36,18 +36,21 @@ from transformer.losses import seq2seq_loss
 from transformer.metrics import corpus_scores
 from transformer.model import Transformer
 from transformer.multi30k import (BOS_ID, EOS_ID, PAD_ID, TranslationConfig, encode_lines, make_translation_model,
-    translation_batches)
+    token_batches, translation_batches)
 from transformer.subwords import train_tokenizer
+from transformer.distributed import free_cores
+from transformer.quantize import quantize_int8
 
 
 # chapters/17_translation.md: Translating a sentence
 @torch.no_grad()
 def translate(model: Transformer, tokenizer: Any, sentences: Sequence[str], beam_size: int = 1,
-              length_penalty: float = 0.6, extra_len: int = 50, batch_size: int = 64,
+              length_penalty: float = 0.6, extra_len: int = 50, batch_tokens: int = 4096,
               progress: bool = False) -> list[str]:
     """Translate ``sentences`` (one each) with greedy decoding (``beam_size=1``) or beam search.
 
-    Sentences are decoded in batches of similar length and returned in the input order. An output
+    Sentences are sorted by length and decoded in batches of at most ``batch_tokens`` tokens
+    (sentences x ``beam_size`` x the longest source); outputs come in the input order. An output
     has at most (source length + ``extra_len``) tokens, the paper's limit, and never more than the
     model's ``max_len``. An empty (or all-blank) sentence translates to an empty line.
     """
@@ -58,14 +61,16 @@ def translate(model: Transformer, tokenizer: Any, sentences: Sequence[str], beam
         raise TypeError("sentences must be a sequence of str (one sentence each), got an item of type "
                         + next(type(s).__name__ for s in sentences if not isinstance(s, str)))
     check_positive_int("beam_size", beam_size)
-    check_positive_int("batch_size", batch_size)
+    check_positive_int("batch_tokens", batch_tokens)
     device = next(model.parameters()).device
     max_len = model.positional_encoding.max_len
     ids = [row[:max_len] for row in encode_lines(tokenizer, sentences)]  # a longer source is cut
     output = ["" for _ in sentences]
-    todo = sorted((i for i, row in enumerate(ids) if sentences[i].strip()), key=lambda i: len(ids[i]))
-    for start in tqdm(range(0, len(todo), batch_size), desc="translating", unit="batch", disable=not progress):
-        rows = todo[start:start + batch_size]
+    todo = [i for i in range(len(sentences)) if sentences[i].strip()]
+    tokens_of = [len(ids[i]) * beam_size for i in todo]  # a sentence's tokens, once per hypothesis
+    bar = tqdm(total=len(todo), desc="translating", unit="sentence", disable=not progress)
+    for batch in token_batches(tokens_of, tokens_of, batch_tokens, max_sentences=max(1, len(todo))):
+        rows = [todo[j] for j in batch]
         src = pad_rows([ids[i] for i in rows], PAD_ID, device)  # (B, S)
         src_mask = padding_mask(src, PAD_ID)  # (B, 1, 1, S)
         limit = min(max_len, src.shape[1] + extra_len + 1)  # <bos> + at most S + extra_len tokens
@@ -77,6 +82,8 @@ def translate(model: Transformer, tokenizer: Any, sentences: Sequence[str], beam
                                  pad_id=PAD_ID, extra_len=extra_len)  # (B, T)
         for i, row in zip(rows, generated_ids(tokens, EOS_ID)):
             output[i] = tokenizer.decode(row)
+        bar.update(len(rows))
+    bar.close()
     return output
 
 
@@ -230,8 +237,10 @@ def build_parser(prog: str = "python -m transformer.translate") -> argparse.Argu
     parser.add_argument("--beam", type=positive_int, default=1, help="beam size (1: greedy decoding)")
     parser.add_argument("--length-penalty", type=float, default=0.6, help="alpha of the beam's length penalty")
     parser.add_argument("--extra-len", type=int, default=50, help="an output has at most (input length + this) tokens")
-    parser.add_argument("--batch-size", type=positive_int, default=64, help="sentences decoded at once")
+    parser.add_argument("--batch-tokens", type=positive_int, default=4096, help="tokens of hypotheses decoded at once")
+    parser.add_argument("--threads", type=positive_int, help="CPU threads (default: free_cores(), the idle ones)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--int8", action="store_true", help="int8 linear layers (CPU only; see quantize_int8)")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                         help="show a progress bar on stderr")
     return parser
@@ -245,13 +254,16 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.t
         parser.error(f"--extra-len must be >= 0, got {args.extra_len}")
     if args.length_penalty < 0:
         parser.error(f"--length-penalty must be >= 0, got {args.length_penalty}")
+    if args.int8 and args.device != "cpu":
+        parser.error(f"--int8 runs on the CPU: add --device cpu (got --device {args.device})")
     try:
         model, tokenizer = load_translator(args.checkpoint, args.device)
     except (OSError, ValueError) as err:
         parser.error(f"--checkpoint {args.checkpoint}: {err}")
+    torch.set_num_threads(args.threads or free_cores())  # threads spinning for a taken core cost the most
     lines = [line.rstrip("\r\n") for line in sys.stdin]
-    for line in translate(model, tokenizer, lines, args.beam, args.length_penalty, args.extra_len,
-                          args.batch_size, progress=args.progress):
+    for line in translate(quantize_int8(model) if args.int8 else model, tokenizer, lines, args.beam,
+                          args.length_penalty, args.extra_len, args.batch_tokens, progress=args.progress):
         sys.stdout.write(line + "\n")
     return 0
 

@@ -1,0 +1,235 @@
+"""Tests for transformer/exporting.py and transformer/onnx_export.py (chapters/34_exporting.md): the
+committed translator written as a Hugging Face Marian model, converted by CTranslate2 and exported
+to ONNX must give our logits and our greedy translations. Nothing reaches the network."""
+
+import importlib
+import os
+from pathlib import Path
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import pytest
+import torch
+import transformers
+from factories import small_transformer
+
+from transformer import DecoderOnlyLM
+from transformer.__main__ import command
+from transformer.attention import padding_mask
+from transformer.checkpoint import save_checkpoint
+from transformer.data import pad_rows
+from transformer.decoding import generated_ids, greedy_decode
+from transformer.exporting import (
+    export_huggingface,
+    hf_greedy,
+    marian_config,
+    to_huggingface,
+)
+from transformer.multi30k import BOS_ID, EOS_ID, PAD_ID, encode_lines
+from transformer.pretrained import from_huggingface
+from transformer.subwords import load_multi30k
+from transformer.translate import load_translator, translate
+
+MODEL = Path(__file__).resolve().parents[1] / "models" / "multi30k" / "model.pt"
+
+
+@pytest.fixture(scope="module")
+def committed():
+    return load_translator(MODEL)
+
+
+@pytest.fixture(scope="module")
+def exported(committed):
+    return to_huggingface(*committed)
+
+
+@pytest.fixture(scope="module")
+def test_de():
+    return load_multi30k("test")[0]
+
+
+def book_greedy(model, tokenizer, sentences, batch_size=32):
+    """Our greedy ids (no <bos>, no <eos>), as `translate` decodes."""
+    out = []
+    for start in range(0, len(sentences), batch_size):
+        src = pad_rows(encode_lines(tokenizer, sentences[start:start + batch_size]), PAD_ID, "cpu")
+        limit = min(model.positional_encoding.max_len, src.shape[1] + 51)
+        tokens = greedy_decode(model, src, limit, BOS_ID, EOS_ID, src_mask=padding_mask(src, PAD_ID),
+                               pad_id=PAD_ID, extra_len=50)
+        out += generated_ids(tokens, EOS_ID)
+    return out
+
+
+def test_the_round_trip_gives_the_models_logits(committed, exported, test_de):
+    model, tokenizer = committed
+    back = from_huggingface(exported[0]).eval()
+    src = pad_rows(encode_lines(tokenizer, test_de[:16]), PAD_ID, "cpu")
+    tgt = torch.randint(4, 8000, (16, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        mask = padding_mask(src, PAD_ID)
+        torch.testing.assert_close(back(src, tgt, src_mask=mask), model(src, tgt, src_mask=mask), atol=1e-5, rtol=0)
+
+
+def test_a_random_model_round_trips_too():
+    model = small_transformer(share_embeddings=True, src_vocab_size=11, tgt_vocab_size=11)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    tokenizer = load_translator(MODEL)[1]
+    # a tokenizer of another size is fine for the weights: only its special tokens are checked
+    hf, _ = to_huggingface(model, tokenizer)
+    src, tgt = torch.tensor([[3, 4, 5, 6]]), torch.tensor([[1, 7, 8]])
+    with torch.no_grad():
+        ours = model(src, tgt)
+        torch.testing.assert_close(hf(input_ids=src, decoder_input_ids=tgt).logits, ours, atol=1e-5, rtol=0)
+        torch.testing.assert_close(from_huggingface(hf).eval()(src, tgt), ours, atol=1e-6, rtol=0)
+
+
+def test_hugging_faces_logits_are_ours_on_the_committed_model(committed, exported, test_de):
+    model, tokenizer = committed
+    hf, hf_tokenizer = exported
+    batch = hf_tokenizer(test_de[:32], return_tensors="pt", padding=True)
+    assert batch["input_ids"].tolist() == pad_rows(encode_lines(tokenizer, test_de[:32]), PAD_ID, "cpu").tolist()
+    tgt = torch.randint(4, 8000, (32, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        theirs = hf(**batch, decoder_input_ids=tgt).logits
+        ours = model(batch["input_ids"], tgt, src_mask=padding_mask(batch["input_ids"], PAD_ID))
+    torch.testing.assert_close(theirs, ours, atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_generate_gives_our_greedy_tokens_on_the_whole_test_set(committed, exported, test_de):
+    model, tokenizer = committed
+    ours, theirs = book_greedy(model, tokenizer, test_de), hf_greedy(*exported, test_de)
+    same = sum(a == b for a, b in zip(ours, theirs))
+    assert len(test_de) == 1000 and same >= 995, same  # near-ties may flip a token after float rounding
+
+
+def test_generate_gives_our_greedy_tokens_on_the_first_sentences(committed, exported, test_de):
+    model, tokenizer = committed
+    assert hf_greedy(*exported, test_de[:40]) == book_greedy(model, tokenizer, test_de[:40])
+
+
+@pytest.mark.parametrize("changes, setting", [
+    ({"norm_first": True}, "norm_first"),
+    ({"share_embeddings": False}, "share_embeddings"),
+    ({"tie_output": False}, "tie_output"),
+])
+def test_settings_marian_cannot_hold_are_refused_by_name(changes, setting):
+    model = small_transformer(**{"share_embeddings": True, "src_vocab_size": 11, "tgt_vocab_size": 11, **changes})
+    with pytest.raises(ValueError, match=setting):
+        marian_config(model)
+
+
+def test_another_layer_norm_eps_is_refused():
+    model = small_transformer(share_embeddings=True, src_vocab_size=11, tgt_vocab_size=11)
+    model.encoder.layers[0].norm1.eps = 1e-6
+    with pytest.raises(ValueError, match="LayerNorm eps"):
+        marian_config(model)
+
+
+def test_other_models_are_refused():
+    with pytest.raises(TypeError, match="transformer.Transformer"):
+        marian_config(DecoderOnlyLM(vocab_size=10, d_model=8, num_heads=2, d_ff=16, num_layers=1, max_len=16))
+
+
+def test_the_command_writes_a_folder_that_transformers_loads_offline(tmp_path, test_de, committed):
+    out = tmp_path / "hf"
+    assert command(["export", "huggingface", "--checkpoint", str(MODEL), "--out", str(out)]) == 0
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(out, local_files_only=True)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
+    assert isinstance(model, transformers.MarianMTModel)
+    batch = tokenizer(test_de[:6], return_tensors="pt", padding=True)
+    english = tokenizer.batch_decode(model.generate(**batch, num_beams=1, max_new_tokens=60), skip_special_tokens=True)
+    assert english == translate(*committed, test_de[:6])
+
+
+def test_the_command_refuses_a_folder_that_is_not_empty(tmp_path, capsys):
+    (tmp_path / "something").write_text("x")
+    with pytest.raises(SystemExit) as exit_:
+        command(["export", "huggingface", "--checkpoint", str(MODEL), "--out", str(tmp_path)])
+    assert exit_.value.code == 2 and "is not an empty folder" in capsys.readouterr().err
+
+
+def test_the_command_refuses_a_checkpoint_of_another_task(tmp_path, capsys):
+    path = tmp_path / "numbers.pt"
+    save_checkpoint(path, small_transformer(), None, None, 0, None)
+    with pytest.raises(SystemExit) as exit_:
+        command(["export", "huggingface", "--checkpoint", str(path), "--out", str(tmp_path / "out")])
+    assert exit_.value.code == 2 and "not a translation checkpoint" in capsys.readouterr().err
+
+
+def test_a_missing_extra_names_the_pip_line(monkeypatch, committed, tmp_path):
+    real = importlib.import_module
+
+    def without(name, *args):
+        if name in ("transformers", "onnxscript", "ctranslate2.converters.transformers"):
+            raise ImportError(f"No module named {name!r}")
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", without)
+    from transformer.exporting import ctranslate2_folder
+    from transformer.onnx_export import export_onnx
+    with pytest.raises(ImportError, match=r'pip install -e "\.\[pretrained\]"'):
+        to_huggingface(*committed)
+    with pytest.raises(ImportError, match=r'pip install -e "\.\[onnx\]"'):
+        export_onnx(committed[0], tmp_path)
+    with pytest.raises(ImportError, match=r'pip install -e "\.\[ctranslate2\]"'):
+        ctranslate2_folder(tmp_path, tmp_path / "ct2")
+
+
+@pytest.mark.slow
+def test_ctranslate2_translates_the_first_100_test_sentences_as_we_do(committed, tmp_path, test_de):
+    import ctranslate2
+
+    from transformer.exporting import ctranslate2_folder
+
+    model, tokenizer = committed
+    export_huggingface(MODEL, tmp_path / "hf")
+    ctranslate2_folder(tmp_path / "hf", tmp_path / "ct2")
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
+    pieces = [tokenizer.encode(line).tokens for line in test_de[:100]]
+    results = translator.translate_batch(pieces, beam_size=1, max_decoding_length=max(map(len, pieces)) + 50)
+    theirs = [[tokenizer.token_to_id(t) for t in r.hypotheses[0]] for r in results]
+    same = sum(a == b for a, b in zip(book_greedy(model, tokenizer, test_de[:100]), theirs))
+    assert same >= 98, same
+
+
+@pytest.mark.slow
+def test_onnxruntime_gives_pytorchs_logits_and_greedy_translations(committed, tmp_path, test_de):
+    from transformer.onnx_export import (
+        DecoderStepGraph,
+        EncoderGraph,
+        export_onnx,
+        onnx_greedy,
+        onnx_sessions,
+    )
+
+    model, tokenizer = committed
+    export_onnx(model, tmp_path)
+    encoder, step = onnx_sessions(tmp_path)
+    src = torch.tensor([tokenizer.encode(test_de[3]).ids])
+    tgt = torch.tensor([[BOS_ID, 25, 300, 41]])
+    with torch.no_grad():
+        memory = model.encode(src)
+        logits = model.output(model.decode(tgt, memory))[:, -1]
+        _, weights = DecoderStepGraph(model)(tgt, memory)
+        torch.testing.assert_close(EncoderGraph(model)(src), memory, atol=1e-5, rtol=0)
+    onnx_memory = encoder.run(None, {"src": src.numpy()})[0]
+    torch.testing.assert_close(torch.from_numpy(onnx_memory), memory, atol=1e-4, rtol=0)
+    onnx_logits, onnx_weights = step.run(None, {"tgt": tgt.numpy(), "memory": memory.numpy()})
+    torch.testing.assert_close(torch.from_numpy(onnx_logits), logits, atol=1e-3, rtol=0)
+    torch.testing.assert_close(torch.from_numpy(onnx_weights).sum(-1), torch.ones(1), atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.from_numpy(onnx_weights), weights, atol=1e-5, rtol=0)
+    sentences = test_de[:40]
+    ours = book_greedy(model, tokenizer, sentences)
+    theirs = [onnx_greedy((encoder, step), tokenizer.encode(line).ids, BOS_ID, EOS_ID)[0] for line in sentences]
+    assert sum(a == b for a, b in zip(ours, theirs)) >= 39
+
+
+def test_onnx_sessions_refuse_a_folder_without_the_graphs(tmp_path):
+    from transformer.onnx_export import onnx_sessions
+
+    (tmp_path / "encoder.onnx").write_bytes(b"")
+    with pytest.raises(ValueError, match="decoder_step.onnx"):
+        onnx_sessions(tmp_path)
