@@ -233,3 +233,29 @@ def test_onnx_sessions_refuse_a_folder_without_the_graphs(tmp_path):
     (tmp_path / "encoder.onnx").write_bytes(b"")
     with pytest.raises(ValueError, match="decoder_step.onnx"):
         onnx_sessions(tmp_path)
+
+
+@pytest.mark.slow
+def test_export_onnx_prints_no_notes(tmp_path):
+    # torch's exporter logs "torchvision is not installed. Skipping torchvision::nms" (and more) for
+    # every graph, and warns about LeafSpec; export_onnx drops both, so that the book's build (where
+    # any stderr output is a warning) and a user's terminal stay quiet.
+    import logging
+    import warnings
+
+    from transformer.onnx_export import export_onnx
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    registry = logging.getLogger("torch.onnx._internal.exporter._registration")
+    registry.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            export_onnx(small_transformer(share_embeddings=True, src_vocab_size=11, tgt_vocab_size=11), tmp_path)
+    finally:
+        registry.removeHandler(handler)
+    assert (tmp_path / "encoder.onnx").is_file() and (tmp_path / "decoder_step.onnx").is_file()
+    assert [r.getMessage() for r in records if "torchvision" in r.getMessage()] == []
+    assert [str(w.message) for w in caught if "LeafSpec" in str(w.message)] == []

@@ -11,8 +11,12 @@ Defined in the book's chapter "The translator everywhere" (chapters/34_exporting
 __all__ = ['EncoderGraph', 'DecoderStepGraph', 'export_onnx', 'onnx_sessions', 'onnx_greedy']
 
 
+import contextlib
 import importlib
+import logging
 import os
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +63,30 @@ class DecoderStepGraph(nn.Module):
 
 
 # chapters/34_exporting.md: ONNX: the encoder and one decoder step
+class _TorchvisionNotes(logging.Filter):
+    """Drops the exporter's "torchvision is not installed. Skipping torchvision::nms" lines: it looks
+    up torchvision's operators for every graph, and the book's graphs use none of them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "torchvision is not installed" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """The exporter without its notes: a filter on the logger that writes the torchvision ones (torch
+    resets its loggers' levels when it exports, so a level set beforehand does not hold), and torch's
+    own FutureWarning about ``LeafSpec``, raised inside the exporter."""
+    registry = logging.getLogger("torch.onnx._internal.exporter._registration")
+    notes = _TorchvisionNotes()
+    registry.addFilter(notes)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*LeafSpec", category=FutureWarning)
+            yield
+    finally:
+        registry.removeFilter(notes)
+
+
 def export_onnx(model: Transformer, out: str | os.PathLike) -> tuple[Path, Path]:
     """Write ``encoder.onnx`` and ``decoder_step.onnx`` for ``model`` (post-norm, eval) into ``out``."""
     for package in ("onnx", "onnxscript"):
@@ -77,7 +105,7 @@ def export_onnx(model: Transformer, out: str | os.PathLike) -> tuple[Path, Path]
     memory = torch.zeros(1, 7, model.d_model)
     S, T = torch.export.Dim("S", min=1, max=model.positional_encoding.max_len), torch.export.Dim("T", min=1)
     paths = out / "encoder.onnx", out / "decoder_step.onnx"
-    with torch.no_grad():
+    with torch.no_grad(), _quiet_exporter():
         torch.onnx.export(EncoderGraph(model).eval(), (src,), paths[0], input_names=["src"], output_names=["memory"],
                           dynamic_shapes=({1: S},), dynamo=True, external_data=False, verbose=False)
         torch.onnx.export(DecoderStepGraph(model).eval(), (tgt, memory), paths[1], input_names=["tgt", "memory"],
