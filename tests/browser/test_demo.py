@@ -7,7 +7,6 @@ download size and the time of its first translation."""
 import time
 
 import pytest
-from test_site import browser, site_url, visit  # noqa: F401  (the fixtures of the site's test)
 
 from transformer.paths import book_root
 from transformer.subwords import load_multi30k
@@ -23,7 +22,7 @@ def expected():
     return german, translate(model, tokenizer, german)
 
 
-def test_the_page_translates_as_the_package_does(visit, expected):  # noqa: F811
+def test_the_page_translates_as_the_package_does(visit, expected):
     v = visit(PAGE)
     page = v.page
     sizes: list[int] = []

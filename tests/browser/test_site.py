@@ -10,11 +10,6 @@ server. It also checks that every chapter ends with exercises whose solutions st
 sidebar and the search page, and saves screenshots of two chapters under `_build/screenshots/`.
 """
 
-import functools
-import http.server
-import os
-import shutil
-import threading
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -25,18 +20,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SITE = ROOT / "_build" / "html"
 SCREENSHOTS = ROOT / "_build" / "screenshots"
 SCREENSHOT_PAGES = {"chapters/03_positional_encoding", "chapters/04_attention"}
-CHROMIUM_FLAGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]
-# Console messages that are not errors of the book, each with the reason it is allowed.
-CONSOLE_ALLOWLIST: dict[str, str] = {
-    "Got invalid theme mode: . Resetting to auto.": (
-        "pydata-sphinx-theme 0.17 under sphinx-book-theme 1.3 sets the light/dark mode from "
-        "localStorage with an empty fallback, so a first visit logs this and falls back to 'auto'; "
-        "sphinx-book-theme accepts no `default_mode` option to avoid it"
-    ),
-}
 
 
 def toc_pages() -> list[str]:
@@ -50,85 +33,6 @@ def toc_pages() -> list[str]:
 
 
 PAGES = toc_pages()
-
-
-@pytest.fixture(scope="session")
-def site_url():
-    if not (SITE / "index.html").is_file():
-        pytest.fail(f"no built book in {SITE}: run `make html` (or `make book`) first")
-    handler = functools.partial(QuietHandler, directory=str(SITE))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-
-
-class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):  # keep pytest's output readable
-        pass
-
-
-@pytest.fixture(scope="session")
-def browser():
-    # CHROMIUM names another Chromium-based browser, e.g. Google Chrome on GitHub's runners.
-    executable = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-    if executable is None:
-        pytest.fail(
-            "Chromium is not installed, and the browser test of the book needs it. "
-            "On Debian or Ubuntu: `sudo apt-get install chromium` (or set CHROMIUM to the path of a "
-            "Chromium-based browser); then run `make test` again."
-        )
-    from playwright.sync_api import sync_playwright
-
-    playwright = sync_playwright().start()
-    chromium = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
-    yield chromium
-    chromium.close()
-    playwright.stop()
-
-
-class Visit:
-    """One page in a fresh browser context, with what it logged and what it asked for."""
-
-    def __init__(self, browser, site_url: str, path: str):
-        self.origin = urlparse(site_url).netloc
-        self.context = browser.new_context(viewport={"width": 1280, "height": 900})
-        self.context.route("**/*", self._route)
-        self.page = self.context.new_page()
-        self.errors: list[str] = []
-        self.outside: list[str] = []
-        self.page.on("console", self._console)
-        self.page.on("pageerror", lambda err: self.errors.append(f"uncaught: {err}"))
-        self.page.goto(f"{site_url}/{path}", wait_until="load")
-
-    def _route(self, route):
-        url = urlparse(route.request.url)
-        if url.scheme in ("http", "https") and url.netloc != self.origin:
-            self.outside.append(route.request.url)
-            route.abort()  # record it, and do not let it leave
-        else:
-            route.continue_()
-
-    def _console(self, message):
-        if message.type == "error" and not any(key in message.text for key in CONSOLE_ALLOWLIST):
-            self.errors.append(message.text)
-
-    def close(self):
-        self.context.close()
-
-
-@pytest.fixture
-def visit(browser, site_url):
-    opened = []
-
-    def open_page(path: str) -> Visit:
-        opened.append(Visit(browser, site_url, path))
-        return opened[-1]
-
-    yield open_page
-    for v in opened:
-        v.close()
 
 
 @pytest.mark.parametrize("doc", PAGES)
@@ -196,7 +100,10 @@ def test_sidebar_lists_every_page(visit):
 
 def test_search_finds_attention(visit):
     v = visit("search.html?q=attention")
-    v.page.wait_for_selector("#search-results li", timeout=30_000)
+    # Sphinx lists the results one by one, then says "Search finished, found N page(s)"
+    v.page.wait_for_function(
+        "() => (document.querySelector('#search-results .search-summary')?.innerText || '').includes('found')",
+        timeout=60_000)
     hits = v.page.eval_on_selector_all("#search-results li a", "els => els.map(e => e.href)")
     assert any("04_attention" in href for href in hits), hits
     assert v.errors == [] and v.outside == []
