@@ -213,17 +213,22 @@ def _beam_step(log_probs: Tensor, scores: Tensor, lengths: Tensor, finished: Ten
 
     log_probs (B, k, V) of the next token; scores, lengths, finished (B, k). Returns the parent
     beam and the token of each kept candidate, and its score, length and ``finished`` flag: (B, k).
+    The extensions of one hypothesis share its score and its new length, so they rank as their
+    tokens' log-probabilities do: the best k of a beam are among each hypothesis's own best k, and
+    only those k * k candidates are scored, not k * V.
     """
     B, k, V = log_probs.shape
-    frozen = torch.full((V,), float("-inf"), dtype=log_probs.dtype, device=log_probs.device)
-    frozen[pad_id] = 0.0  # a finished hypothesis is extended by padding only, at no cost
-    log_probs = torch.where(finished[..., None], frozen, log_probs)  # (B, k, V)
-    candidates = scores[..., None] + log_probs  # (B, k, V): log P of each extension
+    top, top_tokens = log_probs.topk(min(k, V), dim=-1)  # (B, k, k'): each hypothesis's best k' tokens
+    frozen = torch.full_like(top[0, 0], float("-inf"))
+    frozen[0] = 0.0  # a finished hypothesis is extended by padding only, at no cost
+    top = torch.where(finished[..., None], frozen, top)  # (B, k, k')
+    top_tokens = top_tokens.masked_fill(finished[..., None], pad_id)
+    candidates = scores[..., None] + top  # (B, k, k'): log P of each extension
     new_lengths = lengths + (~finished).long()  # (B, k)
-    ranked = candidates / _length_penalty(new_lengths[..., None], alpha)  # (B, k, V): s(Y)
-    choice = ranked.view(B, k * V).topk(k, dim=-1).indices  # (B, k), best first
-    parent, token = choice // V, choice % V  # (B, k) each
-    return (parent, token, candidates.view(B, k * V).gather(1, choice),
+    ranked = candidates / _length_penalty(new_lengths[..., None], alpha)  # (B, k, k'): s(Y)
+    choice = ranked.view(B, -1).topk(k, dim=-1).indices  # (B, k), best first
+    parent = choice // top.shape[-1]  # (B, k)
+    return (parent, top_tokens.view(B, -1).gather(1, choice), candidates.view(B, -1).gather(1, choice),
             new_lengths.gather(1, parent), finished.gather(1, parent))
 
 
