@@ -61,6 +61,17 @@ TARGETS = {  # (mode, ours, reference): the least ratio of tokens per second
 }
 
 
+def cpu_name() -> str:
+    """The processor's model name (Linux), else what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def word_tokenizer(size: int):
     """A ``tokenizers`` word-level tokenizer of ``size`` tokens: the book's special tokens first."""
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -177,8 +188,9 @@ def main() -> None:
     import ctranslate2
     import transformers
 
-    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-          f"transformers {transformers.__version__}, ctranslate2 {ctranslate2.__version__}")
+    machine = (f"{cpu_name()} ({torch.backends.cpu.get_cpu_capability()}), {os.cpu_count()} cores, torch "
+               f"{torch.__version__}, transformers {transformers.__version__}, ctranslate2 {ctranslate2.__version__}")
+    print(machine)
     with tempfile.TemporaryDirectory() as folder:
         start = time.perf_counter()
         model, hf_model, tokenizer, ct2_dir = build_engines(SIZES[args.size], Path(folder), args.seed)
@@ -207,8 +219,7 @@ def main() -> None:
                 print(f"  {row['threads']} thread(s), {mode}: {ours} / {reference} = {ratio:.2f} "
                       f"(target >= {target}: {'met' if ratio >= target else 'MISSED'})")
     args.out.write_text(json.dumps({
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-                   f"transformers {transformers.__version__}, ctranslate2 {ctranslate2.__version__}",
+        "machine": machine,
         "command": "python -m benchmarks.generation " + " ".join(
             f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
             for k, v in vars(args).items() if k != "out"),
