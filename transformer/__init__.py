@@ -33,6 +33,7 @@ from transformer.config import TrainConfig, make_model, make_optimizer
 from transformer.decoding import evaluating, greedy_decode, generated_ids, beam_search
 from transformer.cache import KVCache, DecoderLayerCache, DecoderCache, keep_rows, beam_memory
 from transformer.quantize import quantize_int8
+from transformer.compiled import static_cache, decode_step, compile_step, static_greedy_decode
 from transformer.metrics import corpus_scores
 from transformer.complexity import (self_attention_macs, recurrent_macs, convolution_macs, restricted_attention_macs,
     flops, cpu_times, loglog_slope, loglog_plot, autograd_depth, layers_to_connect, band_mask, banded_attention,
@@ -131,6 +132,10 @@ __all__ = [
     'keep_rows',
     'beam_memory',
     'quantize_int8',
+    'static_cache',
+    'decode_step',
+    'compile_step',
+    'static_greedy_decode',
     'corpus_scores',
     'self_attention_macs',
     'recurrent_macs',

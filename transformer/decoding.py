@@ -18,59 +18,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from transformer._checks import check_positive_int, check_token_batch
+from transformer._checks import check_generation, check_positive_int, check_token_id, output_limits, check_token_batch
 from transformer.cache import DecoderCache, beam_memory, keep_rows
 from transformer.model import Transformer
 
 
 # chapters/15_generation.md: Greedy decoding
-def _check_token_id(name: str, value: object, vocab_size: int) -> int:
-    """Return ``value`` as an int if it is a token id in [0, vocab_size), else raise naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int token id, got {type(value).__name__} {value!r}")
-    token_id = int(value)
-    if not 0 <= token_id < vocab_size:
-        raise ValueError(f"{name} must be a token id in the target vocabulary [0, {vocab_size}), got {value}")
-    return token_id
-
-
-def _check_generation(model: Transformer, src: Any, max_len: Any, bos_id: Any,
-                      pad_id: int | None) -> tuple[int, int, int]:
-    """Check src (B, S), 1 <= max_len <= the model's max_len, bos_id and pad_id; return the ints."""
-    if not all(hasattr(model, name) for name in ("encode", "decode", "output", "src_embed", "tgt_embed")):
-        raise TypeError(f"model must be an encoder-decoder model such as Transformer (with encode and "
-                        f"decode), got {type(model).__name__}"
-                        + ("; a decoder-only model generates with sample" if hasattr(model, "new_cache") else ""))
-    check_token_batch("src", src, model.src_embed.vocab_size, any_device=True)
-    if src.shape[0] == 0:
-        raise ValueError(f"src must hold at least one sequence, got shape {tuple(src.shape)}")
-    max_len = check_positive_int("max_len", max_len)
-    if max_len > model.positional_encoding.max_len:
-        raise ValueError(
-            f"max_len must be at most the model's max_len={model.positional_encoding.max_len}, got {max_len}"
-        )
-    vocab_size = model.tgt_embed.vocab_size
-    bos_id = _check_token_id("bos_id", bos_id, vocab_size)
-    return max_len, bos_id, _check_token_id("pad_id", pad_id, vocab_size)
-
-
-def _output_limits(src: Tensor, src_mask: Tensor | None, max_len: int, extra_len: object) -> Tensor:
-    """How many tokens each row may generate after the start token, (B,): ``max_len - 1``, or with
-    ``extra_len`` at most its source length (the positions ``src_mask`` leaves open) + ``extra_len``."""
-    B, S = src.shape
-    limits = torch.full((B,), max_len - 1, dtype=torch.long, device=src.device)
-    if extra_len is None:
-        return limits
-    if isinstance(extra_len, bool) or not isinstance(extra_len, numbers.Integral) or extra_len < 0:
-        raise ValueError(f"extra_len must be None or an int >= 0, got {extra_len!r}")
-    if src_mask is None:
-        lengths = torch.full((B,), S, dtype=torch.long, device=src.device)
-    else:  # a source position is padding when it is masked for every query and head
-        padded = src_mask.reshape(src_mask.shape[0] if src_mask.dim() > 1 else 1, -1, S).all(dim=1)  # (B or 1, S)
-        lengths = (~padded).sum(dim=-1).expand(B)  # (B,)
-    return torch.minimum(limits, lengths + int(extra_len))
-
-
 @contextlib.contextmanager
 def evaluating(model: nn.Module) -> Iterator[None]:
     """Eval mode and no gradients inside the block; the model's mode is restored after it."""
@@ -120,10 +73,10 @@ def greedy_decode(model: Transformer, src: Tensor, max_len: int, bos_id: int, eo
         ``eos_id`` or reached its limit. The model runs in eval mode without gradients; its mode is
         restored.
     """
-    max_len, bos_id, pad_id = _check_generation(model, src, max_len, bos_id, pad_id)
+    max_len, bos_id, pad_id = check_generation(model, src, max_len, bos_id, pad_id)
     if eos_id is not None:
-        eos_id = _check_token_id("eos_id", eos_id, model.tgt_embed.vocab_size)
-    limits = _output_limits(src, src_mask, max_len, extra_len)  # (B,)
+        eos_id = check_token_id("eos_id", eos_id, model.tgt_embed.vocab_size)
+    limits = output_limits(src, src_mask, max_len, extra_len)  # (B,)
     with evaluating(model):
         memory = model.encode(src, src_mask)  # (B, S, d_model), once for all steps
         cache = DecoderCache(len(model.decoder.layers), capacity=max_len) if use_cache else None
@@ -249,12 +202,12 @@ def beam_search(model: Transformer, src: Tensor, max_len: int, bos_id: int, eos_
     Returns:
         LongTensor ``(B, T)``, ``T <= max_len``: ``bos_id``, the tokens, ``eos_id``, then ``pad_id``.
     """
-    max_len, bos_id, pad_id = _check_generation(model, src, max_len, bos_id, pad_id)
-    eos_id = _check_token_id("eos_id", eos_id, model.tgt_embed.vocab_size)
+    max_len, bos_id, pad_id = check_generation(model, src, max_len, bos_id, pad_id)
+    eos_id = check_token_id("eos_id", eos_id, model.tgt_embed.vocab_size)
     k = check_positive_int("beam_size", beam_size)
     alpha = _check_length_penalty(length_penalty)
     B = src.shape[0]
-    limits = _output_limits(src, src_mask, max_len, extra_len)[:, None]  # (B, 1)
+    limits = output_limits(src, src_mask, max_len, extra_len)[:, None]  # (B, 1)
     with evaluating(model):
         memory = model.encode(src, src_mask)  # (B, S, d_model): once per source, not repeated
         cache = DecoderCache(len(model.decoder.layers), capacity=max_len) if use_cache else None
