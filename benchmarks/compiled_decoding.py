@@ -35,7 +35,7 @@ from transformer import Transformer, greedy_decode
 from transformer.attention import padding_mask
 from transformer.compiled import compile_step, static_greedy_decode
 from transformer.multi30k import BOS_ID, EOS_ID, PAD_ID
-from benchmarks.generation import cpu_name, sources
+from benchmarks.generation import cpu_name, measure, sources
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = {"book": dict(vocab=8000, d_model=256, num_heads=4, num_layers=3, d_ff=1024),
@@ -73,28 +73,23 @@ def main() -> None:
         for batch in args.batches:
             src = sources(batch, SIZES[size_name]["vocab"], 12, 37, args.seed)
             mask = padding_mask(src, PAD_ID)
-            runs = {
-                "greedy_decode": lambda: greedy_decode(model, src, args.new_tokens + 1, BOS_ID, EOS_ID, mask),
-                "static eager": lambda: static_greedy_decode(model, src, args.new_tokens + 1, BOS_ID, EOS_ID, mask),
-                "static compiled": lambda: static_greedy_decode(model, src, args.new_tokens + 1, BOS_ID, EOS_ID,
-                                                                mask, step=compiled),
+            runs = {  # name -> run(beam): generation.measure's form; all three are greedy (beam 1)
+                "greedy_decode": lambda beam: greedy_decode(model, src, args.new_tokens + 1, BOS_ID, EOS_ID, mask),
+                "static eager": lambda beam: static_greedy_decode(model, src, args.new_tokens + 1, BOS_ID, EOS_ID,
+                                                                  mask),
+                "static compiled": lambda beam: static_greedy_decode(model, src, args.new_tokens + 1, BOS_ID,
+                                                                     EOS_ID, mask, step=compiled),
             }
             start = time.perf_counter()
-            runs["static compiled"]()  # the first call compiles
+            runs["static compiled"](1)  # the first call compiles
             compile_seconds = time.perf_counter() - start
             for threads in args.threads:
                 torch.set_num_threads(threads)
-                names, best, outputs = list(runs), {name: float("inf") for name in runs}, {}
-                for repeat in range(args.repeats):
-                    for name in names[repeat % 3:] + names[:repeat % 3]:
-                        start = time.perf_counter()
-                        outputs[name] = runs[name]()
-                        best[name] = min(best[name], time.perf_counter() - start)
+                speed, outputs = measure(runs, 1, args.repeats, batch * args.new_tokens)  # best of, in turns
                 same = all(torch.equal(outputs["greedy_decode"], out) for out in outputs.values())
                 full = outputs["greedy_decode"].shape == (batch, args.new_tokens + 1)
                 if not (same and full):
                     raise RuntimeError(f"{size_name}, batch {batch}: the three outputs differ or are short")
-                speed = {name: batch * args.new_tokens / seconds for name, seconds in best.items()}
                 results.append({"size": size_name, "batch": batch, "threads": threads, "tokens_per_second": speed,
                                 "compile_seconds": compile_seconds, "same_tokens": same})
                 print(f"{size_name:>8}, batch {batch:>2}, {threads} thread(s): " + ", ".join(
