@@ -104,7 +104,7 @@ assets: setup $(DEMO)/decoder_step.onnx
 	cp node_modules/@huggingface/tokenizers/dist/tokenizers.min.mjs tools/demo/translate.mjs $(DEMO)/
 
 # The ONNX export takes about 20 seconds; it is redone only when the model or the exporter changes.
-$(DEMO)/decoder_step.onnx: models/multi30k/model.pt transformer/onnx_export.py tools/demo_model.py | $(STAMP)
+$(DEMO)/decoder_step.onnx: models/multi30k/model.pt transformer/interop/onnx.py tools/demo_model.py | $(STAMP)
 	$(BIN)/python -m tools.demo_model --checkpoint models/multi30k/model.pt --out $(DEMO)
 
 # One chapter as a notebook under nbval: make chapter CHAPTER=chapters/02_embeddings.md

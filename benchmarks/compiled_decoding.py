@@ -32,9 +32,9 @@ from pathlib import Path
 import torch
 
 from transformer import Transformer, greedy_decode
-from transformer.attention import padding_mask
-from transformer.compiled import compile_step, static_greedy_decode
-from transformer.multi30k import BOS_ID, EOS_ID, PAD_ID
+from transformer.nn.attention import padding_mask
+from transformer.generation.compiled import compile_step, static_greedy_decode
+from transformer.tasks.multi30k import BOS_ID, EOS_ID, PAD_ID
 from benchmarks.generation import cpu_name, measure, sources
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -43,11 +43,11 @@ from typing import Callable
 import torch
 
 from transformer import Transformer, beam_search, greedy_decode
-from transformer.attention import padding_mask
-from transformer.exporting import ctranslate2_folder, to_huggingface
-from transformer.multi30k import BOS_ID, EOS_ID, PAD_ID
-from transformer.quantize import quantize_int8
-from transformer.subwords import SPECIAL_TOKENS
+from transformer.nn.attention import padding_mask
+from transformer.interop.huggingface_out import ctranslate2_folder, to_huggingface
+from transformer.tasks.multi30k import BOS_ID, EOS_ID, PAD_ID
+from transformer.generation.quantize import quantize_int8
+from transformer.tasks.subwords import SPECIAL_TOKENS
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = {"opus-mt": dict(vocab=58101, d_model=512, num_heads=8, num_layers=6, d_ff=2048, max_len=512),

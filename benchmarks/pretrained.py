@@ -2,7 +2,7 @@
 
 No download: each model is built by ``transformers`` from a configuration with the sizes of a real
 checkpoint, its weights drawn at random (far from their initialisation, biases and gains too), then
-converted with ``transformer.pretrained.from_huggingface``. The script prints, for each, the
+converted with ``transformer.interop.huggingface_in.from_huggingface``. The script prints, for each, the
 parameter counts, the time to build and to convert, and the largest absolute difference between the
 two models' float32 logits on one batch (a padded source batch for Marian), and writes them to
 ``benchmarks/pretrained_results.json``, which the chapter "Pretrained weights" quotes.
@@ -26,7 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, MarianConfig, MarianMTModel
 
-from transformer.pretrained import from_huggingface
+from transformer.interop.huggingface_in import from_huggingface
 
 RESULTS = Path(__file__).with_name("pretrained_results.json")
 OPUS_MT_DE_EN = dict(vocab_size=58101, d_model=512, encoder_layers=6, decoder_layers=6,

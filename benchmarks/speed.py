@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from transformer.decoder import Decoder
-from transformer.encoder import Encoder
+from transformer.nn.decoder import Decoder
+from transformer.nn.encoder import Encoder
 
 # torch.nn's counterparts of our modules, holding our weights: the reference of the tests as well.
 sys.path.append(str(Path(__file__).resolve().parent.parent / "tests"))

@@ -35,8 +35,8 @@ from pathlib import Path
 
 import torch
 
-from transformer.metrics import corpus_scores
-from transformer.subwords import load_multi30k
+from transformer.tasks.metrics import corpus_scores
+from transformer.tasks.multi30k import load_multi30k
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "multi30k" / "model.pt"

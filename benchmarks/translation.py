@@ -16,9 +16,9 @@ import time
 
 import torch
 
-from transformer.subwords import load_multi30k
-from transformer.metrics import corpus_scores
-from transformer.translate import load_translator, translate
+from transformer.tasks.multi30k import load_multi30k
+from transformer.tasks.metrics import corpus_scores
+from transformer.tasks.translation import load_translator, translate
 
 SAMPLE = 100  # test sentences of the committed model's reproducibility check
 

@@ -1,4 +1,4 @@
-"""Tests for transformer/attention.py (chapters/04_attention.md).
+"""Tests for transformer/nn/attention.py (chapters/04_attention.md).
 
 The references are torch.nn.functional.scaled_dot_product_attention (with the mask
 inverted: it reads True as "may attend") and the formula softmax(Q K^T / sqrt(d_k)) V
@@ -12,12 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import transformer
-from transformer.attention import (
-    causal_mask,
-    check_attention_mask,
-    padding_mask,
-    scaled_dot_product_attention,
-)
+from transformer.nn.attention import causal_mask, check_attention_mask, padding_mask, scaled_dot_product_attention
 
 PAD = 0
 
@@ -147,7 +142,7 @@ def test_package_reexports_the_api():
     assert transformer.scaled_dot_product_attention is scaled_dot_product_attention
     assert transformer.causal_mask is causal_mask
     assert transformer.padding_mask is padding_mask
-    assert transformer.check_attention_mask is check_attention_mask
+    assert transformer.nn.check_attention_mask is check_attention_mask  # the rest from the subpackage
 
 
 # ---------------------------------------------------------------- masks

@@ -1,15 +1,14 @@
-"""Tests for transformer/scenes.py and transformer/captioning.py (chapters/31_captioning.md)."""
+"""Tests for transformer/tasks/scenes.py and transformer/tasks/captioning.py (chapters/31_captioning.md)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer.cache import DecoderCache
-from transformer.captioning import ImageCaptioner, caption_batches, caption_scores
-from transformer.decoding import beam_search, greedy_decode
-from transformer.scenes import (CANVAS_SIZE, DIGIT_NAMES, CaptionVocab, is_held_out, make_scenes,
-                                pixel_tokens)
-from transformer.vision import patches
+from transformer.nn.cache import DecoderCache
+from transformer.tasks.captioning import ImageCaptioner, caption_batches, caption_scores
+from transformer.generation.decoding import beam_search, greedy_decode
+from transformer.tasks.scenes import CANVAS_SIZE, DIGIT_NAMES, CaptionVocab, is_held_out, make_scenes, pixel_tokens
+from transformer.nn.vision import patches
 
 
 def marked_digits():

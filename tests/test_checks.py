@@ -1,4 +1,4 @@
-"""Tests for transformer._checks: the argument checks shared by the package."""
+"""Tests for transformer.checks: the argument checks shared by the package."""
 
 import re
 
@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from transformer._checks import (
-    check_bool, check_fraction, check_features, check_positive_int, check_tensor, check_token_tensor,
-)
+from transformer.checks import (check_bool, check_fraction, check_features, check_positive_int, check_tensor,
+    check_token_tensor)
 
 
 # check_positive_int -----------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Tests for transformer/classifier.py (chapters/24_encoder_only.md)."""
+"""Tests for transformer/tasks/classifier.py (chapters/24_encoder_only.md)."""
 
 import itertools
 import math
@@ -8,20 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from transformer.attention import padding_mask
-from transformer import (
-    BRACKET_VOCAB,
-    SequenceClassifier,
-    accuracy,
-    bracket_dataset,
-    bracket_split,
-    decode_brackets,
-    encode_brackets,
-    is_balanced,
-    near_miss,
-    random_balanced,
-    train_classifier,
-)
+from transformer.nn.attention import padding_mask
+from transformer.tasks.brackets import (BRACKET_VOCAB, bracket_dataset, bracket_split, decode_brackets, encode_brackets,
+    is_balanced, near_miss, random_balanced)
+from transformer import SequenceClassifier, train_classifier
+from transformer.tasks.classifier import accuracy
 
 D_MODEL, NUM_HEADS, D_FF = 16, 2, 32
 

@@ -1,4 +1,4 @@
-"""Tests of transformer.compiled: decoding with fixed shapes (decode_step, static_greedy_decode) and
+"""Tests of transformer.generation.compiled: decoding with fixed shapes (decode_step, static_greedy_decode) and
 the step under torch.compile.
 
 References: the model's full forward pass (one call on the whole prefix) for the scores of every
@@ -14,7 +14,7 @@ import torch
 from torch._dynamo.testing import CompileCounter
 
 from transformer import RotaryMultiHeadAttention, greedy_decode, padding_mask
-from transformer.compiled import compile_step, decode_step, static_cache, static_greedy_decode
+from transformer.generation.compiled import compile_step, decode_step, static_cache, static_greedy_decode
 from factories import PAD, SRC_VOCAB, TGT_VOCAB, small_transformer
 from torch_reference import randomise
 
@@ -108,8 +108,8 @@ def test_the_step_compiles_on_both_arithmetic_paths(tmp_path):
     not build; compile_step generates scalar code on that path, and both decode as eager does."""
     script = ("import torch\n"
               "from transformer import Transformer, padding_mask\n"
-              "from transformer.compiled import compile_step, static_greedy_decode\n"
-              "from transformer.decoding import greedy_decode\n"
+              "from transformer.generation.compiled import compile_step, static_greedy_decode\n"
+              "from transformer.generation.decoding import greedy_decode\n"
               "torch.manual_seed(0)\n"
               "model = Transformer(20, 15, d_model=32, num_heads=4, num_layers=2, d_ff=64, pad_id=0).eval()\n"
               "src = torch.tensor([[5, 9, 3, 7, 8], [4, 8, 6, 0, 0]])\n"
@@ -128,7 +128,7 @@ def test_the_step_compiles_on_both_arithmetic_paths(tmp_path):
 
 def test_a_converted_marian_model_decodes_the_same():
     transformers = pytest.importorskip("transformers")
-    from transformer.pretrained import from_huggingface
+    from transformer.interop.huggingface_in import from_huggingface
 
     config = transformers.MarianConfig(vocab_size=30, d_model=16, encoder_layers=2, decoder_layers=2,
                                        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=32,

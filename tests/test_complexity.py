@@ -1,4 +1,4 @@
-"""Tests for transformer/complexity.py (chapters/19_complexity.md)."""
+"""Tests for transformer/book/complexity.py (chapters/19_complexity.md)."""
 
 import math
 
@@ -8,17 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from transformer.complexity import (
-    autograd_depth,
-    band_mask,
-    banded_attention,
-    convolution_macs,
-    loglog_slope,
-    recurrent_macs,
-    restricted_attention_macs,
-    saved_tensor_bytes,
-    self_attention_macs,
-)
+from transformer.book.complexity import (autograd_depth, band_mask, banded_attention, convolution_macs, loglog_slope,
+    recurrent_macs, restricted_attention_macs, saved_tensor_bytes, self_attention_macs)
 
 SIZES = [(1, 1), (5, 8), (16, 4), (33, 12)]  # (n, d)
 

@@ -1,13 +1,13 @@
-"""Tests of transformer.data: number words, vocabularies, splits and batches."""
+"""Tests of transformer.tasks.numbers: number words, vocabularies, splits and batches."""
 
 import numpy as np
 import pytest
 import torch
 
 from transformer import padding_mask
-from transformer.data import (
-    Batch, Vocab, batches, make_batch, number_to_words, source_vocab, split_numbers, target_vocab,
-)
+from transformer.training.batch import Batch
+from transformer.training.vocab import Vocab
+from transformer.tasks.numbers import batches, make_batch, number_to_words, source_vocab, split_numbers, target_vocab
 
 # Written out by hand, British usage: "and" before the last part of a group.
 KNOWN = {

@@ -1,14 +1,14 @@
-"""Tests for transformer/decoder.py (chapters/09_decoder.md)."""
+"""Tests for transformer/nn/decoder.py (chapters/09_decoder.md)."""
 
 import pytest
 import torch
 from torch import nn
 
-from transformer.attention import causal_mask, padding_mask
-from transformer.decoder import Decoder, DecoderLayer
-from transformer.feedforward import PositionwiseFeedForward
-from transformer.multihead import MultiHeadAttention
-from transformer.residual import LayerNorm
+from transformer.nn.attention import causal_mask, padding_mask
+from transformer.nn.decoder import Decoder, DecoderLayer
+from transformer.nn.feedforward import PositionwiseFeedForward
+from transformer.nn.multihead import MultiHeadAttention
+from transformer.nn.residual import LayerNorm
 from factories import D_FF, D_MODEL, NUM_HEADS, random_module
 from torch_reference import assert_same_values_and_grads, torch_counterpart, torch_names
 
@@ -223,7 +223,7 @@ def test_bad_inputs(module):
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_layer_without_cross_attention_is_a_causal_encoder_layer(norm_first):
-    from transformer.encoder import EncoderLayer
+    from transformer.nn.encoder import EncoderLayer
     layer = random_module(DecoderLayer, norm_first, cross_attention=False)
     assert layer.cross_attn is None and layer.norm2 is None and layer.dropout2 is None
     assert not any(name.startswith(("cross_attn", "norm2")) for name, _ in layer.named_parameters())
@@ -239,7 +239,7 @@ def test_layer_without_cross_attention_is_a_causal_encoder_layer(norm_first):
 
 
 def test_stack_without_cross_attention_is_causal_and_caches():
-    from transformer.cache import DecoderCache
+    from transformer.nn.cache import DecoderCache
     torch.manual_seed(0)
     decoder = Decoder(2, D_MODEL, NUM_HEADS, D_FF, dropout=0.0, norm_first=True, cross_attention=False).eval()
     x = torch.randn(B, T, D_MODEL)

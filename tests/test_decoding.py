@@ -1,5 +1,5 @@
-"""Tests of transformer.decoding (greedy decoding, beam search) and of the key/value cache it uses
-(KVCache in transformer.multihead, DecoderLayerCache and DecoderCache in transformer.decoder, the
+"""Tests of transformer.generation.decoding (greedy decoding, beam search) and of the key/value cache it uses
+(KVCache in transformer.nn.multihead, DecoderLayerCache and DecoderCache in transformer.nn.decoder, the
 ``cache`` argument of Transformer.decode)."""
 
 import functools
@@ -8,8 +8,9 @@ import itertools
 import pytest
 import torch
 
-from transformer import (DecoderCache, DecoderLayer, DecoderLayerCache, KVCache, MultiHeadAttention, Transformer,
-                         beam_search, causal_mask, greedy_decode, padding_mask)
+from transformer import (DecoderCache, DecoderLayer, MultiHeadAttention, Transformer, beam_search, causal_mask,
+    greedy_decode, padding_mask)
+from transformer.nn.cache import DecoderLayerCache, KVCache
 from factories import PAD, SRC_VOCAB, TGT_VOCAB, small_transformer
 
 BOS, EOS = 1, 2
@@ -617,7 +618,7 @@ def test_generation_misuse_gets_clear_errors_issue_13():
 
 
 def test_generated_ids_drop_bos_and_cut_at_the_first_eos():
-    from transformer.decoding import generated_ids
+    from transformer.generation.decoding import generated_ids
 
     tokens = torch.tensor([[1, 5, 6, 2, 7, 2],    # <bos> 5 6 <eos> ...: what follows <eos> is not said
                            [1, 2, 9, 9, 9, 9],    # ends at once: nothing

@@ -1,13 +1,13 @@
-"""Tests for transformer/drawing.py (chapters/32_drawing.md)."""
+"""Tests for transformer/tasks/drawing.py (chapters/32_drawing.md)."""
 
 import pytest
 import torch
 
-from transformer.drawing import (DRAWING_VOCAB_SIZE, PIXELS, digit_sequences, drawing_batches, drawn_images,
-                                 prompt_ids)
-from transformer.language_model import DecoderOnlyLM
-from transformer.sampling import sample
-from transformer.scenes import DIGIT_NAMES, PIXEL_LEVELS
+from transformer.tasks.drawing import (DRAWING_VOCAB_SIZE, PIXELS, digit_sequences, drawing_batches, drawn_images,
+    prompt_ids)
+from transformer.nn.decoder_only import DecoderOnlyLM
+from transformer.generation.sampling import sample
+from transformer.tasks.scenes import DIGIT_NAMES, PIXEL_LEVELS
 
 
 def test_sequences_round_trip():

@@ -1,4 +1,4 @@
-"""Tests for transformer.embedding: TokenEmbedding, x_t = sqrt(d_model) * E[t]."""
+"""Tests for transformer.nn.embedding: TokenEmbedding, x_t = sqrt(d_model) * E[t]."""
 
 import math
 
@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer.embedding import TokenEmbedding
+from transformer.nn.embedding import TokenEmbedding
 
 
 def _tokens(shape, vocab_size, seed=0):
@@ -252,7 +252,7 @@ def test_scale_must_be_a_bool():
 
 def test_models_pass_scale_embedding_on():
     from transformer import DecoderOnlyLM
-    from transformer.model import Transformer
+    from transformer.nn.model import Transformer
 
     model = Transformer(11, 13, d_model=8, num_heads=2, num_layers=1, d_ff=16, scale_embedding=False)
     assert model.src_embed.scale is False and model.tgt_embed.scale is False

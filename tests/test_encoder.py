@@ -1,14 +1,14 @@
-"""Tests for transformer/encoder.py (chapters/08_encoder.md)."""
+"""Tests for transformer/nn/encoder.py (chapters/08_encoder.md)."""
 
 import pytest
 import torch
 from torch import nn
 
-from transformer.attention import padding_mask
-from transformer.encoder import Encoder, EncoderLayer
-from transformer.feedforward import PositionwiseFeedForward
-from transformer.multihead import MultiHeadAttention
-from transformer.residual import LayerNorm
+from transformer.nn.attention import padding_mask
+from transformer.nn.encoder import Encoder, EncoderLayer
+from transformer.nn.feedforward import PositionwiseFeedForward
+from transformer.nn.multihead import MultiHeadAttention
+from transformer.nn.residual import LayerNorm
 from factories import D_FF, D_MODEL, NUM_HEADS, random_module
 from torch_reference import assert_same_values_and_grads, torch_counterpart
 

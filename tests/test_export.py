@@ -80,15 +80,40 @@ def test_module_has_header_docstring_and_all(book):
     assert "# chapters/01_first.md: Squares" in text  # each cell names its section
 
 
-def test_init_reexports_public_modules_only(tmp_path):
-    chapter(tmp_path, "01_a.md", code("def helper():\n    pass", ["export"]), module="transformer/_internal.py")
-    chapter(tmp_path, "02_b.md", code("class Thing:\n    pass", ["export"]), module="transformer/thing.py")
-    init = export.build(tmp_path)["transformer/__init__.py"]
-    assert "from transformer.thing import Thing" in init
-    assert "_internal" not in init
+def test_a_subpackage_init_reexports_its_public_modules_only(tmp_path):
+    chapter(tmp_path, "01_a.md", code("def helper():\n    pass", ["export"]), module="transformer/nn/_internal.py")
+    chapter(tmp_path, "02_b.md", code("class Thing:\n    pass", ["export"]), module="transformer/nn/thing.py")
+    chapter(tmp_path, "03_c.md", code("def check():\n    pass", ["export"]), module="transformer/checks.py")
+    files = export.build(tmp_path)
+    init = files["transformer/nn/__init__.py"]
+    assert "from transformer.nn.thing import Thing" in init and "_internal" not in init
+    assert export.SUBPACKAGES["nn"] in init  # the subpackage's docstring
     namespace: dict = {}
-    exec(compile(init.replace("from transformer.thing import Thing", "Thing = 1"), "init", "exec"), namespace)
+    exec(compile(init.replace("from transformer.nn.thing import Thing", "Thing = 1"), "init", "exec"), namespace)
     assert namespace["__all__"] == ["Thing"]
+    # the top-level module is not re-exported anywhere, and the top holds only what `top_level` lists
+    assert "check" not in files["transformer/__init__.py"].split('"""')[-1].replace("version", "")
+    assert set(files) == {"transformer/nn/_internal.py", "transformer/nn/thing.py", "transformer/checks.py",
+                          "transformer/nn/__init__.py", "transformer/__init__.py"}
+
+
+def test_the_top_level_reexports_the_names_the_front_matter_lists(tmp_path):
+    chapter(tmp_path, "01_a.md", code("class Thing:\n    pass\n\ndef other():\n    pass", ["export"]),
+            module="transformer/nn/thing.py")
+    path = tmp_path / "chapters" / "01_a.md"
+    path.write_text(path.read_text().replace("  docstring: A module.\n", "  docstring: A module.\n  top_level: [Thing]\n"))
+    init = export.build(tmp_path)["transformer/__init__.py"]
+    assert "from transformer.nn.thing import Thing\n" in init and "other" not in init
+    path.write_text(path.read_text().replace("top_level: [Thing]", "top_level: [Nothing]"))
+    with pytest.raises(ChapterError, match="`top_level` names 'Nothing', which is not a public name of "
+                                           "transformer/nn/thing.py"):
+        export.build(tmp_path)
+
+
+def test_a_module_in_an_unknown_subpackage_is_refused(tmp_path):
+    chapter(tmp_path, "01_a.md", code("x = 1", ["export"]), module="transformer/misc/thing.py")
+    with pytest.raises(ChapterError, match="transformer/misc/thing.py is in no known subpackage"):
+        export.build(tmp_path)
 
 
 def test_write_is_deterministic_and_check_passes_after_it(book, capsys):
@@ -162,11 +187,14 @@ def test_two_chapters_exporting_one_module_is_an_error(tmp_path):
         export.build(tmp_path)
 
 
-def test_a_public_name_exported_twice_is_an_error(tmp_path):
-    chapter(tmp_path, "01_a.md", code("def f():\n    pass", ["export"]), module="transformer/a.py")
-    chapter(tmp_path, "02_b.md", code("def f():\n    pass", ["export"]), module="transformer/b.py")
-    with pytest.raises(ChapterError, match="transformer/b.py: 'f' is also exported by transformer/a.py"):
+def test_a_public_name_exported_twice_by_a_subpackage_is_an_error(tmp_path):
+    chapter(tmp_path, "01_a.md", code("def f():\n    pass", ["export"]), module="transformer/nn/a.py")
+    chapter(tmp_path, "02_b.md", code("def f():\n    pass", ["export"]), module="transformer/nn/b.py")
+    with pytest.raises(ChapterError, match="transformer/nn/b.py: 'f' is also exported by transformer/nn/a.py"):
         export.build(tmp_path)
+    (tmp_path / "chapters" / "02_b.md").unlink()  # in two subpackages, each exports its own
+    chapter(tmp_path, "02_b.md", code("def f():\n    pass", ["export"]), module="transformer/tasks/b.py")
+    assert "from transformer.tasks.b import f" in export.build(tmp_path)["transformer/tasks/__init__.py"]
 
 
 def test_a_cell_can_add_to_a_module_of_an_earlier_or_a_later_chapter(tmp_path):
@@ -192,7 +220,7 @@ def test_a_cell_can_add_to_a_module_of_an_earlier_or_a_later_chapter(tmp_path):
     namespace: dict = {}
     exec(compile(shapes, "shapes.py", "exec"), namespace)
     assert namespace["__all__"] == ["volume", "side"] and namespace["volume"](1.0) == 4 / 3 * math.pi
-    assert "from transformer.circles import area, circumference" in files["transformer/__init__.py"]
+    assert "def area" in circles and "def circumference" in circles
 
 
 def test_the_entry_point_of_a_module_comes_last_whichever_chapter_wrote_it(tmp_path):
@@ -210,7 +238,7 @@ def test_a_chapter_may_own_several_modules_and_export_without_a_default(tmp_path
     chapter(tmp_path, "02_b.md", code("# export: transformer/more.py\nz = 3", ["export"]))
     files = export.build(tmp_path)
     assert '"""Owned by 01_a.md.' in files["transformer/more.py"]
-    assert "from transformer.more import y, z" in files["transformer/__init__.py"]
+    assert "__all__ = ['y', 'z']" in files["transformer/more.py"]
 
 
 def test_a_module_claimed_by_two_chapters_is_an_error(tmp_path):
@@ -251,20 +279,95 @@ def test_overloads_are_not_a_name_defined_twice(tmp_path):
 
 
 def test_a_module_marked_reexport_false_stays_out_of_init(tmp_path):
-    chapter(tmp_path, "01_a.md", code("def helper():\n    pass", ["export"]), module="transformer/lib.py")
+    chapter(tmp_path, "01_a.md", code("def helper():\n    pass", ["export"]), module="transformer/cli/lib.py")
     path = tmp_path / "chapters" / "02_cli.md"
-    chapter(tmp_path, "02_cli.md", code("def main():\n    pass", ["export"]), module="transformer/cli.py")
+    chapter(tmp_path, "02_cli.md", code("def main():\n    pass", ["export"]), module="transformer/cli/train.py")
     path.write_text(path.read_text().replace("  docstring: A module.\n", "  docstring: A module.\n  reexport: false\n"))
     files = export.build(tmp_path)
-    assert "from transformer.lib import helper" in files["transformer/__init__.py"]
-    assert "transformer.cli" not in files["transformer/__init__.py"]
-    assert "def main" in files["transformer/cli.py"]
+    assert "from transformer.cli.lib import helper" in files["transformer/cli/__init__.py"]
+    assert "transformer.cli.train" not in files["transformer/cli/__init__.py"]
+    assert "def main" in files["transformer/cli/train.py"]
 
 
 def test_a_public_name_that_is_also_a_module_name_is_an_error(tmp_path):
-    chapter(tmp_path, "01_a.md", code("def train():\n    pass", ["export"]), module="transformer/training.py")
-    chapter(tmp_path, "02_b.md", code("def main():\n    pass", ["export"]), module="transformer/train.py")
-    with pytest.raises(ChapterError, match="'train' is also a module, transformer.train"):
+    chapter(tmp_path, "01_a.md", code("def train():\n    pass", ["export"]), module="transformer/cli/training.py")
+    chapter(tmp_path, "02_b.md", code("def main():\n    pass", ["export"]), module="transformer/cli/train.py")
+    with pytest.raises(ChapterError, match="'train' is also a module, transformer.cli.train"):
+        export.build(tmp_path)
+
+
+# ------------------------------------------------------- methods added by a later chapter
+
+CLASS = """\
+class Layer:
+    \"\"\"A layer.\"\"\"
+
+    def __init__(self):
+        self.scale = 2
+
+    def forward(self, x):
+        return self.scale * x"""
+
+
+def two_chapters(tmp_path, methods: str, first_line: str = "# export: methods of Layer") -> None:
+    chapter(tmp_path, "01_a.md", "## The layer\n", code(CLASS, ["export"]), module="transformer/nn/layer.py")
+    chapter(tmp_path, "02_b.md", "## Caching\n", code(first_line + "\n" + methods, ["export"]),
+            module="transformer/generation/other.py")
+    path = tmp_path / "chapters" / "02_b.md"
+    path.write_text(path.read_text() + code("def unrelated():\n    pass", ["export"]))
+
+
+def test_a_later_chapter_adds_a_method_into_the_class_body(tmp_path):
+    two_chapters(tmp_path, "import math\n\n@property\ndef circle(self):\n    return math.pi * self.scale")
+    text = export.build(tmp_path)["transformer/nn/layer.py"]
+    assert text.startswith("# AUTOGENERATED from chapters/01_a.md and chapters/02_b.md.")
+    assert ("        return self.scale * x\n\n    # chapters/02_b.md: Caching\n    @property\n    def circle(self):\n"
+            "        return math.pi * self.scale\n") in text
+    assert "import math" in text.split("class Layer")[0]  # the cell's imports, gathered at the top
+    assert "__all__ = ['Layer']" in text  # a method is not a module-level name
+    namespace: dict = {}
+    exec(compile(text, "layer.py", "exec"), namespace)
+    layer = namespace["Layer"]()
+    assert layer.circle == 2 * math.pi and layer.forward(3) == 6
+    # the notebook's chapter defines what it explains; the module has no trace of monkey-patching
+    assert "setattr" not in text and "Layer.circle =" not in text
+
+
+def test_a_method_that_replaces_another_takes_its_place(tmp_path):
+    two_chapters(tmp_path, "def forward(self, x, cache=None):\n    return self.scale * x + (cache or 0)",
+                 "# export: methods of Layer, replacing forward")
+    text = export.build(tmp_path)["transformer/nn/layer.py"]
+    assert text.count("def forward") == 1 and "return self.scale * x\n" not in text
+    assert text.index("def __init__") < text.index("# chapters/02_b.md: Caching") < text.index("def forward")
+    namespace: dict = {}
+    exec(compile(text, "layer.py", "exec"), namespace)
+    assert namespace["Layer"]().forward(3, cache=1) == 7
+
+
+@pytest.mark.parametrize("first_line, methods, message", [
+    ("# export: methods of Nowhere", "def f(self):\n    pass", "adds methods to Nowhere, which no chapter exports"),
+    ("# export: methods of Layer", "def forward(self, x):\n    return x",
+     r"Layer.forward is already defined by chapters/01_a.md \(The layer\); to replace it, say so"),
+    ("# export: methods of Layer, replacing backward", "def backward(self):\n    pass",
+     "replaces Layer.backward, which Layer does not have"),
+    ("# export: methods of Layer, replacing forward", "def other(self):\n    pass",
+     "says it replaces Layer.forward but does not define it"),
+    ("# export: methods of Layer", "def f(self):\n    pass\n\nX = 1", "a cell of methods of Layer may hold only imports and `def`s"),
+    ("# export: methods of Layer", "def f(self):\n    pass\n\ndef f(self):\n    pass", "defines Layer.f twice"),
+])
+def test_methods_that_would_silently_go_wrong_are_refused(tmp_path, first_line, methods, message):
+    two_chapters(tmp_path, methods, first_line)
+    with pytest.raises(ChapterError, match=r"chapters/02_b.md \(Caching\): " + message):
+        export.build(tmp_path)
+
+
+def test_a_method_defined_by_two_later_cells_is_refused(tmp_path):
+    two_chapters(tmp_path, "def f(self):\n    return 1")
+    path = tmp_path / "chapters" / "02_b.md"
+    path.write_text(path.read_text() + "## Again\n" + code("# export: methods of Layer\ndef f(self):\n    return 2",
+                                                             ["export"]))
+    with pytest.raises(ChapterError, match=r"02_b.md \(Again\): Layer.f is already defined by chapters/02_b.md "
+                                           r"\(Caching\)"):
         export.build(tmp_path)
 
 

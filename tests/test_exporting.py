@@ -1,4 +1,4 @@
-"""Tests for transformer/exporting.py and transformer/onnx_export.py (chapters/34_exporting.md): the
+"""Tests for transformer/interop/huggingface_out.py and transformer/interop/onnx.py (chapters/34_exporting.md): the
 committed translator written as a Hugging Face Marian model, converted by CTranslate2 and exported
 to ONNX must give our logits and our greedy translations. Nothing reaches the network."""
 
@@ -15,20 +15,15 @@ from factories import small_transformer
 
 from transformer import DecoderOnlyLM
 from transformer.__main__ import command
-from transformer.attention import padding_mask
-from transformer.checkpoint import save_checkpoint
-from transformer.data import pad_rows
-from transformer.decoding import generated_ids, greedy_decode
-from transformer.exporting import (
-    export_huggingface,
-    hf_greedy,
-    marian_config,
-    to_huggingface,
-)
-from transformer.multi30k import BOS_ID, EOS_ID, PAD_ID, encode_lines
-from transformer.pretrained import from_huggingface
-from transformer.subwords import load_multi30k
-from transformer.translate import load_translator, translate
+from transformer.nn.attention import padding_mask
+from transformer.training.checkpoint import save_checkpoint
+from transformer.training.batch import pad_rows
+from transformer.generation.decoding import generated_ids, greedy_decode
+from transformer.interop.huggingface_out import export_huggingface, hf_greedy, marian_config, to_huggingface
+from transformer.tasks.multi30k import BOS_ID, EOS_ID, PAD_ID, encode_lines
+from transformer.interop.huggingface_in import from_huggingface
+from transformer.tasks.multi30k import load_multi30k
+from transformer.tasks.translation import load_translator, translate
 
 MODEL = Path(__file__).resolve().parents[1] / "models" / "multi30k" / "model.pt"
 
@@ -168,8 +163,8 @@ def test_a_missing_extra_names_the_pip_line(monkeypatch, committed, tmp_path):
         return real(name, *args)
 
     monkeypatch.setattr(importlib, "import_module", without)
-    from transformer.exporting import ctranslate2_folder
-    from transformer.onnx_export import export_onnx
+    from transformer.interop.huggingface_out import ctranslate2_folder
+    from transformer.interop.onnx import export_onnx
     with pytest.raises(ImportError, match=r'pip install -e "\.\[pretrained\]"'):
         to_huggingface(*committed)
     with pytest.raises(ImportError, match=r'pip install -e "\.\[onnx\]"'):
@@ -182,7 +177,7 @@ def test_a_missing_extra_names_the_pip_line(monkeypatch, committed, tmp_path):
 def test_ctranslate2_translates_the_first_100_test_sentences_as_we_do(committed, tmp_path, test_de):
     import ctranslate2
 
-    from transformer.exporting import ctranslate2_folder
+    from transformer.interop.huggingface_out import ctranslate2_folder
 
     model, tokenizer = committed
     export_huggingface(MODEL, tmp_path / "hf")
@@ -197,13 +192,7 @@ def test_ctranslate2_translates_the_first_100_test_sentences_as_we_do(committed,
 
 @pytest.mark.slow
 def test_onnxruntime_gives_pytorchs_logits_and_greedy_translations(committed, tmp_path, test_de):
-    from transformer.onnx_export import (
-        DecoderStepGraph,
-        EncoderGraph,
-        export_onnx,
-        onnx_greedy,
-        onnx_sessions,
-    )
+    from transformer.interop.onnx import DecoderStepGraph, EncoderGraph, export_onnx, onnx_greedy, onnx_sessions
 
     model, tokenizer = committed
     export_onnx(model, tmp_path)
@@ -228,7 +217,7 @@ def test_onnxruntime_gives_pytorchs_logits_and_greedy_translations(committed, tm
 
 
 def test_onnx_sessions_refuse_a_folder_without_the_graphs(tmp_path):
-    from transformer.onnx_export import onnx_sessions
+    from transformer.interop.onnx import onnx_sessions
 
     (tmp_path / "encoder.onnx").write_bytes(b"")
     with pytest.raises(ValueError, match="decoder_step.onnx"):
@@ -243,7 +232,7 @@ def test_export_onnx_prints_no_notes(tmp_path):
     import logging
     import warnings
 
-    from transformer.onnx_export import export_onnx
+    from transformer.interop.onnx import export_onnx
 
     records: list[logging.LogRecord] = []
     handler = logging.Handler()

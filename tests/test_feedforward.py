@@ -1,11 +1,11 @@
-"""Tests for transformer/feedforward.py (chapters/06_feedforward.md)."""
+"""Tests for transformer/nn/feedforward.py (chapters/06_feedforward.md)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer.feedforward import PositionwiseFeedForward
+from transformer.nn.feedforward import PositionwiseFeedForward
 
 D_MODEL, D_FF = 8, 32
 
@@ -331,7 +331,7 @@ def test_bad_activation_is_refused_with_its_name():
 
 def test_activation_reaches_every_layer_of_the_models():
     from transformer import DecoderOnlyLM
-    from transformer.model import Transformer
+    from transformer.nn.model import Transformer
 
     model = Transformer(11, 11, d_model=8, num_heads=2, num_layers=2, d_ff=16, activation="silu")
     lm = DecoderOnlyLM(11, d_model=8, num_heads=2, d_ff=16, num_layers=2, activation="gelu_tanh")

@@ -1,4 +1,4 @@
-"""Tests of transformer.language_model: the character vocabulary, the decoder-only model, training
+"""Tests of transformer.tasks.language_model: the character vocabulary, the decoder-only model, training
 windows, the held-out loss, training, and sampling with temperature and top-k through the cache."""
 
 import functools
@@ -8,9 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer import (CharVocab, DecoderCache, DecoderLayer, DecoderOnlyLM, KVCache, MultiHeadAttention, data_file,
-                         evaluate_language_model, loss_by_position, random_windows, sample, top_k_filter,
-                         train_language_model)
+from transformer.tasks.language_model import CharVocab, evaluate_language_model, loss_by_position, random_windows
+from transformer import DecoderCache, DecoderLayer, DecoderOnlyLM, MultiHeadAttention, sample, train_language_model
+from transformer.nn.cache import KVCache
+from transformer.paths import data_file
+from transformer.generation.sampling import top_k_filter
 
 V = 11
 POSITIONS = ["learned", "sinusoidal", None]

@@ -1,4 +1,4 @@
-"""The one training loop (transformer.loop) against the loop written out by hand.
+"""The one training loop (transformer.training.loop) against the loop written out by hand.
 
 Every task trains with ``run_steps``; these tests check that it takes exactly the steps of the
 textbook loop (forward, loss, zero_grad, backward, clip, Adam, schedule), bit for bit, and that it
@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer.classifier import classification_loss
-from transformer.language_model import next_token_loss
-from transformer.loop import optimizer_step, run_steps
+from transformer.tasks.classifier import classification_loss
+from transformer.tasks.language_model import next_token_loss
+from transformer.training.loop import optimizer_step, run_steps
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

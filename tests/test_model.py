@@ -1,4 +1,4 @@
-"""Tests of transformer.model: the full encoder-decoder Transformer."""
+"""Tests of transformer.nn.model: the full encoder-decoder Transformer."""
 
 import pytest
 import torch

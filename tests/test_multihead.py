@@ -1,4 +1,4 @@
-"""Tests for transformer/multihead.py (chapters/05_multihead_attention.md)."""
+"""Tests for transformer/nn/multihead.py (chapters/05_multihead_attention.md)."""
 
 import re
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from transformer.attention import causal_mask, padding_mask
-from transformer.cache import KVCache
-from transformer.multihead import MultiHeadAttention
+from transformer.nn.attention import causal_mask, padding_mask
+from transformer.nn.cache import KVCache
+from transformer.nn.multihead import MultiHeadAttention
 
 D_MODEL, NUM_HEADS = 8, 2
 

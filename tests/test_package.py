@@ -38,29 +38,44 @@ def test_import_works_from_any_folder(tmp_path):
     assert int(count) == len(transformer.__all__) > 0
 
 
-def test_top_level_reexports_every_public_module_name():
-    expected = []
-    reexported = {m.name for m in export.collect(ROOT) if m.reexported}
-    for path in sorted((ROOT / "transformer").glob("[!_]*.py")):
-        if path.stem == "__init__" or path.stem not in reexported:
+def test_each_subpackage_reexports_the_public_names_of_its_modules():
+    for module in export.collect(ROOT):
+        if not module.reexported:
             continue
-        module = importlib.import_module(f"transformer.{path.stem}")
-        for name in module.__all__:
-            assert getattr(transformer, name) is getattr(module, name)
-        expected += module.__all__
-    assert sorted(transformer.__all__) == sorted(expected)
+        package = importlib.import_module(f"transformer.{module.subpackage}")
+        imported = importlib.import_module(module.dotted)
+        for name in imported.__all__:
+            assert getattr(package, name) is getattr(imported, name), (module.dotted, name)
+    for name in export.SUBPACKAGES:
+        package = importlib.import_module(f"transformer.{name}")
+        expected = [n for m in export.collect(ROOT) if m.subpackage == name and m.reexported for n in m.public_names()]
+        assert package.__all__ == expected, name
+
+
+def test_the_top_level_is_the_curated_public_face():
+    # At most 40 names: what a package user reaches for; everything else imports from its subpackage.
+    listed = {name: module.dotted for module in export.collect(ROOT) for name in module.top_level}
+    assert sorted(transformer.__all__) == sorted(listed) and 20 <= len(transformer.__all__) <= 40
+    for name, dotted in listed.items():
+        assert getattr(transformer, name) is getattr(importlib.import_module(dotted), name)
+    # the book's helpers are not part of it
+    for helper in ("PIXELS", "LAYOUTS", "caption", "loglog_plot", "book_root", "check_positive_int"):
+        assert not hasattr(transformer, helper), helper
 
 
 def test_commands_are_not_imported_by_the_package():
     # `python -m transformer.train` warns (runpy) if importing the package already imported it.
-    commands = [m.name for m in export.collect(ROOT) if not m.reexport]
-    init = (ROOT / "transformer" / "__init__.py").read_text()
+    commands = [m.dotted for m in export.collect(ROOT) if not m.reexport]
+    inits = "".join(path.read_text() for path in (ROOT / "transformer").rglob("__init__.py"))
+    assert "transformer.cli.train" in commands and "transformer.translate" in commands
     for name in commands:
-        assert f"transformer.{name} " not in init
+        assert f"{name} " not in inits
 
 
 def test_every_module_names_the_chapter_it_comes_from():
-    for path in sorted((ROOT / "transformer").glob("*.py")):
+    paths = sorted((ROOT / "transformer").rglob("*.py"))
+    assert (ROOT / "transformer" / "nn" / "multihead.py") in paths
+    for path in paths:
         first_line = path.read_text().splitlines()[0]
         assert first_line.startswith(export.MARKER), path
         if path.name != "__init__.py":

@@ -1,4 +1,4 @@
-"""Tests for transformer.positional: the sinusoidal table and the two positional-encoding layers."""
+"""Tests for transformer.nn.positional: the sinusoidal table and the two positional-encoding layers."""
 
 import math
 
@@ -6,11 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from transformer.positional import (
-    LearnedPositionalEncoding,
-    SinusoidalPositionalEncoding,
-    sinusoidal_encoding,
-)
+from transformer.nn.positional import LearnedPositionalEncoding, SinusoidalPositionalEncoding, sinusoidal_encoding
 
 
 def _formula_table(num_positions, d_model, base=10000.0):

@@ -1,4 +1,4 @@
-"""Tests for transformer/pretrained.py (chapters/33_pretrained.md): Hugging Face's Marian and GPT-2
+"""Tests for transformer/interop/huggingface_in.py (chapters/33_pretrained.md): Hugging Face's Marian and GPT-2
 models, built from small configurations with random weights (no network), loaded into the book's
 classes, must give the same logits and the same greedy tokens as `transformers` itself."""
 
@@ -15,10 +15,10 @@ import transformers
 from transformers import GPT2Config, GPT2LMHeadModel, MarianConfig, MarianMTModel
 
 from transformer import DecoderOnlyLM, sample
-from transformer.decoding import greedy_decode
-from transformer.model import Transformer
-from transformer.positional import sinusoidal_encoding
-from transformer.pretrained import from_huggingface, load_pretrained, marian_permutation
+from transformer.generation.decoding import greedy_decode
+from transformer.nn.model import Transformer
+from transformer.nn.positional import sinusoidal_encoding
+from transformer.interop.huggingface_in import from_huggingface, load_pretrained, marian_permutation
 
 PAD = 39  # Marian's pad token: the last id, also the decoder's start token, as in opus-mt
 ATOL = 1e-5  # float32 agreement, relative to logits of order 1
@@ -245,7 +245,7 @@ def test_load_pretrained_marian_from_a_saved_folder(tmp_path):
 def test_missing_transformers_gives_an_install_hint(monkeypatch):
     import importlib
 
-    import transformer.pretrained as pretrained
+    import transformer.interop.huggingface_in as pretrained
 
     real = importlib.import_module
 

@@ -1,4 +1,4 @@
-"""Tests for transformer/quantize.py (chapters/16_fast_generation.md): int8 linear layers for
+"""Tests for transformer/generation/quantize.py (chapters/16_fast_generation.md): int8 linear layers for
 inference on the CPU, checked against the float32 model they come from, and the translate command's
 --int8. The chapter checks the BLEU of the committed translator on the whole test set."""
 
@@ -12,13 +12,14 @@ import torch
 from torch import nn
 
 import transformer
-from transformer.multihead import MultiHeadAttention
-from transformer.multi30k import BOS_ID, PAD_ID, encode_lines
-from transformer.quantize import quantize_int8
-from transformer.subwords import load_multi30k
-from transformer.translate import load_translator, main, translate
-from transformer.attention import padding_mask
-from transformer.data import pad_rows
+from transformer.nn.multihead import MultiHeadAttention
+from transformer.tasks.multi30k import BOS_ID, PAD_ID, encode_lines
+from transformer.generation.quantize import quantize_int8
+from transformer.tasks.multi30k import load_multi30k
+from transformer.cli.translate import main
+from transformer.tasks.translation import load_translator, translate
+from transformer.nn.attention import padding_mask
+from transformer.training.batch import pad_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

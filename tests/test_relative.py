@@ -1,4 +1,4 @@
-"""Tests for transformer/relative.py (chapters/27_positions_compared.md)."""
+"""Tests for transformer/nn/relative.py (chapters/27_positions_compared.md)."""
 
 import functools
 import math
@@ -7,17 +7,12 @@ import pytest
 import torch
 from torch import nn
 
-from transformer.attention import causal_mask, padding_mask
-from transformer.cache import DecoderCache, KVCache
-from transformer.decoder import Decoder
-from transformer.multihead import MultiHeadAttention
-from transformer.positional import SinusoidalPositionalEncoding
-from transformer.relative import (
-    RelativeMultiHeadAttention,
-    RotaryMultiHeadAttention,
-    relative_positions,
-    rotary,
-)
+from transformer.nn.attention import causal_mask, padding_mask
+from transformer.nn.cache import DecoderCache, KVCache
+from transformer.nn.decoder import Decoder
+from transformer.nn.multihead import MultiHeadAttention
+from transformer.nn.positional import SinusoidalPositionalEncoding
+from transformer.nn.relative import RelativeMultiHeadAttention, RotaryMultiHeadAttention, relative_positions, rotary
 
 D_MODEL, NUM_HEADS, D_K = 8, 2, 4
 

@@ -1,4 +1,4 @@
-"""Tests for transformer/residual.py (chapters/07_add_and_norm.md)."""
+"""Tests for transformer/nn/residual.py (chapters/07_add_and_norm.md)."""
 
 import math
 
@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer.multihead import MultiHeadAttention
-from transformer.residual import LayerNorm, add_and_norm
+from transformer.nn.multihead import MultiHeadAttention
+from transformer.nn.residual import LayerNorm, add_and_norm
 
 D_MODEL = 8
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from transformer.decoder import Decoder, DecoderLayer
-from transformer.encoder import Encoder, EncoderLayer
-from transformer.residual import LayerNorm
+from transformer.nn.decoder import Decoder, DecoderLayer
+from transformer.nn.encoder import Encoder, EncoderLayer
+from transformer.nn.residual import LayerNorm
 from factories import D_FF, D_MODEL, NUM_HEADS, random_module
 
 

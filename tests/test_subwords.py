@@ -1,4 +1,4 @@
-"""Tests for transformer/subwords.py (chapters/12_subwords.md)."""
+"""Tests for transformer/tasks/subwords.py (chapters/12_subwords.md)."""
 
 import gzip
 import hashlib
@@ -8,19 +8,10 @@ import shutil
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from transformer import data_file
-from transformer.subwords import (
-    MULTI30K_SHA256,
-    SPECIAL_TOKENS,
-    WORD_START,
-    bpe_decode,
-    bpe_encode,
-    learn_bpe,
-    load_multi30k,
-    pre_tokenize,
-    train_tokenizer,
-    word_counts,
-)
+from transformer.paths import data_file
+from transformer.tasks.multi30k import MULTI30K_SHA256, load_multi30k
+from transformer.tasks.subwords import (SPECIAL_TOKENS, WORD_START, bpe_decode, bpe_encode, learn_bpe, pre_tokenize,
+    train_tokenizer, word_counts)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Tests of transformer.train and transformer.cli: the command line, and data parallelism over two CPU processes."""
+"""Tests of transformer.cli.train and transformer.cli.options: the command line, and data parallelism over two CPU processes."""
 
 import dataclasses
 import json
@@ -13,13 +13,13 @@ from processes import run_ranks
 import torch
 
 import transformer
-from transformer.data import make_batch, source_vocab, target_vocab
-from transformer.model import Transformer
-from transformer.cli import config_from_args, field_docs
-from transformer.distributed import DataParallelHooks, init_distributed, replica_difference, shard_batch
-from transformer.train import build_parser, check_arguments, main, run_training
-from transformer.config import TrainConfig
-from transformer.losses import label_smoothed_cross_entropy
+from transformer.tasks.numbers import make_batch, source_vocab, target_vocab
+from transformer.nn.model import Transformer
+from transformer.cli.options import config_from_args, field_docs
+from transformer.training.distributed import DataParallelHooks, init_distributed, replica_difference, shard_batch
+from transformer.cli.train import build_parser, check_arguments, main, run_training
+from transformer.training.config import TrainConfig
+from transformer.training.losses import label_smoothed_cross_entropy
 
 # The package under test, also for the processes the tests start.
 ROOT = Path(transformer.__file__).resolve().parent.parent
@@ -64,7 +64,7 @@ def test_defaults_are_the_training_config_and_options_fill_fields_by_name():
 
 
 def test_options_fill_the_fields_of_the_given_default_and_keep_its_type():
-    from transformer.multi30k import TranslationConfig
+    from transformer.tasks.multi30k import TranslationConfig
 
     args = build_parser().parse_args(["--d-model", "32", "--steps", "9"])
     config = config_from_args(args, TrainConfig(max_len=40, lr_factor=2.0))  # not given: the default's
@@ -97,8 +97,8 @@ def test_refuses_a_value_the_config_refuses_naming_the_flag(capsys, option, valu
 
 
 def test_every_config_field_is_a_flag_with_its_docstring_as_help():
-    from transformer.multi30k import TranslationConfig
-    from transformer.train import build_train_parser
+    from transformer.tasks.multi30k import TranslationConfig
+    from transformer.cli.train import build_train_parser
 
     for parser, config_class in ((build_parser(), TrainConfig), (build_train_parser(), TranslationConfig)):
         docs = field_docs(config_class)
@@ -118,7 +118,7 @@ def test_a_new_config_field_becomes_a_flag():
         width_factor: float = 1.0
         """How much wider."""
 
-    from transformer.cli import add_config_options
+    from transformer.cli.options import add_config_options
     import argparse
 
     parser = argparse.ArgumentParser()
@@ -259,7 +259,7 @@ def test_without_torchrun_a_process_runs_alone_and_joins_no_group():
 
 
 def test_data_parallel_options_are_nothing_alone_and_the_hooks_in_a_group():
-    from transformer.distributed import data_parallel_options
+    from transformer.training.distributed import data_parallel_options
 
     assert data_parallel_options(0, 1) == {}
     options = data_parallel_options(1, 3, pad_id=0)
@@ -274,7 +274,7 @@ def test_data_parallel_options_are_nothing_alone_and_the_hooks_in_a_group():
 # One rank of a two-process run: run_training as under torchrun, then save what it learned.
 RANK_SCRIPT = """
 import sys, torch
-from transformer.train import build_parser, run_training
+from transformer.cli.train import build_parser, run_training
 torch.set_num_threads(1)
 torch.set_default_dtype(torch.float64)
 model = run_training(build_parser().parse_args(sys.argv[2:]))

@@ -1,4 +1,4 @@
-"""Tests of transformer.training: schedule, loss, clipping, checkpoints, the training loop."""
+"""Tests of transformer.tasks.numbers_fit: schedule, loss, clipping, checkpoints, the training loop."""
 
 import copy
 import math
@@ -8,13 +8,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer import (
-    TrainConfig, cooldown_factor, exact_match, label_smoothed_cross_entropy, load_checkpoint, make_model, make_optimizer,
-    fit, model_cache_dir, predict, run_steps, save_checkpoint, train_step, training_batches, warmup_lr,
-    warmup_scheduler,
-)
-from transformer.data import make_batch, source_vocab, split_numbers, target_vocab
-from transformer.losses import seq2seq_loss
+from transformer import (TrainConfig, label_smoothed_cross_entropy, load_checkpoint, fit, run_steps, save_checkpoint,
+    warmup_scheduler)
+from transformer.training.schedules import cooldown_factor, warmup_lr
+from transformer.tasks.numbers_fit import exact_match, predict, training_batches
+from transformer.training.config import make_model, make_optimizer
+from transformer.paths import model_cache_dir
+from transformer.training.loop import train_step
+from transformer.tasks.numbers import make_batch, source_vocab, split_numbers, target_vocab
+from transformer.training.losses import seq2seq_loss
 
 SRC, TGT = source_vocab(), target_vocab()
 TINY = dict(d_model=16, num_heads=2, num_layers=1, d_ff=32, batch_size=16, warmup=4, eval_every=5, eval_size=20)
@@ -495,7 +497,7 @@ def test_load_checkpoint_refuses_a_plain_state_dict(tmp_path):
 
 
 def test_a_checkpoint_of_fit_rebuilds_its_model_and_refuses_other_settings(tmp_path):
-    from transformer import check_resume
+    from transformer.training.checkpoint import check_resume
 
     config = TrainConfig(**TINY, steps=3, seed=1)
     numbers = list(range(1, 40))

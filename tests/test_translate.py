@@ -1,4 +1,4 @@
-"""Tests for transformer/translate.py (chapters/17_translation.md): token-count batches, translating,
+"""Tests for transformer/tasks/translation.py (chapters/17_translation.md): token-count batches, translating,
 sacreBLEU scores, saving, loading and averaging, the committed Multi30k model, and the two commands."""
 
 import copy
@@ -18,17 +18,20 @@ import sacrebleu
 import torch
 
 import transformer
-from transformer.data import source_vocab, target_vocab
-from transformer.subwords import SPECIAL_TOKENS, load_multi30k, train_tokenizer
-from transformer.cli import config_from_args
-from transformer.train import main as train_cli
-from transformer.checkpoint import save_checkpoint
-from transformer.config import make_model, TrainConfig
-from transformer.checkpoint import average_checkpoints
-from transformer.metrics import corpus_scores
-from transformer.multi30k import BOS_ID, encode_lines, EOS_ID, make_translation_model, PAD_ID, pair_batch, token_batches, translation_batches, TranslationConfig
-from transformer.train import build_train_parser
-from transformer.translate import fit_translation, load_translator, main, save_translator, translate
+from transformer.tasks.numbers import source_vocab, target_vocab
+from transformer.tasks.subwords import SPECIAL_TOKENS, train_tokenizer
+from transformer.tasks.multi30k import load_multi30k
+from transformer.cli.options import config_from_args
+from transformer.cli.train import main as train_cli
+from transformer.training.checkpoint import save_checkpoint
+from transformer.training.config import make_model, TrainConfig
+from transformer.training.checkpoint import average_checkpoints
+from transformer.tasks.metrics import corpus_scores
+from transformer.tasks.multi30k import (BOS_ID, encode_lines, EOS_ID, make_translation_model, PAD_ID, pair_batch,
+    token_batches, translation_batches, TranslationConfig)
+from transformer.cli.train import build_train_parser
+from transformer.cli.translate import main
+from transformer.tasks.translation import fit_translation, load_translator, save_translator, translate
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -292,7 +295,7 @@ def test_translation_batches_hold_at_most_batch_tokens_tokens_of_hypotheses(comm
             return decode(model, src, *args, **kwargs)
         return run
 
-    import transformer.translate as module
+    import transformer.tasks.translation as module
     monkeypatch.setattr(module, "greedy_decode", recording(module.greedy_decode))
     monkeypatch.setattr(module, "beam_search", recording(module.beam_search))
     translate(model, tokenizer, german, beam_size=beam_size, batch_tokens=600)
@@ -556,7 +559,7 @@ def test_translate_command_reads_crlf_lines_and_a_last_line_without_newline(comm
 
 
 def test_translate_command_runs_on_the_free_cores_unless_told(committed, monkeypatch, capsys):
-    import transformer.translate as module
+    import transformer.cli.translate as module
 
     threads = torch.get_num_threads()
     try:
@@ -573,7 +576,7 @@ def test_translate_command_runs_on_the_free_cores_unless_told(committed, monkeyp
 @pytest.mark.parametrize("cores, load, free", [({0, 1}, 0.1, 2), ({0, 1}, 1.4, 1), ({0, 1}, 6.0, 1),
                                                (set(range(8)), 2.5, 6), (set(range(8)), 0.0, 8)])
 def test_free_cores_are_the_cores_minus_the_load_average(monkeypatch, cores, load, free):
-    from transformer.distributed import free_cores
+    from transformer.training.distributed import free_cores
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cores)
     monkeypatch.setattr(os, "getloadavg", lambda: (load, 0.0, 0.0))

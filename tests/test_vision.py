@@ -1,4 +1,4 @@
-"""Tests for transformer/vision.py (chapters/30_vision.md)."""
+"""Tests for transformer/nn/vision.py (chapters/30_vision.md)."""
 
 import gzip
 import hashlib
@@ -10,24 +10,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer import (
-    DIGITS_SHA256,
-    GridRelativeMultiHeadAttention,
-    PatchEmbedding,
-    VisionTransformer,
-    accuracy,
-    data_file,
-    grid_relations,
-    load_digits,
-    patches,
-    sinusoidal_encoding_2d,
-    stratified_split,
-    train_classifier,
-)
-from transformer.encoder import Encoder, EncoderLayer
-from transformer.multihead import MultiHeadAttention
-from transformer.positional import sinusoidal_encoding
-from transformer.relative import RelativeMultiHeadAttention
+from transformer.tasks.digits import DIGITS_SHA256, load_digits, stratified_split
+from transformer.nn.vision import (GridRelativeMultiHeadAttention, PatchEmbedding, grid_relations, patches,
+    sinusoidal_encoding_2d)
+from transformer import VisionTransformer, train_classifier
+from transformer.tasks.classifier import accuracy
+from transformer.paths import data_file
+from transformer.nn.encoder import Encoder, EncoderLayer
+from transformer.nn.multihead import MultiHeadAttention
+from transformer.nn.positional import sinusoidal_encoding
+from transformer.nn.relative import RelativeMultiHeadAttention
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

@@ -12,8 +12,8 @@ import logging
 import warnings
 from pathlib import Path
 
-from transformer.onnx_export import export_onnx
-from transformer.translate import load_translator
+from transformer.interop.onnx import export_onnx
+from transformer.tasks.translation import load_translator
 
 
 def main() -> None:

@@ -35,11 +35,11 @@ def command(argv: Sequence[str] | None = None) -> int:
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command == "train":
-        from transformer.train import main as run  # imported here: each command loads only what it needs
+        from transformer.cli.train import main as run  # imported here: each command loads only what it needs
     elif command == "translate":
-        from transformer.translate import main as run
+        from transformer.cli.translate import main as run
     elif command == "export":
-        from transformer.exporting import main as run
+        from transformer.cli.export import main as run
     else:
         print(f"{USAGE}\ntransformer: error: unknown command {command!r} (choose from train, translate, export)",
               file=sys.stderr)

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from transformer.paths import book_root
-from transformer.subwords import load_multi30k
-from transformer.translate import load_translator, translate
+from transformer.tasks.multi30k import load_multi30k
+from transformer.tasks.translation import load_translator, translate
 
 PAGE = "chapters/34_exporting.html"
 
