@@ -406,3 +406,14 @@ def test_notebook_writer_refuses_a_chapter_without_code(tmp_path):
     chapter(tmp_path, "01_prose.md", "Just words.\n")
     with pytest.raises(ChapterError, match="no code cells"):
         write_notebooks([tmp_path / "chapters" / "01_prose.md"], tmp_path / "out")
+
+
+def test_a_subpackage_no_chapter_exports_into_any_more_is_removed(tmp_path):
+    chapter(tmp_path, "01_a.md", code("x = 1", ["export"]), module="transformer/nn/thing.py")
+    export.write(tmp_path)
+    assert (tmp_path / "transformer" / "nn" / "__init__.py").is_file()
+    (tmp_path / "chapters" / "01_a.md").unlink()
+    chapter(tmp_path, "01_a.md", code("x = 1", ["export"]), module="transformer/tasks/thing.py")
+    export.write(tmp_path)
+    assert not (tmp_path / "transformer" / "nn").exists()
+    assert (tmp_path / "transformer" / "tasks" / "thing.py").is_file() and export.stale(tmp_path) == []

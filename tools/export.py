@@ -619,12 +619,12 @@ def write(root: Path = ROOT) -> list[str]:
                     "so move its code into a chapter's `export` cells"
                 )
             (root / path).unlink()
-            folder = (root / path).parent
+            folder = (root / path).parent  # a subpackage no chapter exports into any more goes too
             if folder != root / PACKAGE and not any(folder.glob("*.py")):
-                for leftover in folder.glob("__pycache__/*"):
+                for leftover in folder.glob("__pycache__/*.pyc"):
                     leftover.unlink()
                 for empty in [folder / "__pycache__", folder]:
-                    if empty.is_dir():
+                    if empty.is_dir() and not any(empty.iterdir()):
                         empty.rmdir()
     changed = []
     for path, text in expected.items():
