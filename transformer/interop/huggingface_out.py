@@ -148,7 +148,7 @@ def to_huggingface(model: Transformer, tokenizer: Any) -> tuple[Any, Any]:
     if [tokenizer.token_to_id(token) for token in SPECIAL_TOKENS] != [PAD_ID, BOS_ID, EOS_ID, 3]:
         raise ValueError(f"tokenizer must give {SPECIAL_TOKENS} the ids 0 to 3")
     hf = transformers.MarianMTModel(config)
-    state = marian_state_dict(model.float().cpu())
+    state = {name: t.float().cpu() for name, t in marian_state_dict(model).items()}  # the model is left as it is
     missing, unexpected = hf.load_state_dict(state, strict=False)
     left = [name for name in missing if "embed_positions" not in name and "embed_tokens" not in name
             and name != "lm_head.weight"]
