@@ -133,6 +133,13 @@ def test_settings_marian_cannot_hold_are_refused_by_name(changes, setting):
         marian_config(model)
 
 
+@pytest.mark.parametrize("activation, name", [("relu", "relu"), ("gelu", "gelu"), ("gelu_tanh", "gelu_new"),
+                                              ("silu", "silu")])
+def test_each_activation_gets_the_first_of_hugging_faces_names_for_it(activation, name):
+    model = small_transformer(share_embeddings=True, src_vocab_size=11, tgt_vocab_size=11, activation=activation)
+    assert marian_config(model).activation_function == name
+
+
 def test_another_layer_norm_eps_is_refused():
     model = small_transformer(share_embeddings=True, src_vocab_size=11, tgt_vocab_size=11)
     model.encoder.layers[0].norm1.eps = 1e-6
