@@ -9,7 +9,7 @@ the package instead of deep inside torch. Defined in the book's appendix
 """
 
 
-__all__ = ['check_token_batch', 'check_token_id', 'check_generation', 'check_number', 'check_positive_int', 'check_fraction', 'check_tensor', 'check_features', 'check_token_tensor', 'check_bool', 'check_dtype', 'input_dtype', 'check_token_ids']
+__all__ = ['check_token_batch', 'check_token_id', 'check_generation', 'check_number', 'check_positive_int', 'check_non_negative_int', 'check_fraction', 'check_tensor', 'check_features', 'check_token_tensor', 'check_bool', 'check_dtype', 'input_dtype', 'check_token_ids']
 
 
 from typing import Any
@@ -89,6 +89,15 @@ def check_positive_int(name: str, value: object) -> int:
         raise TypeError(f"{name} must be a positive int, got {type(value).__name__} {value!r}")
     if value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value}")
+    return int(value)
+
+
+def check_non_negative_int(name: str, value: object) -> int:
+    """Return ``value`` as an int if it is an integer >= 0 (not a bool), else raise naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a non-negative int, got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value}")
     return int(value)
 
 
