@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from transformer.checks import (check_bool, check_fraction, check_features, check_positive_int, check_tensor,
-    check_token_tensor)
+from transformer.checks import (check_bool, check_fraction, check_features, check_non_negative_int,
+    check_positive_int, check_tensor, check_token_tensor)
 
 
 # check_positive_int -----------------------------------------------------------------------------
@@ -28,6 +28,22 @@ def test_check_positive_int_rejects_non_positive_numpy_integer():
     with pytest.raises(ValueError, match="d_model must be a positive int, got 0"):
         check_positive_int("d_model", np.int64(0))
 
+
+
+@pytest.mark.parametrize("value", [0, 3, np.int64(0), np.uint8(2)])
+def test_check_non_negative_int_accepts_zero_and_integers_as_int(value):
+    out = check_non_negative_int("start", value)
+    assert type(out) is int and out == int(value)
+
+
+@pytest.mark.parametrize("value, error, message", [
+    (-1, ValueError, r"radius must be a non-negative int, got -1$"),
+    (True, TypeError, "radius must be a non-negative int, got bool True"),
+    (2.0, TypeError, "radius must be a non-negative int, got float 2.0"),
+])
+def test_check_non_negative_int_rejects_by_name(value, error, message):
+    with pytest.raises(error, match=message):
+        check_non_negative_int("radius", value)
 
 def test_check_fraction_accepts_numpy_float():
     out = check_fraction("dropout", np.float32(0.25))

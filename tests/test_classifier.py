@@ -327,6 +327,10 @@ def test_accuracy_counts_right_answers():
     model.train()
     accuracy(model, tokens, labels)
     assert model.training  # mode restored
+    model.head.register_forward_hook(lambda *_: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        accuracy(model, tokens, labels)
+    assert model.training  # also after an error
 
 
 def test_accuracy_bad_input():

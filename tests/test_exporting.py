@@ -80,6 +80,23 @@ def test_a_random_model_round_trips_too():
         torch.testing.assert_close(from_huggingface(hf).eval()(src, tgt), ours, atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_the_callers_model_is_left_as_it_was(committed, dtype):
+    # to_huggingface reads float32 copies of the weights: the model it is given keeps its dtype,
+    # its parameters and their values (Module.float() would have converted it in place)
+    model = small_transformer(share_embeddings=True, src_vocab_size=11, tgt_vocab_size=11).to(dtype).train()
+    before = {name: (p, p.detach().clone()) for name, p in model.named_parameters()}
+    hf, _ = to_huggingface(model, committed[1])
+    assert model.training and [name for name, _ in model.named_parameters()] == list(before)
+    for name, p in model.named_parameters():
+        assert p is before[name][0] and p.dtype == dtype and torch.equal(p, before[name][1]), name
+    assert {p.dtype for p in hf.parameters()} == {torch.float32}
+    src, tgt = torch.tensor([[3, 4, 5, 6]]), torch.tensor([[1, 7, 8]])
+    with torch.no_grad():
+        theirs, ours = hf(input_ids=src, decoder_input_ids=tgt).logits, model.eval()(src, tgt)
+    torch.testing.assert_close(theirs, ours.float(), atol=1e-5 if dtype == torch.float64 else 0.1, rtol=0)
+
+
 def test_hugging_faces_logits_are_ours_on_the_committed_model(committed, exported, test_de):
     model, tokenizer = committed
     hf, hf_tokenizer = exported
@@ -114,6 +131,13 @@ def test_settings_marian_cannot_hold_are_refused_by_name(changes, setting):
     model = small_transformer(**{"share_embeddings": True, "src_vocab_size": 11, "tgt_vocab_size": 11, **changes})
     with pytest.raises(ValueError, match=setting):
         marian_config(model)
+
+
+@pytest.mark.parametrize("activation, name", [("relu", "relu"), ("gelu", "gelu"), ("gelu_tanh", "gelu_new"),
+                                              ("silu", "silu")])
+def test_each_activation_gets_the_first_of_hugging_faces_names_for_it(activation, name):
+    model = small_transformer(share_embeddings=True, src_vocab_size=11, tgt_vocab_size=11, activation=activation)
+    assert marian_config(model).activation_function == name
 
 
 def test_another_layer_norm_eps_is_refused():
@@ -214,6 +238,17 @@ def test_onnxruntime_gives_pytorchs_logits_and_greedy_translations(committed, tm
     ours = book_greedy(model, tokenizer, sentences)
     theirs = [onnx_greedy((encoder, step), tokenizer.encode(line).ids, BOS_ID, EOS_ID)[0] for line in sentences]
     assert sum(a == b for a, b in zip(ours, theirs)) >= 39
+
+
+@pytest.mark.slow
+def test_export_onnx_leaves_the_callers_model_as_it_was(tmp_path):
+    from transformer.interop.onnx import export_onnx
+
+    model = small_transformer(share_embeddings=True, src_vocab_size=11, tgt_vocab_size=11).double().train()
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    export_onnx(model, tmp_path)
+    assert model.training and all(p.dtype == torch.float64 and torch.equal(p, before[name])
+                                  for name, p in model.named_parameters())
 
 
 def test_onnx_sessions_refuse_a_folder_without_the_graphs(tmp_path):

@@ -17,7 +17,7 @@ from transformer.tasks.numbers import make_batch, source_vocab, target_vocab
 from transformer.nn.model import Transformer
 from transformer.cli.options import config_from_args, field_docs
 from transformer.training.distributed import DataParallelHooks, init_distributed, replica_difference, shard_batch
-from transformer.cli.train import build_parser, check_arguments, main, run_training
+from transformer.cli.train import build_numbers_parser, check_numbers_arguments, main, run_training
 from transformer.training.config import TrainConfig
 from transformer.training.losses import label_smoothed_cross_entropy
 
@@ -52,10 +52,10 @@ def _numbers_batch():
 # --- the command line -------------------------------------------------------------------------
 
 def test_defaults_are_the_training_config_and_options_fill_fields_by_name():
-    args = build_parser().parse_args([])
+    args = build_numbers_parser().parse_args([])
     assert config_from_args(args) == TrainConfig()
     assert args.device == ("cuda" if torch.cuda.is_available() else "cpu")
-    args = build_parser().parse_args(["--d-model", "32", "--num-layers", "3", "--num-heads", "8",
+    args = build_numbers_parser().parse_args(["--d-model", "32", "--num-layers", "3", "--num-heads", "8",
                                       "--d-ff", "48", "--steps", "9", "--batch-size", "6", "--warmup", "5",
                                       "--seed", "4", "--dropout", "0.25"])
     config = config_from_args(args)
@@ -66,7 +66,7 @@ def test_defaults_are_the_training_config_and_options_fill_fields_by_name():
 def test_options_fill_the_fields_of_the_given_default_and_keep_its_type():
     from transformer.tasks.multi30k import TranslationConfig
 
-    args = build_parser().parse_args(["--d-model", "32", "--steps", "9"])
+    args = build_numbers_parser().parse_args(["--d-model", "32", "--steps", "9"])
     config = config_from_args(args, TrainConfig(max_len=40, lr_factor=2.0))  # not given: the default's
     assert type(config) is TrainConfig and (config.d_model, config.steps) == (32, 9)
     assert (config.max_len, config.lr_factor) == (40, 2.0)
@@ -91,16 +91,16 @@ def test_refuses_an_unknown_task(capsys):
 ])
 def test_refuses_a_value_the_config_refuses_naming_the_flag(capsys, option, value, message):
     with pytest.raises(SystemExit) as exit_:
-        build_parser().parse_args([option, value])
+        build_numbers_parser().parse_args([option, value])
     assert exit_.value.code == 2
     assert f"argument {option}: {message}" in capsys.readouterr().err.strip().splitlines()[-1]
 
 
 def test_every_config_field_is_a_flag_with_its_docstring_as_help():
     from transformer.tasks.multi30k import TranslationConfig
-    from transformer.cli.train import build_train_parser
+    from transformer.cli.train import build_multi30k_parser
 
-    for parser, config_class in ((build_parser(), TrainConfig), (build_train_parser(), TranslationConfig)):
+    for parser, config_class in ((build_numbers_parser(), TrainConfig), (build_multi30k_parser(), TranslationConfig)):
         docs = field_docs(config_class)
         help_text = " ".join(parser.format_help().split())
         for field in dataclasses.fields(config_class):
@@ -129,7 +129,7 @@ def test_a_new_config_field_becomes_a_flag():
 
 
 def test_flags_set_every_field_of_the_config():
-    args = build_parser().parse_args(["--label-smoothing", "0.2", "--clip", "none", "--lr-factor", "2",
+    args = build_numbers_parser().parse_args(["--label-smoothing", "0.2", "--clip", "none", "--lr-factor", "2",
                                       "--eval-every", "7", "--max-len", "20", "--num-threads", "none",
                                       "--betas", "0.8", "0.9", "--adam-eps", "1e-8", "--eval-size", "0"])
     config = config_from_args(args)
@@ -140,7 +140,7 @@ def test_flags_set_every_field_of_the_config():
 def test_a_config_file_fills_the_fields_and_flags_override_it(tmp_path):
     path = tmp_path / "run.json"
     path.write_text(json.dumps({"d_model": 32, "steps": 50, "clip": None, "betas": [0.8, 0.9]}))
-    config = config_from_args(build_parser().parse_args(["--config", str(path), "--steps", "70"]))
+    config = config_from_args(build_numbers_parser().parse_args(["--config", str(path), "--steps", "70"]))
     assert config == TrainConfig(d_model=32, steps=70, clip=None, betas=(0.8, 0.9))
 
 
@@ -168,8 +168,8 @@ def test_a_missing_config_file_is_a_usage_error(tmp_path, capsys):
 
 def test_refuses_a_global_batch_the_processes_cannot_share(monkeypatch, capsys):
     with pytest.raises(ValueError, match="--batch-size 10 cannot be split evenly over 4 processes"):
-        check_arguments(build_parser().parse_args(["--batch-size", "10"]), world_size=4)
-    check_arguments(build_parser().parse_args(["--batch-size", "12"]), world_size=4)
+        check_numbers_arguments(build_numbers_parser().parse_args(["--batch-size", "10"]), world_size=4)
+    check_numbers_arguments(build_numbers_parser().parse_args(["--batch-size", "12"]), world_size=4)
     # Under torchrun the command refuses it before joining the other processes (which would hang).
     monkeypatch.setenv("WORLD_SIZE", "3")
     monkeypatch.setenv("RANK", "0")
@@ -182,9 +182,9 @@ def test_refuses_a_global_batch_the_processes_cannot_share(monkeypatch, capsys):
 def test_refuses_cuda_without_a_gpu_and_save_every_without_a_folder(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="--device cuda"):
-        check_arguments(build_parser().parse_args(["--device", "cuda"]))
+        check_numbers_arguments(build_numbers_parser().parse_args(["--device", "cuda"]))
     with pytest.raises(ValueError, match="--save-every needs --checkpoint-dir"):
-        check_arguments(build_parser().parse_args(["--save-every", "5"]))
+        check_numbers_arguments(build_numbers_parser().parse_args(["--save-every", "5"]))
 
 
 def test_command_runs_saves_a_checkpoint_and_resumes_from_it(tmp_path, capsys):
@@ -274,10 +274,10 @@ def test_data_parallel_options_are_nothing_alone_and_the_hooks_in_a_group():
 # One rank of a two-process run: run_training as under torchrun, then save what it learned.
 RANK_SCRIPT = """
 import sys, torch
-from transformer.cli.train import build_parser, run_training
+from transformer.cli.train import build_numbers_parser, run_training
 torch.set_num_threads(1)
 torch.set_default_dtype(torch.float64)
-model = run_training(build_parser().parse_args(sys.argv[2:]))
+model = run_training(build_numbers_parser().parse_args(sys.argv[2:]))
 torch.save(model.state_dict(), sys.argv[1])
 """
 
@@ -292,7 +292,7 @@ def test_two_processes_keep_identical_replicas_equal_to_one_process(tmp_path):
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)  # the model is built in float64, as in RANK_SCRIPT; see below
     try:
-        alone = run_training(build_parser().parse_args(argv)).state_dict()
+        alone = run_training(build_numbers_parser().parse_args(argv)).state_dict()
     finally:
         torch.set_default_dtype(previous)
     for name, value in alone.items():

@@ -11,8 +11,9 @@ import torch.nn.functional as F
 from transformer import (TrainConfig, label_smoothed_cross_entropy, load_checkpoint, fit, run_steps, save_checkpoint,
     warmup_scheduler)
 from transformer.training.schedules import cooldown_factor, warmup_lr
-from transformer.tasks.numbers_fit import exact_match, predict, training_batches
+from transformer.tasks.numbers_fit import evaluate_loss, exact_match, predict, training_batches
 from transformer.training.config import make_model, make_optimizer
+from transformer.nn.modes import evaluating
 from transformer.paths import model_cache_dir
 from transformer.training.loop import train_step
 from transformer.tasks.numbers import make_batch, source_vocab, split_numbers, target_vocab
@@ -452,6 +453,32 @@ def test_exact_match_agrees_with_predict(data):
     accuracy = exact_match(model, valid_numbers, SRC, TGT, batch_size=7)
     assert accuracy == sum(a == str(n) for a, n in zip(answers, valid_numbers)) / len(valid_numbers)
     assert 0.0 <= accuracy < 0.5  # three steps teach it next to nothing
+
+
+
+def test_evaluating_is_eval_mode_without_gradients_and_restores_the_mode_after_an_exception():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5)).train()
+    with evaluating(model):
+        assert not model.training and not model[1].training and not torch.is_grad_enabled()
+    assert model.training and model[1].training and torch.is_grad_enabled()
+    with pytest.raises(RuntimeError, match="inside"), evaluating(model):
+        raise RuntimeError("inside")
+    assert model.training and model[1].training and torch.is_grad_enabled()
+    frozen = model.eval()
+    with evaluating(frozen):
+        pass
+    assert not frozen.training  # eval mode stays eval mode
+
+
+def test_evaluate_loss_restores_the_mode_when_the_model_fails():
+    model = make_model(tiny_config(dropout=0.3), SRC, TGT).train()
+    loss = evaluate_loss(model, [1, 22, 333], SRC, TGT)
+    assert model.training and loss == evaluate_loss(model.eval(), [1, 22, 333], SRC, TGT)  # no dropout
+    model.train()
+    model.encoder.layers[0].feed_forward.register_forward_hook(lambda *_: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        evaluate_loss(model, [1, 22, 333], SRC, TGT)
+    assert model.training
 
 
 @pytest.mark.parametrize("changes, error, message", [

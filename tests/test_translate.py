@@ -29,7 +29,7 @@ from transformer.training.checkpoint import average_checkpoints
 from transformer.tasks.metrics import corpus_scores
 from transformer.tasks.multi30k import (BOS_ID, encode_lines, EOS_ID, make_translation_model, PAD_ID, pair_batch,
     token_batches, translation_batches, TranslationConfig)
-from transformer.cli.train import build_train_parser
+from transformer.cli.train import build_multi30k_parser
 from transformer.cli.translate import main
 from transformer.tasks.translation import fit_translation, load_translator, save_translator, translate
 
@@ -508,7 +508,7 @@ def test_committed_model_is_a_safe_small_file_of_the_recorded_run():
     assert os.path.getsize(MODEL) <= 25_000_000
     raw = torch.load(MODEL, map_location="cpu", weights_only=True)
     assert {t.dtype for t in raw["model"].values()} == {torch.float16}
-    args = build_train_parser().parse_args(recorded_command())
+    args = build_multi30k_parser().parse_args(recorded_command())
     config = config_from_args(args, TranslationConfig())
     assert TranslationConfig(**raw["config"]) == config and raw["step"] == config.steps
     # the average of the last keep_last checkpoints, saved every save_every steps
@@ -671,8 +671,8 @@ def test_train_command_help_of_the_translation_task(capsys):
 
 
 def test_train_parser_defaults_are_the_translation_config():
-    assert config_from_args(build_train_parser().parse_args([]), TranslationConfig()) == TranslationConfig()
-    args = build_train_parser().parse_args(["--batch-tokens", "1000", "--vocab-size", "600", "--keep-last", "3",
+    assert config_from_args(build_multi30k_parser().parse_args([]), TranslationConfig()) == TranslationConfig()
+    args = build_multi30k_parser().parse_args(["--batch-tokens", "1000", "--vocab-size", "600", "--keep-last", "3",
                                             "--bf16", "--lr-factor", "2", "--eval-size", "0"])
     config = config_from_args(args, TranslationConfig())
     assert isinstance(config, TranslationConfig)

@@ -9,7 +9,7 @@ the package instead of deep inside torch. Defined in the book's appendix
 """
 
 
-__all__ = ['check_token_batch', 'check_token_id', 'check_generation', 'output_limits', 'check_number', 'check_positive_int', 'check_fraction', 'check_tensor', 'check_features', 'check_token_tensor', 'check_bool', 'check_dtype', 'input_dtype', 'check_token_ids']
+__all__ = ['check_token_batch', 'check_token_id', 'check_generation', 'check_number', 'check_positive_int', 'check_non_negative_int', 'check_fraction', 'check_tensor', 'check_features', 'check_token_tensor', 'check_bool', 'check_dtype', 'input_dtype', 'check_token_ids']
 
 
 from typing import Any
@@ -68,23 +68,6 @@ def check_generation(model: Any, src: Any, max_len: Any, bos_id: Any,
     return max_len, bos_id, check_token_id("pad_id", pad_id, vocab_size)
 
 
-def output_limits(src: Tensor, src_mask: Tensor | None, max_len: int, extra_len: object) -> Tensor:
-    """How many tokens each row may generate after the start token, (B,): ``max_len - 1``, or with
-    ``extra_len`` at most its source length (the positions ``src_mask`` leaves open) + ``extra_len``."""
-    B, S = src.shape
-    limits = torch.full((B,), max_len - 1, dtype=torch.long, device=src.device)
-    if extra_len is None:
-        return limits
-    if isinstance(extra_len, bool) or not isinstance(extra_len, numbers.Integral) or extra_len < 0:
-        raise ValueError(f"extra_len must be None or an int >= 0, got {extra_len!r}")
-    if src_mask is None:
-        lengths = torch.full((B,), S, dtype=torch.long, device=src.device)
-    else:  # a source position is padding when it is masked for every query and head
-        padded = src_mask.reshape(src_mask.shape[0] if src_mask.dim() > 1 else 1, -1, S).all(dim=1)  # (B or 1, S)
-        lengths = (~padded).sum(dim=-1).expand(B)  # (B,)
-    return torch.minimum(limits, lengths + int(extra_len))
-
-
 # chapters/25_decoder_only.md: Training
 def check_number(name: str, value: object, low: float = 0.0) -> float:
     """Return ``value`` as a float if it is a real number > ``low``, else raise naming ``name``."""
@@ -106,6 +89,15 @@ def check_positive_int(name: str, value: object) -> int:
         raise TypeError(f"{name} must be a positive int, got {type(value).__name__} {value!r}")
     if value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value}")
+    return int(value)
+
+
+def check_non_negative_int(name: str, value: object) -> int:
+    """Return ``value`` as an int if it is an integer >= 0 (not a bool), else raise naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a non-negative int, got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value}")
     return int(value)
 
 

@@ -15,7 +15,6 @@ __all__ = ['self_attention_macs', 'recurrent_macs', 'convolution_macs', 'restric
 
 
 import math
-import numbers
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -25,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode
 
-from transformer.checks import check_positive_int, check_tensor
+from transformer.checks import check_non_negative_int, check_positive_int, check_tensor
 from transformer.nn.attention import scaled_dot_product_attention
 
 
@@ -173,15 +172,6 @@ def layers_to_connect(make_layer: Callable[[int], Callable[[Tensor], Tensor]], n
 
 
 # chapters/20_restricted_attention.md: Restricted self-attention
-def _check_radius(radius: object) -> int:
-    """Return ``radius`` as an int if it is a non-negative integer, else raise."""
-    if isinstance(radius, bool) or not isinstance(radius, numbers.Integral):
-        raise TypeError(f"radius must be a non-negative int, got {type(radius).__name__} {radius!r}")
-    if radius < 0:
-        raise ValueError(f"radius must be a non-negative int, got {radius}")
-    return int(radius)
-
-
 def band_mask(size: int, radius: int, device: torch.device | str | None = None) -> Tensor:
     """The mask of restricted self-attention: position i may attend to j only if |i - j| <= radius.
 
@@ -198,7 +188,7 @@ def band_mask(size: int, radius: int, device: torch.device | str | None = None) 
         (size, size), broadcastable to the scores (..., size, size).
     """
     check_positive_int("size", size)
-    radius = _check_radius(radius)
+    radius = check_non_negative_int("radius", radius)
     position = torch.arange(size, device=device)
     return (position[:, None] - position[None, :]).abs() > radius  # (size, size)
 
@@ -236,7 +226,7 @@ def banded_attention(query: Tensor, key: Tensor, value: Tensor, radius: int) -> 
     if key.shape != query.shape or value.shape[:-1] != key.shape[:-1]:
         raise ValueError(f"query and key must have the same shape (..., n, d_k) and value (..., n, d_v), "
                          f"got {tuple(query.shape)}, {tuple(key.shape)} and {tuple(value.shape)}")
-    radius, n = _check_radius(radius), query.shape[-2]
+    radius, n = check_non_negative_int("radius", radius), query.shape[-2]
     block = max(radius, 1)
     num_blocks = -(-n // block)  # ceil(n / block)
     pad = num_blocks * block - n

@@ -11,7 +11,7 @@ Defined in the book's chapter "Scaling out" (chapters/22_scaling_out.md).
 """
 
 
-__all__ = ['TASKS', 'build_parser', 'build_train_parser', 'check_train_arguments', 'train_main', 'check_arguments', 'run_training', 'main']
+__all__ = ['TASKS', 'build_numbers_parser', 'build_multi30k_parser', 'check_multi30k_arguments', 'multi30k_main', 'check_numbers_arguments', 'run_training', 'numbers_main', 'main']
 
 
 from collections.abc import Sequence
@@ -40,7 +40,7 @@ from transformer.tasks.numbers_fit import exact_match, fit
 TASKS = ("numbers", "multi30k")  # multi30k: German to English, chapter "Translating German"
 
 
-def build_parser(prog: str = "python -m transformer.train") -> argparse.ArgumentParser:
+def build_numbers_parser(prog: str = "python -m transformer.train") -> argparse.ArgumentParser:
     """The options of ``python -m transformer.train`` (or ``transformer train``) for the number words."""
     parser = argparse.ArgumentParser(
         prog=prog,
@@ -59,7 +59,7 @@ def build_parser(prog: str = "python -m transformer.train") -> argparse.Argument
 
 
 # chapters/21_long_runs.md: The translator's commands
-def build_train_parser(prog: str = "python -m transformer.train") -> argparse.ArgumentParser:
+def build_multi30k_parser(prog: str = "python -m transformer.train") -> argparse.ArgumentParser:
     """The options of ``python -m transformer.train --task multi30k``: the fields of ``TranslationConfig``, and where."""
     parser = argparse.ArgumentParser(
         prog=f"{prog} --task multi30k",
@@ -70,7 +70,7 @@ def build_train_parser(prog: str = "python -m transformer.train") -> argparse.Ar
     return parser
 
 
-def check_train_arguments(args: argparse.Namespace) -> TranslationConfig:
+def check_multi30k_arguments(args: argparse.Namespace) -> TranslationConfig:
     """Raise ValueError or TypeError, naming the option, for a run that cannot start; return its configuration."""
     config = config_from_args(args, TranslationConfig())
     assert isinstance(config, TranslationConfig)
@@ -80,17 +80,17 @@ def check_train_arguments(args: argparse.Namespace) -> TranslationConfig:
     return config
 
 
-def train_main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.train") -> int:
+def multi30k_main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.train") -> int:
     """``python -m transformer.train --task multi30k [options]``: train, alone or under torchrun.
 
     With ``--checkpoint-dir``, process 0 saves there (``checkpoint.pt`` to resume, the last
     ``--keep-last`` ``step-*.pt``) and at the end writes ``averaged.pt``, the float16 average of
     those, and prints the validation BLEU of the last model and of the average.
     """
-    parser = build_train_parser(prog)
+    parser = build_multi30k_parser(prog)
     args = parser.parse_args(argv)
     try:
-        config = check_train_arguments(args)
+        config = check_multi30k_arguments(args)
         load_multi30k("val")  # the data are there, or a usage error now rather than a traceback later
     except (TypeError, ValueError, FileNotFoundError) as err:
         parser.error(str(err))
@@ -125,7 +125,7 @@ def train_main(argv: Sequence[str] | None = None, prog: str = "python -m transfo
 
 
 # chapters/22_scaling_out.md: One process per device
-def check_arguments(args: argparse.Namespace, world_size: int = 1) -> TrainConfig:
+def check_numbers_arguments(args: argparse.Namespace, world_size: int = 1) -> TrainConfig:
     """Raise ValueError or TypeError, naming the option, for a run that cannot start; return its configuration."""
     config = config_from_args(args)  # TrainConfig's checks, also of the values of a --config file
     if config.batch_size % world_size:
@@ -160,7 +160,7 @@ def _train_here(args: argparse.Namespace, config: TrainConfig, rank: int, world_
 # chapters/22_scaling_out.md: Putting it together
 def run_training(args: argparse.Namespace) -> Transformer:
     """Train as ``args`` says, alone or as one process of several; return the trained model."""
-    config = check_arguments(args, world_size_of_run())
+    config = check_numbers_arguments(args, world_size_of_run())
     rank, world_size, device = init_distributed(args.device, args.init_method)
     try:
         train_numbers, valid_numbers, _ = split_numbers(args.train_size, args.valid_size, 0, seed=config.seed)
@@ -178,25 +178,29 @@ def run_training(args: argparse.Namespace) -> Transformer:
 
 
 # chapters/22_scaling_out.md: Putting it together
+def numbers_main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.train") -> int:
+    """``python -m transformer.train [--task numbers] [options]``: train on the number words."""
+    parser = build_numbers_parser(prog)
+    args = parser.parse_args(argv)
+    try:
+        check_numbers_arguments(args, world_size_of_run())
+    except (TypeError, ValueError) as err:
+        parser.error(str(err))
+    run_training(args)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.train") -> int:
     """``python -m transformer.train [options]`` (``transformer train``); ``argv`` defaults to the command line.
 
-    ``--task multi30k`` hands the command line to the translation trainer, ``train_main``, whose
+    ``--task`` picks the trainer: ``numbers_main`` (the default) or ``multi30k_main``, whose
     configuration has fields of its own.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     task = argparse.ArgumentParser(add_help=False)
     task.add_argument("--task", choices=TASKS, default="numbers")
-    if task.parse_known_args(argv)[0].task == "multi30k":
-        return train_main(argv, prog)  # the chapter "Translating German" adds it to this module
-    parser = build_parser(prog)
-    args = parser.parse_args(argv)
-    try:
-        check_arguments(args, world_size_of_run())
-    except (TypeError, ValueError) as err:
-        parser.error(str(err))
-    run_training(args)
-    return 0
+    trainers = {"numbers": numbers_main, "multi30k": multi30k_main}
+    return trainers[task.parse_known_args(argv)[0].task](argv, prog)
 
 
 # chapters/22_scaling_out.md: Putting it together

@@ -17,10 +17,11 @@ from typing import Any, cast
 import torch
 from torch import Tensor
 
-from transformer.checks import check_generation, check_positive_int, check_token_id, output_limits
+from transformer.checks import check_generation, check_positive_int, check_token_id
 from transformer.nn.cache import DecoderCache
 from transformer.nn.decoder import DecoderLayer
-from transformer.generation.decoding import evaluating
+from transformer.generation.decoding import output_limits
+from transformer.nn.modes import evaluating
 from transformer.nn.model import Transformer
 from transformer.nn.multihead import MultiHeadAttention
 from transformer.nn.residual import add_and_norm

@@ -7,33 +7,37 @@ Defined in the book's chapter "Generation" (chapters/15_generation.md).
 """
 
 
-__all__ = ['evaluating', 'greedy_decode', 'generated_ids', 'beam_search']
+__all__ = ['output_limits', 'greedy_decode', 'generated_ids', 'beam_search']
 
 
-import contextlib
 import numbers
-from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from transformer.checks import check_generation, check_positive_int, check_token_id, output_limits, check_token_batch
+from transformer.checks import check_generation, check_positive_int, check_token_id, check_token_batch
 from transformer.nn.cache import DecoderCache, beam_memory, keep_rows
 from transformer.nn.model import Transformer
+from transformer.nn.modes import evaluating
 
 
 # chapters/15_generation.md: Greedy decoding
-@contextlib.contextmanager
-def evaluating(model: nn.Module) -> Iterator[None]:
-    """Eval mode and no gradients inside the block; the model's mode is restored after it."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        model.train(was_training)
+def output_limits(src: Tensor, src_mask: Tensor | None, max_len: int, extra_len: object) -> Tensor:
+    """How many tokens each row may generate after the start token, (B,): ``max_len - 1``, or with
+    ``extra_len`` at most its source length (the positions ``src_mask`` leaves open) + ``extra_len``."""
+    B, S = src.shape
+    limits = torch.full((B,), max_len - 1, dtype=torch.long, device=src.device)
+    if extra_len is None:
+        return limits
+    if isinstance(extra_len, bool) or not isinstance(extra_len, numbers.Integral) or extra_len < 0:
+        raise ValueError(f"extra_len must be None or an int >= 0, got {extra_len!r}")
+    if src_mask is None:
+        lengths = torch.full((B,), S, dtype=torch.long, device=src.device)
+    else:  # a source position is padding when it is masked for every query and head
+        padded = src_mask.reshape(src_mask.shape[0] if src_mask.dim() > 1 else 1, -1, S).all(dim=1)  # (B or 1, S)
+        lengths = (~padded).sum(dim=-1).expand(B)  # (B,)
+    return torch.minimum(limits, lengths + int(extra_len))
 
 
 # chapters/15_generation.md: Greedy decoding

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer.checks import check_number, check_positive_int, check_token_ids, check_token_tensor
-from transformer.generation.decoding import evaluating
+from transformer.nn.modes import evaluating
 from transformer.nn.decoder_only import DecoderOnlyLM
 
 

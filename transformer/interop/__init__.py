@@ -2,13 +2,16 @@
 """Other libraries' formats, in and out: Hugging Face, ONNX and CTranslate2.
 """
 
-from transformer.interop.huggingface_in import marian_permutation, from_huggingface, load_pretrained
+from transformer.interop.huggingface_in import (import_transformers, marian_permutation, HF_ACTIVATIONS,
+    from_huggingface, load_pretrained)
 from transformer.interop.huggingface_out import (marian_config, marian_state_dict, to_huggingface, hf_greedy,
     export_huggingface, ctranslate2_folder)
 from transformer.interop.onnx import EncoderGraph, DecoderStepGraph, export_onnx, onnx_sessions, onnx_greedy
 
 __all__ = [
+    'import_transformers',
     'marian_permutation',
+    'HF_ACTIVATIONS',
     'from_huggingface',
     'load_pretrained',
     'marian_config',

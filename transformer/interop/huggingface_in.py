@@ -9,7 +9,7 @@ Defined in the book's chapter "Pretrained weights" (chapters/33_pretrained.md).
 """
 
 
-__all__ = ['marian_permutation', 'from_huggingface', 'load_pretrained']
+__all__ = ['import_transformers', 'marian_permutation', 'HF_ACTIVATIONS', 'from_huggingface', 'load_pretrained']
 
 
 import importlib
@@ -25,13 +25,13 @@ from transformer.nn.model import Transformer
 
 
 # chapters/33_pretrained.md: Pretrained weights
-def _transformers() -> Any:
+def import_transformers() -> Any:
     """The ``transformers`` module, or an ImportError that says how to install it."""
     try:
         return importlib.import_module("transformers")
     except ImportError as err:
         raise ImportError(
-            "transformer.interop.huggingface_in needs the `transformers` package (and `sentencepiece` for the "
+            "transformer.interop needs the `transformers` package (and `sentencepiece` for the "
             "Marian tokenizers): pip install -e \".[pretrained]\""
         ) from err
 
@@ -104,8 +104,9 @@ def _load_feed_forward(name: str, ours: Any, w_1: tuple[Tensor, Tensor], w_2: tu
 
 
 # chapters/33_pretrained.md: Copying, one tensor at a time
-_HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-                   "silu": "silu", "swish": "silu"}
+# Hugging Face's name of a feed-forward activation -> the book's (the first of each is the one written back)
+HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                  "silu": "silu", "swish": "silu"}
 
 
 def _require(config: Any, field: str, allowed: tuple, why: str) -> Any:
@@ -130,8 +131,8 @@ def _require_equal(config: Any, first: str, second: str) -> int:
 def _marian_model(config: Any, shared: bool, tied: bool) -> Transformer:
     """An empty ``Transformer`` of the sizes and choices of a ``MarianConfig``; ``shared``: one
     embedding table for source and target, ``tied``: the output layer is the target table."""
-    activation = _HF_ACTIVATIONS[_require(config, "activation_function", tuple(_HF_ACTIVATIONS),
-                                          "the feed-forward activations of PositionwiseFeedForward")]
+    activation = HF_ACTIVATIONS[_require(config, "activation_function", tuple(HF_ACTIVATIONS),
+                                         "the feed-forward activations of PositionwiseFeedForward")]
     return Transformer(
         src_vocab_size=config.vocab_size,
         tgt_vocab_size=config.vocab_size if shared else config.decoder_vocab_size,
@@ -194,8 +195,8 @@ def _from_marian(hf: Any) -> Transformer:
 # chapters/33_pretrained.md: GPT-2 → `DecoderOnlyLM`
 def _gpt2_model(config: Any) -> DecoderOnlyLM:
     """An empty ``DecoderOnlyLM`` of the sizes and choices of a ``GPT2Config``."""
-    activation = _HF_ACTIVATIONS[_require(config, "activation_function", tuple(_HF_ACTIVATIONS),
-                                          "the feed-forward activations of PositionwiseFeedForward")]
+    activation = HF_ACTIVATIONS[_require(config, "activation_function", tuple(HF_ACTIVATIONS),
+                                         "the feed-forward activations of PositionwiseFeedForward")]
     _require(config, "add_cross_attention", (False,), "a DecoderOnlyLM has no cross-attention")
     _require(config, "scale_attn_weights", (True,), "attention divides by sqrt(d_k)")
     _require(config, "scale_attn_by_inverse_layer_idx", (False,), "every layer scales its scores alike")
@@ -252,7 +253,7 @@ def from_huggingface(model: nn.Module) -> nn.Module:
         TypeError: for any other kind of model; ValueError, naming the configuration field, for a
         configuration this package cannot represent.
     """
-    transformers = _transformers()
+    transformers = import_transformers()
     if isinstance(model, transformers.MarianMTModel):
         ours: nn.Module = _from_marian(model)
     elif isinstance(model, transformers.GPT2LMHeadModel):
@@ -278,7 +279,7 @@ def load_pretrained(name_or_path: str | os.PathLike, **kwargs: Any) -> tuple[nn.
     """
     if not isinstance(name_or_path, (str, os.PathLike)):
         raise TypeError(f"name_or_path must be a str or a path, got {type(name_or_path).__name__}")
-    transformers = _transformers()
+    transformers = import_transformers()
     config = transformers.AutoConfig.from_pretrained(name_or_path, **kwargs)
     classes = {"marian": transformers.MarianMTModel, "gpt2": transformers.GPT2LMHeadModel}
     if config.model_type not in classes:

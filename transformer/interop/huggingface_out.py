@@ -25,21 +25,14 @@ from torch import Tensor
 
 from transformer.nn.model import Transformer
 from transformer.tasks.multi30k import BOS_ID, EOS_ID, PAD_ID
-from transformer.interop.huggingface_in import marian_permutation
+from transformer.interop.huggingface_in import HF_ACTIVATIONS, import_transformers, marian_permutation
 from transformer.tasks.subwords import SPECIAL_TOKENS
 
 
 # chapters/34_exporting.md: What Marian can hold
-_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_new", "silu": "silu"}
-
-
-def _transformers() -> Any:
-    """The ``transformers`` module, or an ImportError that says how to install it."""
-    try:
-        return importlib.import_module("transformers")
-    except ImportError as err:
-        raise ImportError("exporting to Hugging Face needs the `transformers` package: "
-                          "pip install -e \".[pretrained]\"") from err
+# the book's activation -> Marian's name for it: the reading table of the chapter "Pretrained weights",
+# backwards, keeping the first of its names for each (gelu_tanh -> "gelu_new", silu -> "silu")
+_ACTIVATIONS = {ours: theirs for theirs, ours in reversed(HF_ACTIVATIONS.items())}
 
 
 def _refuse(setting: str, value: object, why: str) -> None:
@@ -65,7 +58,7 @@ def marian_config(model: Transformer) -> Any:
     if eps != {1e-5}:
         _refuse("LayerNorm eps", sorted(eps), "Marian's LayerNorms use 1e-05")
     vocab = model.src_embed.vocab_size
-    return _transformers().MarianConfig(
+    return import_transformers().MarianConfig(
         vocab_size=vocab, decoder_vocab_size=vocab, d_model=model.d_model,
         encoder_layers=len(model.encoder.layers), decoder_layers=len(model.decoder.layers),
         encoder_attention_heads=enc.self_attn.num_heads, decoder_attention_heads=dec.self_attn.num_heads,
@@ -143,12 +136,12 @@ def to_huggingface(model: Transformer, tokenizer: Any) -> tuple[Any, Any]:
     Raises:
         ValueError: naming a setting Marian cannot represent; TypeError for other models.
     """
-    transformers = _transformers()
+    transformers = import_transformers()
     config = marian_config(model)
     if [tokenizer.token_to_id(token) for token in SPECIAL_TOKENS] != [PAD_ID, BOS_ID, EOS_ID, 3]:
         raise ValueError(f"tokenizer must give {SPECIAL_TOKENS} the ids 0 to 3")
     hf = transformers.MarianMTModel(config)
-    state = marian_state_dict(model.float().cpu())
+    state = {name: t.float().cpu() for name, t in marian_state_dict(model).items()}  # the model is left as it is
     missing, unexpected = hf.load_state_dict(state, strict=False)
     left = [name for name in missing if "embed_positions" not in name and "embed_tokens" not in name
             and name != "lm_head.weight"]

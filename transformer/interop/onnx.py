@@ -12,6 +12,7 @@ __all__ = ['EncoderGraph', 'DecoderStepGraph', 'export_onnx', 'onnx_sessions', '
 
 
 import contextlib
+import copy
 import importlib
 import logging
 import os
@@ -100,7 +101,7 @@ def export_onnx(model: Transformer, out: str | os.PathLike) -> tuple[Path, Path]
         raise ValueError("model.norm_first = True: the decoder step is written for post-norm layers")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    model = model.float().cpu().eval()
+    model = copy.deepcopy(model).float().cpu().eval()  # a copy: the caller's model is left as it is
     src, tgt = torch.ones(1, 7, dtype=torch.long), torch.ones(1, 3, dtype=torch.long)
     memory = torch.zeros(1, 7, model.d_model)
     S, T = torch.export.Dim("S", min=1, max=model.positional_encoding.max_len), torch.export.Dim("T", min=1)

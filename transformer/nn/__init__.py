@@ -13,6 +13,7 @@ from transformer.nn.residual import LayerNorm, add_and_norm
 from transformer.nn.encoder import EncoderLayer, Encoder
 from transformer.nn.decoder import DecoderLayer, Decoder
 from transformer.nn.model import Transformer
+from transformer.nn.modes import evaluating
 from transformer.nn.cache import KVCache, DecoderLayerCache, DecoderCache, keep_rows, beam_memory
 from transformer.nn.decoder_only import DecoderOnlyLM
 from transformer.nn.relative import relative_positions, RelativeMultiHeadAttention, rotary, RotaryMultiHeadAttention
@@ -40,6 +41,7 @@ __all__ = [
     'DecoderLayer',
     'Decoder',
     'Transformer',
+    'evaluating',
     'KVCache',
     'DecoderLayerCache',
     'DecoderCache',

@@ -19,21 +19,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer.checks import check_positive_int, check_tensor
+from transformer.checks import check_non_negative_int, check_positive_int, check_tensor
 from transformer.nn.attention import masked_softmax
 from transformer.nn.multihead import MultiHeadAttention
 
 
 # chapters/27_positions_compared.md: Distances as indices
-def _check_non_negative_int(name: str, value: object) -> int:
-    """Return ``value`` as an int if it is an integer >= 0 (not a bool), else raise naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a non-negative int, got {type(value).__name__} {value!r}")
-    if value < 0:
-        raise ValueError(f"{name} must be a non-negative int, got {value}")
-    return int(value)
-
-
 def relative_positions(query_len: int, key_len: int, query_start: int = 0, max_distance: int = 16,
                        device: torch.device | str | None = None) -> Tensor:
     """Row of the distance table for every (query, key) pair: clip(j - (query_start + i), k) + k.
@@ -54,7 +45,7 @@ def relative_positions(query_len: int, key_len: int, query_start: int = 0, max_d
     """
     check_positive_int("query_len", query_len)
     check_positive_int("key_len", key_len)
-    _check_non_negative_int("query_start", query_start)
+    check_non_negative_int("query_start", query_start)
     check_positive_int("max_distance", max_distance)
     i = torch.arange(query_start, query_start + query_len, device=device).unsqueeze(1)  # (L, 1)
     j = torch.arange(key_len, device=device).unsqueeze(0)  # (1, S)
@@ -155,7 +146,7 @@ def rotary(x: Tensor, start: int = 0, base: float = 10000.0) -> Tensor:
     if not x.is_floating_point() or x.dim() < 2 or x.shape[-1] % 2 != 0:
         raise ValueError(f"x must be a float tensor (..., S, d) with d even (feature pairs), "
                          f"got dtype {x.dtype} and shape {tuple(x.shape)}")
-    start, base = _check_non_negative_int("start", start), _check_base(base)
+    start, base = check_non_negative_int("start", start), _check_base(base)
     n, d = x.shape[-2], x.shape[-1]
     dtype = torch.promote_types(x.dtype, torch.float32)  # angles in at least single precision
     position = torch.arange(start, start + n, device=x.device, dtype=dtype)  # (S,)

@@ -24,6 +24,7 @@ from transformer.checks import check_positive_int, check_tensor, check_token_bat
 from transformer.nn.attention import padding_mask
 from transformer.nn.embedding import TokenEmbedding
 from transformer.nn.encoder import Encoder
+from transformer.nn.modes import evaluating
 from transformer.training.loop import run_settings, run_steps
 from transformer.nn.positional import SinusoidalPositionalEncoding
 from transformer.training.schedules import warmup_scheduler
@@ -108,7 +109,6 @@ class SequenceClassifier(nn.Module):
 
 
 # chapters/24_encoder_only.md: Training
-@torch.no_grad()
 def accuracy(model: nn.Module, inputs: Tensor, labels: Tensor, batch_size: int = 1000) -> float:
     """The share of ``inputs`` whose highest logit is their label (eval mode; mode restored).
 
@@ -116,12 +116,10 @@ def accuracy(model: nn.Module, inputs: Tensor, labels: Tensor, batch_size: int =
     images (M, C, H, W); ``labels`` holds their classes (M,).
     """
     _check_examples(inputs, labels)
-    was_training = model.training
-    model.eval()
     device = next(model.parameters()).device
-    right = sum((model(inputs[i:i + batch_size].to(device)).argmax(dim=-1).cpu() == labels[i:i + batch_size]).sum().item()
-                for i in range(0, len(inputs), batch_size))
-    model.train(was_training)
+    with evaluating(model):
+        right = sum((model(inputs[i:i + batch_size].to(device)).argmax(dim=-1).cpu() == labels[i:i + batch_size]).sum().item()
+                    for i in range(0, len(inputs), batch_size))
     return right / len(inputs)
 
 

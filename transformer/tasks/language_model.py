@@ -23,7 +23,7 @@ from transformer.checks import (check_fraction, check_number, check_positive_int
     check_token_tensor)
 from transformer.nn.cache import DecoderCache
 from transformer.nn.decoder import Decoder
-from transformer.generation.decoding import evaluating
+from transformer.nn.modes import evaluating
 from transformer.nn.embedding import TokenEmbedding
 from transformer.training.loop import run_settings, run_steps
 from transformer.nn.multihead import MultiHeadAttention

@@ -32,6 +32,7 @@ from transformer.generation.decoding import generated_ids, greedy_decode
 from transformer.training.losses import label_smoothed_cross_entropy, seq2seq_loss
 from transformer.training.loop import run_settings, run_steps
 from transformer.nn.model import Transformer
+from transformer.nn.modes import evaluating
 
 
 # chapters/14_training_run.md: The training loop
@@ -82,17 +83,14 @@ def exact_match(model: Transformer, numbers: Sequence[int], src_vocab: Vocab, tg
     return sum(answer == str(n) for answer, n in zip(answers, numbers)) / len(answers)
 
 
-@torch.no_grad()
 def evaluate_loss(model: nn.Module, numbers: Sequence[int], src_vocab: Vocab, tgt_vocab: Vocab,
                   label_smoothing: float = 0.1, device: torch.device | str | None = None) -> float:
     """The teacher-forced label-smoothed loss on ``numbers``, in eval mode (mode restored)."""
-    was_training = model.training
-    model.eval()
     device = device if device is not None else next(model.parameters()).device
     batch = make_batch(numbers, src_vocab, tgt_vocab, device)
-    logits = model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)  # (B, T, V)
-    model.train(was_training)
-    return label_smoothed_cross_entropy(logits, batch.tgt_out, label_smoothing, tgt_vocab.pad_id).item()
+    with evaluating(model):
+        logits = model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)  # (B, T, V)
+        return label_smoothed_cross_entropy(logits, batch.tgt_out, label_smoothing, tgt_vocab.pad_id).item()
 
 
 # chapters/14_training_run.md: The training loop
