@@ -13,12 +13,11 @@ __all__ = ['evaluating', 'greedy_decode', 'generated_ids', 'beam_search']
 import contextlib
 import numbers
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from transformer.checks import check_generation, check_positive_int, check_token_id, output_limits, check_token_batch
+from transformer.checks import check_generation, check_positive_int, check_token_id, output_limits
 from transformer.nn.cache import DecoderCache, beam_memory, keep_rows
 from transformer.nn.model import Transformer
 
