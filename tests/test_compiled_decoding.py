@@ -33,8 +33,13 @@ def _src(seed=1, batch=4, length=7):
 
 
 def _model(norm_first=False, seed=0):
-    torch.manual_seed(seed)
-    return randomise(small_transformer(norm_first=norm_first)).eval()  # random biases and gains show
+    """The small Transformer built under ``seed``, with random biases and gains so that they show."""
+    return randomise(small_transformer(seed=seed, norm_first=norm_first)).eval()
+
+
+def test_each_seed_gives_another_model():
+    weights = [torch.nn.utils.parameters_to_vector(_model(seed=seed).parameters()) for seed in range(4)]
+    assert all(not torch.equal(weights[i], weights[j]) for i in range(4) for j in range(i))
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
