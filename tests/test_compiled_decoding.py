@@ -21,7 +21,8 @@ from torch_reference import randomise
 BOS, EOS = 1, 2
 
 # torch's own jit module warns that it is deprecated when the compiler imports it: not the package's doing.
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
+              pytest.mark.usefixtures("one_thread")]  # tests/conftest.py
 
 
 def _src(seed=1, batch=4, length=7):

@@ -27,6 +27,8 @@ from transformer.tasks.translation import load_translator, translate
 
 MODEL = Path(__file__).resolve().parents[1] / "models" / "multi30k" / "model.pt"
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
 
 @pytest.fixture(scope="module")
 def committed():

@@ -13,6 +13,8 @@ from test_huggingface_out import MODEL, book_greedy
 from transformer.tasks.multi30k import BOS_ID, EOS_ID, load_multi30k
 from transformer.tasks.translation import load_translator
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
 
 @pytest.fixture(scope="module")
 def committed():
