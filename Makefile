@@ -6,6 +6,10 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The exporter's own environment: only what tools/export.py imports (requirements-export.txt), so that
+# regenerating or checking the package does not need torch or Jupyter Book.
+EXPORT_VENV ?= .venv-export
+EXPORT_STAMP := $(EXPORT_VENV)/.installed
 NOTEBOOKS := _build/notebooks
 # MathJax 3 from npm, served by the built site so equations render with no network.
 MATHJAX := node_modules/mathjax/es5/tex-mml-chtml.js
@@ -33,7 +37,7 @@ setup: $(STAMP) $(MATHJAX)
 # The installs print errors only (-qq, --loglevel=error): the warnings they print otherwise come from
 # the machine's own pip and npm settings (find-links folders that do not exist, npm settings that
 # npm no longer knows), not from the project, and `make book` is meant to show no warnings at all.
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt requirements-export.txt pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -qq -r requirements.txt
 	$(BIN)/python -m pip install -qq --no-deps -e .
@@ -44,11 +48,16 @@ $(MATHJAX): package.json package-lock.json
 	npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
 	@touch $@
 
-export: setup
-	$(BIN)/python -m tools.export
+$(EXPORT_STAMP): requirements-export.txt
+	@test -x $(EXPORT_VENV)/bin/python || $(PYTHON) -m venv $(EXPORT_VENV)
+	$(EXPORT_VENV)/bin/python -m pip install -qq -r requirements-export.txt
+	@touch $@
 
-export-check: setup
-	$(BIN)/python -m tools.export --check
+export: $(EXPORT_STAMP)
+	$(EXPORT_VENV)/bin/python -m tools.export
+
+export-check: $(EXPORT_STAMP)
+	$(EXPORT_VENV)/bin/python -m tools.export --check
 
 # The whole suite (slow tests included) and the package's docstring examples, then the 15 slowest tests.
 UNIT := tests transformer --doctest-modules --ignore=tests/browser
