@@ -22,11 +22,11 @@ def random_module(module_class, norm_first=False, num_layers=3, seed=0, dropout=
                                   **options))
 
 
-def small_transformer(**changes) -> Transformer:
-    """A Transformer built under seed 0, in eval mode: d_model 16, 4 heads, 2 layers, d_ff 32, no dropout,
+def small_transformer(seed=0, **changes) -> Transformer:
+    """A Transformer built under ``seed``, in eval mode: d_model 16, 4 heads, 2 layers, d_ff 32, no dropout,
     the vocabularies above; ``changes`` replace any of these arguments or add others."""
     options = dict(src_vocab_size=SRC_VOCAB, tgt_vocab_size=TGT_VOCAB, d_model=16, num_heads=4, num_layers=2,
                    d_ff=32, dropout=0.0, pad_id=PAD)
     options.update(changes)
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     return Transformer(**options).eval()

@@ -74,7 +74,8 @@ def test_binder_environment_installs_the_book_with_jupytext():
     requirements = (ROOT / "binder" / "requirements.txt").read_text().splitlines()
     assert "-r ../requirements.txt" in requirements
     assert any(line.startswith("--extra-index-url https://download.pytorch.org/whl/cpu") for line in requirements)
-    assert any(line.startswith("jupytext==") for line in (ROOT / "requirements.txt").read_text().splitlines())
+    assert "-r requirements-export.txt" in (ROOT / "requirements.txt").read_text().splitlines()
+    assert any(line.startswith("jupytext==") for line in (ROOT / "requirements-export.txt").read_text().splitlines())
     post_build = ROOT / "binder" / "postBuild"
     assert post_build.stat().st_mode & 0o111  # executable, as Binder requires
     text = post_build.read_text()

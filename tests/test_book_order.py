@@ -89,7 +89,7 @@ def test_no_chapter_uses_a_name_that_a_later_chapter_defines():
 
 # The check itself, on a made-up book: it can fail.
 def test_a_forward_reference_is_found(tmp_path):
-    from tests.test_export import chapter, code
+    from tests.test_exporter import chapter, code
 
     chapter(tmp_path, "01_a.md", code("from transformer.nn.later import Later\n\ndef early():\n    return Later", ["export"]),
             module="transformer/nn/early.py")

@@ -15,6 +15,8 @@ from factories import PAD, SRC_VOCAB, TGT_VOCAB, small_transformer
 
 BOS, EOS = 1, 2
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
 # The shared small Transformer with dropout, so that a decoding left in training mode would show.
 small = functools.partial(small_transformer, dropout=0.1)
 

@@ -267,7 +267,7 @@ def test_features_of_another_dtype_than_the_model_are_refused(dtype):
     x = torch.randn(2, 4, 16, dtype=dtype)
     with pytest.raises(TypeError, match=f"x must have the dtype of the module's parameters, torch.float32, got {dtype}"):
         model.encoder(x)
-    with pytest.raises(TypeError, match=f"memory must have the dtype of the module's parameters"):
+    with pytest.raises(TypeError, match="memory must have the dtype of the module's parameters"):
         model.decoder(torch.randn(2, 3, 16), x)
 
 

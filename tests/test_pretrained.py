@@ -23,6 +23,8 @@ from transformer.interop.huggingface_in import from_huggingface, load_pretrained
 PAD = 39  # Marian's pad token: the last id, also the decoder's start token, as in opus-mt
 ATOL = 1e-5  # float32 agreement, relative to logits of order 1
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
 
 def _randomise(model: nn.Module, seed: int) -> nn.Module:
     """Weights far from the initialisation (biases and gains too), so that a misplaced one shows.

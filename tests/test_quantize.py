@@ -57,6 +57,7 @@ def test_int8_next_token_scores_stay_close_to_float32(committed):
     assert gap.mean() < 0.05, gap.mean()
 
 
+@pytest.mark.slow  # translates 60 sentences four times
 def test_int8_translates_like_float32_greedy_and_beam(committed):
     model, int8, tokenizer = committed
     german = load_multi30k("test")[0][:60]

@@ -187,6 +187,7 @@ def test_refuses_cuda_without_a_gpu_and_save_every_without_a_folder(monkeypatch)
         check_numbers_arguments(build_numbers_parser().parse_args(["--save-every", "5"]))
 
 
+@pytest.mark.slow  # a process training a model
 def test_command_runs_saves_a_checkpoint_and_resumes_from_it(tmp_path, capsys):
     folder = tmp_path / "run"
     # Without a cooldown, a run of 3 steps is the start of a run of 5, so carrying it on to 5 steps must
@@ -282,6 +283,7 @@ torch.save(model.state_dict(), sys.argv[1])
 """
 
 
+@pytest.mark.slow  # two processes under torch.distributed
 def test_two_processes_keep_identical_replicas_equal_to_one_process(tmp_path):
     argv = TINY + ["--steps", "6"]  # two epochs of batches of 8, 8 and 3 sequences
     # A file in tmp_path is the meeting place: no network port to find, nothing shared between tests.

@@ -538,6 +538,7 @@ def test_recorded_results_meet_the_bar():
 
 # --- the commands -----------------------------------------------------------------------------
 
+@pytest.mark.slow  # a process
 def test_translate_command_answers_every_line_in_place(committed):
     model, tokenizer = committed
     lines = ["Ein Hund läuft.", "", "Zwei Männer spielen Fußball."]
@@ -612,6 +613,7 @@ TRAIN = ["--task", "multi30k", "--d-model", "32", "--num-heads", "2", "--num-lay
          "--warmup", "4", "--no-progress", "--device", "cpu"]
 
 
+@pytest.mark.slow  # a process training a model
 def test_train_command_saves_averages_and_resumes(tmp_path, monkeypatch, capsys):
     folder = tmp_path / "run"
     first = subprocess.run([sys.executable, "-m", "transformer.train", *TRAIN, "--steps", "6",
@@ -735,6 +737,7 @@ def test_fit_translation_refuses_pairs_longer_than_max_len_before_training(token
                         tokenizer=tokenizer, progress=False)
 
 
+@pytest.mark.slow  # two processes under torch.distributed
 def test_train_command_runs_as_two_processes(tmp_path):
     """As under torchrun: each process takes its rows of every batch; process 0 alone writes and reports."""
     folder, meet = tmp_path / "run", f"file://{tmp_path / 'meet'}"

@@ -52,7 +52,8 @@ def static_cache(model: Transformer, memory: Tensor, capacity: int) -> list[tupl
 def _attend(y: Tensor, attention: MultiHeadAttention, keys: Tensor, values: Tensor, mask: Tensor | None,
             at: Tensor | None = None) -> Tensor:
     """Attention of y (B, 1, d_model) to projected keys and values; with ``at``, y's own written there first."""
-    heads = lambda x: x.view(x.shape[0], 1, attention.num_heads, attention.d_k).transpose(1, 2)  # (B, H, 1, d_k)
+    def heads(x: Tensor) -> Tensor:
+        return x.view(x.shape[0], 1, attention.num_heads, attention.d_k).transpose(1, 2)  # (B, H, 1, d_k)
     if at is not None:
         keys.index_copy_(2, at, heads(attention.w_k(y)))
         values.index_copy_(2, at, heads(attention.w_v(y)))

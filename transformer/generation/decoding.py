@@ -11,12 +11,11 @@ __all__ = ['output_limits', 'greedy_decode', 'generated_ids', 'beam_search']
 
 
 import numbers
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from transformer.checks import check_generation, check_positive_int, check_token_id, check_token_batch
+from transformer.checks import check_generation, check_positive_int, check_token_id
 from transformer.nn.cache import DecoderCache, beam_memory, keep_rows
 from transformer.nn.model import Transformer
 from transformer.nn.modes import evaluating

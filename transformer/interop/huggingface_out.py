@@ -12,10 +12,8 @@ Defined in the book's chapter "The translator everywhere" (chapters/34_exporting
 __all__ = ['marian_config', 'marian_state_dict', 'to_huggingface', 'hf_greedy', 'export_huggingface', 'ctranslate2_folder']
 
 
-import argparse
 import importlib
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any

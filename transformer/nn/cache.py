@@ -12,7 +12,6 @@ __all__ = ['KVCache', 'DecoderLayerCache', 'DecoderCache', 'keep_rows', 'beam_me
 
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from transformer.checks import check_positive_int
@@ -58,7 +57,7 @@ class KVCache:
 
     def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Write the new keys and values after the held ones and return all of them (views)."""
-        new, end = key.shape[2], self.length + key.shape[2]
+        end = self.length + key.shape[2]
         if self._key is None or self._value is None:
             size = max(end, self.capacity or 0)
             self._key = key.new_empty(*key.shape[:2], size, key.shape[3])  # allocated once

@@ -100,6 +100,7 @@ class DecoderLayer(nn.Module):
             ``PositionwiseFeedForward`` accepts ("gelu", "gelu_tanh", "silu").
 
     Example:
+        >>> import torch
         >>> layer = DecoderLayer(d_model=8, num_heads=2, d_ff=32)
         >>> layer(torch.randn(2, 4, 8), torch.randn(2, 6, 8)).shape
         torch.Size([2, 4, 8])
@@ -188,6 +189,7 @@ class Decoder(nn.Module):
         norm: the final ``LayerNorm`` of a pre-LN stack (``norm_first=True``), else None.
 
     Example:
+        >>> import torch
         >>> decoder = Decoder(num_layers=2, d_model=8, num_heads=2, d_ff=32)
         >>> decoder(torch.randn(2, 4, 8), torch.randn(2, 6, 8)).shape
         torch.Size([2, 4, 8])

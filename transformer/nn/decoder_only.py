@@ -13,11 +13,9 @@ __all__ = ['DecoderOnlyLM']
 
 from collections.abc import Callable
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer.checks import check_fraction, check_positive_int, check_token_batch, check_token_tensor
+from transformer.checks import check_fraction, check_positive_int, check_token_batch
 from transformer.nn.cache import DecoderCache
 from transformer.nn.decoder import Decoder
 from transformer.nn.embedding import TokenEmbedding

@@ -43,6 +43,7 @@ class EncoderLayer(nn.Module):
             subclass that puts positions inside attention (as ``DecoderLayer`` takes it).
 
     Example:
+        >>> import torch
         >>> layer = EncoderLayer(d_model=8, num_heads=2, d_ff=32)
         >>> layer(torch.randn(2, 5, 8)).shape
         torch.Size([2, 5, 8])
@@ -99,6 +100,7 @@ class Encoder(nn.Module):
         norm: the final ``LayerNorm`` of a pre-LN stack (``norm_first=True``), else None.
 
     Example:
+        >>> import torch
         >>> encoder = Encoder(num_layers=2, d_model=8, num_heads=2, d_ff=32)
         >>> encoder(torch.randn(2, 5, 8)).shape
         torch.Size([2, 5, 8])

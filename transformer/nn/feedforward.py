@@ -55,6 +55,7 @@ class PositionwiseFeedForward(nn.Module):
             "gelu_tanh" (GPT-2's tanh approximation of the GELU), "silu" or its other name "swish".
 
     Example:
+        >>> import torch
         >>> ffn = PositionwiseFeedForward(d_model=8, d_ff=32)
         >>> ffn(torch.randn(2, 5, 8)).shape
         torch.Size([2, 5, 8])

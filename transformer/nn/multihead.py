@@ -10,7 +10,6 @@ Defined in the book's chapter "Multi-head attention" (chapters/05_multihead_atte
 __all__ = ['MultiHeadAttention']
 
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -79,6 +78,7 @@ class MultiHeadAttention(nn.Module):
         bias: whether the projections w_q, w_k, w_v and w_o have biases (the paper's do not).
 
     Example:
+        >>> import torch
         >>> mha = MultiHeadAttention(d_model=8, num_heads=2)
         >>> x = torch.randn(2, 5, 8)
         >>> mha(x, x, x).shape

@@ -43,6 +43,7 @@ class LayerNorm(nn.Module):
         eps: added to the variance before the square root, so that a constant vector stays finite.
 
     Example:
+        >>> import torch
         >>> norm = LayerNorm(8)
         >>> norm(torch.randn(2, 5, 8)).shape
         torch.Size([2, 5, 8])

@@ -13,21 +13,15 @@ __all__ = ['CharVocab', 'random_windows', 'loss_by_position', 'evaluate_language
 
 
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer.checks import (check_fraction, check_number, check_positive_int, check_token_batch, check_token_ids,
-    check_token_tensor)
-from transformer.nn.cache import DecoderCache
-from transformer.nn.decoder import Decoder
+from transformer.checks import check_number, check_positive_int, check_token_ids, check_token_tensor
 from transformer.nn.modes import evaluating
-from transformer.nn.embedding import TokenEmbedding
 from transformer.training.loop import run_settings, run_steps
-from transformer.nn.multihead import MultiHeadAttention
-from transformer.nn.positional import LearnedPositionalEncoding, SinusoidalPositionalEncoding, add_positions
 from transformer.training.schedules import warmup_cosine
 
 

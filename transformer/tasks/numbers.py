@@ -15,10 +15,8 @@ __all__ = ['MAX_NUMBER', 'number_to_words', 'source_vocab', 'target_vocab', 'spl
 import numbers
 import random
 from collections.abc import Iterable, Iterator, Sequence
-from typing import NamedTuple
 
 import torch
-from torch import Tensor
 
 from transformer.checks import check_positive_int
 from transformer.nn.attention import padding_mask

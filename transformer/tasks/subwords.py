@@ -13,7 +13,6 @@ __all__ = ['WORD_START', 'pre_tokenize', 'word_counts', 'learn_bpe', 'bpe_encode
 
 from collections import Counter
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 from transformer.checks import check_positive_int

@@ -12,10 +12,8 @@ Defined in the book's chapter "Translating German" (chapters/17_translation.md).
 __all__ = ['translate', 'step_files', 'fit_translation', 'tokenizer_from_checkpoint', 'load_translator', 'save_translator']
 
 
-import argparse
 import copy
 import os
-import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any

@@ -21,7 +21,8 @@ from torch_reference import randomise
 BOS, EOS = 1, 2
 
 # torch's own jit module warns that it is deprecated when the compiler imports it: not the package's doing.
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
+              pytest.mark.usefixtures("one_thread")]  # tests/conftest.py
 
 
 def _src(seed=1, batch=4, length=7):
@@ -33,8 +34,13 @@ def _src(seed=1, batch=4, length=7):
 
 
 def _model(norm_first=False, seed=0):
-    torch.manual_seed(seed)
-    return randomise(small_transformer(norm_first=norm_first)).eval()  # random biases and gains show
+    """The small Transformer built under ``seed``, with random biases and gains so that they show."""
+    return randomise(small_transformer(seed=seed, norm_first=norm_first)).eval()
+
+
+def test_each_seed_gives_another_model():
+    weights = [torch.nn.utils.parameters_to_vector(_model(seed=seed).parameters()) for seed in range(4)]
+    assert all(not torch.equal(weights[i], weights[j]) for i in range(4) for j in range(i))
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
