@@ -189,7 +189,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.t
     task = argparse.ArgumentParser(add_help=False)
     task.add_argument("--task", choices=TASKS, default="numbers")
     if task.parse_known_args(argv)[0].task == "multi30k":
-        return train_main(argv, prog)  # the chapter "Translating German" adds it to this module
+        return train_main(argv, prog)  # the translator's run, above
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     try:
