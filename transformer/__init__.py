@@ -27,11 +27,11 @@ from transformer.training.schedules import warmup_scheduler
 from transformer.training.loop import run_steps
 from transformer.tasks.numbers_fit import fit
 from transformer.training.config import TrainConfig
+from transformer.training.checkpoint import save_checkpoint, load_checkpoint, average_checkpoints
 from transformer.generation.decoding import greedy_decode, beam_search
 from transformer.nn.cache import DecoderCache
 from transformer.generation.quantize import quantize_int8
 from transformer.tasks.translation import fit_translation, load_translator
-from transformer.training.checkpoint import save_checkpoint, load_checkpoint, average_checkpoints
 from transformer.tasks.classifier import SequenceClassifier, train_classifier
 from transformer.tasks.language_model import train_language_model
 from transformer.nn.decoder_only import DecoderOnlyLM
@@ -62,15 +62,15 @@ __all__ = [
     'run_steps',
     'fit',
     'TrainConfig',
+    'save_checkpoint',
+    'load_checkpoint',
+    'average_checkpoints',
     'greedy_decode',
     'beam_search',
     'DecoderCache',
     'quantize_int8',
     'fit_translation',
     'load_translator',
-    'save_checkpoint',
-    'load_checkpoint',
-    'average_checkpoints',
     'SequenceClassifier',
     'train_classifier',
     'train_language_model',

@@ -12,6 +12,6 @@ __all__ = []
 import transformer.cli.translate as _command
 
 
-# chapters/21_long_runs.md: The translator's commands
+# chapters/21_long_runs.md: Threads on a shared machine
 if __name__ == "__main__" and __spec__ is not None:  # `python -m transformer.translate`, not a notebook
     raise SystemExit(_command.main())

@@ -11,29 +11,29 @@ Defined in the book's chapter "Scaling out" (chapters/22_scaling_out.md).
 """
 
 
-__all__ = ['TASKS', 'build_numbers_parser', 'build_multi30k_parser', 'check_multi30k_arguments', 'multi30k_main', 'check_numbers_arguments', 'run_training', 'numbers_main', 'main']
+__all__ = ['TASKS', 'build_numbers_parser', 'build_multi30k_parser', 'check_multi30k_arguments', 'check_numbers_arguments', 'run_training', 'multi30k_main', 'numbers_main', 'main']
 
 
-from collections.abc import Sequence
-from pathlib import Path
 import argparse
 import os
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from transformer.training.checkpoint import average_checkpoints, read_checkpoint
 from transformer.cli.options import add_config_options, add_where_options, check_where, config_from_args, positive_int
+from transformer.training.config import TrainConfig, make_model
+from transformer.tasks.multi30k import TranslationConfig, make_translation_model, PAD_ID, load_multi30k
+from transformer.training.checkpoint import average_checkpoints, read_checkpoint
+from transformer.tasks.numbers import source_vocab, split_numbers, target_vocab
 from transformer.training.distributed import (data_parallel_options, init_distributed, replica_difference,
     world_size_of_run)
-from transformer.tasks.metrics import corpus_scores
-from transformer.tasks.multi30k import PAD_ID, TranslationConfig, make_translation_model, load_multi30k
-from transformer.tasks.translation import fit_translation, save_translator, step_files, translate
-from transformer.training.config import TrainConfig, make_model
-from transformer.tasks.numbers import source_vocab, split_numbers, target_vocab
 from transformer.nn.model import Transformer
 from transformer.tasks.numbers_fit import exact_match, fit
+from transformer.tasks.metrics import corpus_scores
+from transformer.tasks.translation import fit_translation, save_translator, step_files, translate
 
 
 # chapters/21_long_runs.md: A command for every run
@@ -78,50 +78,6 @@ def check_multi30k_arguments(args: argparse.Namespace) -> TranslationConfig:
     with torch.device("meta"):
         make_translation_model(config, config.vocab_size)  # the model's checks, e.g. d_model % num_heads
     return config
-
-
-def multi30k_main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.train") -> int:
-    """``python -m transformer.train --task multi30k [options]``: train, alone or under torchrun.
-
-    With ``--checkpoint-dir``, process 0 saves there (``checkpoint.pt`` to resume, the last
-    ``--keep-last`` ``step-*.pt``) and at the end writes ``averaged.pt``, the float16 average of
-    those, and prints the validation BLEU of the last model and of the average.
-    """
-    parser = build_multi30k_parser(prog)
-    args = parser.parse_args(argv)
-    try:
-        config = check_multi30k_arguments(args)
-        load_multi30k("val")  # the data are there, or a usage error now rather than a traceback later
-    except (TypeError, ValueError, FileNotFoundError) as err:
-        parser.error(str(err))
-    rank, world_size, device = init_distributed(args.device, args.init_method)
-    if device.type == "cuda":
-        # cuDNN's attention builds a plan for every new shape, and token batches change shape at
-        # every step: torch's other fused kernels are several times faster here.
-        torch.backends.cuda.enable_cudnn_sdp(False)
-    try:
-        train, valid = load_multi30k("train"), load_multi30k("val")
-        parallel = data_parallel_options(rank, world_size, PAD_ID)
-        resume = Path(args.checkpoint_dir or "") / "checkpoint.pt"
-        if args.resume and resume.is_file() and rank == 0:
-            print(f"resuming from {resume} at step {read_checkpoint(resume)['step']} of {config.steps}")
-        model, tokenizer, _ = fit_translation(
-            config, train, valid if rank == 0 else None, device=device, progress=args.progress and rank == 0,
-            checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, save_checkpoints=rank == 0,
-            log=print if rank == 0 else None, **parallel)
-        if rank == 0:
-            print(f"validation BLEU, greedy, last model: {corpus_scores(translate(model, tokenizer, valid[0]), valid[1])['bleu']:.2f}")
-            if args.checkpoint_dir is not None:
-                steps = step_files(Path(args.checkpoint_dir))
-                model.load_state_dict(average_checkpoints(steps))
-                save_translator(Path(args.checkpoint_dir) / "averaged.pt", model, tokenizer, config,
-                                config.steps, note={"averaged_steps": [int(p.stem[5:]) for p in steps]})
-                bleu = corpus_scores(translate(model, tokenizer, valid[0]), valid[1])["bleu"]
-                print(f"validation BLEU, greedy, average of the last {len(steps)} checkpoints: {bleu:.2f}")
-        return 0
-    finally:
-        if world_size > 1:
-            torch.distributed.destroy_process_group()
 
 
 # chapters/22_scaling_out.md: One process per device
@@ -175,6 +131,51 @@ def run_training(args: argparse.Namespace) -> Transformer:
     finally:
         if world_size > 1:
             dist.destroy_process_group()
+
+
+# chapters/22_scaling_out.md: Putting it together
+def multi30k_main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.train") -> int:
+    """``python -m transformer.train --task multi30k [options]``: train, alone or under torchrun.
+
+    With ``--checkpoint-dir``, process 0 saves there (``checkpoint.pt`` to resume, the last
+    ``--keep-last`` ``step-*.pt``) and at the end writes ``averaged.pt``, the float16 average of
+    those, and prints the validation BLEU of the last model and of the average.
+    """
+    parser = build_multi30k_parser(prog)
+    args = parser.parse_args(argv)
+    try:
+        config = check_multi30k_arguments(args)
+        load_multi30k("val")  # the data are there, or a usage error now rather than a traceback later
+    except (TypeError, ValueError, FileNotFoundError) as err:
+        parser.error(str(err))
+    rank, world_size, device = init_distributed(args.device, args.init_method)
+    if device.type == "cuda":
+        # cuDNN's attention builds a plan for every new shape, and token batches change shape at
+        # every step: torch's other fused kernels are several times faster here.
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        train, valid = load_multi30k("train"), load_multi30k("val")
+        parallel = data_parallel_options(rank, world_size, PAD_ID)
+        resume = Path(args.checkpoint_dir or "") / "checkpoint.pt"
+        if args.resume and resume.is_file() and rank == 0:
+            print(f"resuming from {resume} at step {read_checkpoint(resume)['step']} of {config.steps}")
+        model, tokenizer, _ = fit_translation(
+            config, train, valid if rank == 0 else None, device=device, progress=args.progress and rank == 0,
+            checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, save_checkpoints=rank == 0,
+            log=print if rank == 0 else None, **parallel)
+        if rank == 0:
+            print(f"validation BLEU, greedy, last model: {corpus_scores(translate(model, tokenizer, valid[0]), valid[1])['bleu']:.2f}")
+            if args.checkpoint_dir is not None:
+                steps = step_files(Path(args.checkpoint_dir))
+                model.load_state_dict(average_checkpoints(steps))
+                save_translator(Path(args.checkpoint_dir) / "averaged.pt", model, tokenizer, config,
+                                config.steps, note={"averaged_steps": [int(p.stem[5:]) for p in steps]})
+                bleu = corpus_scores(translate(model, tokenizer, valid[0]), valid[1])["bleu"]
+                print(f"validation BLEU, greedy, average of the last {len(steps)} checkpoints: {bleu:.2f}")
+        return 0
+    finally:
+        if world_size > 1:
+            torch.distributed.destroy_process_group()
 
 
 # chapters/22_scaling_out.md: Putting it together

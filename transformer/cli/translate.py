@@ -23,7 +23,7 @@ from transformer.generation.quantize import quantize_int8
 from transformer.tasks.translation import load_translator, translate
 
 
-# chapters/21_long_runs.md: The translator's commands
+# chapters/21_long_runs.md: Threads on a shared machine
 def build_parser(prog: str = "python -m transformer.translate") -> argparse.ArgumentParser:
     """The options of ``python -m transformer.translate`` (``transformer translate``)."""
     parser = argparse.ArgumentParser(

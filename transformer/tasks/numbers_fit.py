@@ -107,7 +107,7 @@ def _record_validation(history: dict[str, list], model: Transformer, step: int, 
     history["valid_accuracy"].append(exact_match(model, numbers, src_vocab, tgt_vocab, device=device))
 
 
-# chapters/14_training_run.md: The training loop
+# chapters/14_training_run.md: Where finished runs are kept
 def _cache_file(cache_dir: str | Path, config: TrainConfig, train_numbers: Sequence[int],
                 valid_numbers: Sequence[int] | None, src_vocab: Vocab, tgt_vocab: Vocab,
                 device: torch.device) -> Path:
@@ -122,7 +122,7 @@ def _cache_file(cache_dir: str | Path, config: TrainConfig, train_numbers: Seque
     return Path(cache_dir) / f"numbers-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
 
 
-# chapters/14_training_run.md: The training loop
+# chapters/14_training_run.md: `fit`
 def fit(config: TrainConfig, train_numbers: Sequence[int], valid_numbers: Sequence[int] | None = None,
         src_vocab: Vocab | None = None, tgt_vocab: Vocab | None = None, *,
         device: torch.device | str | None = None, progress: bool = True,

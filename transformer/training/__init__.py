@@ -10,8 +10,8 @@ from transformer.training.loop import optimizer_step, train_step, run_steps, run
 from transformer.training.config import TrainConfig, make_model, make_optimizer
 from transformer.training.checkpoint import (save_checkpoint, read_checkpoint, restore_checkpoint, load_checkpoint,
     check_resume, average_checkpoints)
-from transformer.training.distributed import (shard_batch, DataParallelHooks, data_parallel_options, world_size_of_run,
-    init_distributed, replica_difference, free_cores)
+from transformer.training.distributed import (free_cores, shard_batch, DataParallelHooks, data_parallel_options,
+    world_size_of_run, init_distributed, replica_difference)
 
 __all__ = [
     'Vocab',
@@ -37,11 +37,11 @@ __all__ = [
     'load_checkpoint',
     'check_resume',
     'average_checkpoints',
+    'free_cores',
     'shard_batch',
     'DataParallelHooks',
     'data_parallel_options',
     'world_size_of_run',
     'init_distributed',
     'replica_difference',
-    'free_cores',
 ]
