@@ -7,10 +7,10 @@ Defined in the book's chapter "Fast generation" (chapters/16_fast_generation.md)
 """
 
 
-__all__ = ['KVCache', 'DecoderLayerCache', 'DecoderCache', 'keep_rows', 'beam_memory']
+__all__ = ['KVCache', 'DecoderLayerCache', 'DecoderCache']
 
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -84,6 +84,11 @@ class KVCache:
         self._key, self._value, self.length = key, value, key.shape[2]
         self.beams = check_positive_int("beams", beams)
 
+    def causal_mask(self, new: int, device: torch.device | None = None) -> Tensor:
+        """The mask of ``new`` queries after the held positions, (new, length + new): query i is
+        position ``length + i``, and the keys after it are True (may not attend)."""
+        return torch.ones(new, self.length + new, dtype=torch.bool, device=device).triu(self.length + 1)
+
     def check_batch(self, batch_size: int) -> None:
         """Raise a ValueError unless the cache is empty or holds a batch of ``batch_size`` rows."""
         if self._key is not None and self._key.shape[0] * self.beams != batch_size:
@@ -144,6 +149,13 @@ class DecoderCache:
             value = attention.w_v(memory).view(B, S, attention.num_heads, -1).transpose(1, 2)
             layer.cross_attn.share(key, value, beams)
 
+    def unread_memory(self) -> Tensor:
+        """A stand-in for the memory once ``share`` holds its keys and values: the decoder never reads
+        it, so a zero of its shape, (B * beams, S, d_model), that costs nothing."""
+        cross = self.layers[0].cross_attn
+        key = cast(Tensor, cross.key)  # (B, H, S, d_k)
+        return key.new_zeros(()).expand(key.shape[0] * cross.beams, key.shape[2], key.shape[1] * key.shape[3])
+
     def reorder(self, index: Tensor, sources: Tensor | None = None) -> None:
         """Keep the batch rows ``index`` in every cache (beam search). Cross-attention caches shared
         by beams (``share``) are indexed by source instead: they keep the sources ``sources``, or
@@ -154,16 +166,3 @@ class DecoderCache:
                 layer.cross_attn.reorder(index)
             elif sources is not None:
                 layer.cross_attn.reorder(sources)
-
-
-# chapters/16_fast_generation.md: Every layer of the decoder
-def keep_rows(mask: Tensor | None, keep: Tensor) -> Tensor | None:
-    """The rows ``keep`` of a per-example mask (B, ..., S); a mask that broadcasts stays."""
-    return mask if mask is None or mask.dim() < 4 or mask.shape[0] == 1 else mask[keep]
-
-def beam_memory(memory: Tensor, k: int, cache: DecoderCache | None) -> Tensor:
-    """The memory of each beam row, (B * k, S, d_model). With a cache that holds its keys and values
-    (``DecoderCache.share``) it is never read: a stand-in of that shape that costs nothing."""
-    if cache is None:
-        return memory.repeat_interleave(k, dim=0)
-    return memory.new_zeros(()).expand(memory.shape[0] * k, *memory.shape[1:])
