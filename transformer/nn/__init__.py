@@ -13,7 +13,7 @@ from transformer.nn.residual import LayerNorm, add_and_norm
 from transformer.nn.encoder import EncoderLayer, Encoder
 from transformer.nn.decoder import DecoderLayer, Decoder
 from transformer.nn.model import Transformer
-from transformer.nn.cache import KVCache, DecoderLayerCache, DecoderCache
+from transformer.nn.cache import KVCache, DecoderLayerCache, DecoderCache, FixedKVCache
 from transformer.nn.decoder_only import DecoderOnlyLM
 from transformer.nn.relative import relative_positions, RelativeMultiHeadAttention, rotary, RotaryMultiHeadAttention
 from transformer.nn.vision import (patches, PatchEmbedding, sinusoidal_encoding_2d, grid_relations,
@@ -43,6 +43,7 @@ __all__ = [
     'KVCache',
     'DecoderLayerCache',
     'DecoderCache',
+    'FixedKVCache',
     'DecoderOnlyLM',
     'relative_positions',
     'RelativeMultiHeadAttention',

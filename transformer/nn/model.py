@@ -100,9 +100,10 @@ class Transformer(nn.Module):
         With a ``DecoderCache`` (generation), ``tgt`` holds only the tokens after the ``cache.length``
         cached ones, and gets the positions that follow them.
         """
-        start = cache.length if isinstance(cache, DecoderCache) else 0  # the position of tgt[:, 0]
-        tgt = check_token_batch("tgt", tgt, self.tgt_embed.vocab_size,
-                                 None if start else self.positional_encoding.max_len)
+        start = cache.length if isinstance(cache, DecoderCache) else 0  # the position of tgt[:, 0], maybe a tensor
+        first = isinstance(start, int) and start == 0  # the positions from 0: checked against max_len
+        max_len = self.positional_encoding.max_len if first else None
+        tgt = check_token_batch("tgt", tgt, self.tgt_embed.vocab_size, max_len)
         check_features("memory", memory, self.d_model)
         if memory.shape[0] != tgt.shape[0]:
             raise ValueError(

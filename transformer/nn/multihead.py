@@ -136,7 +136,7 @@ class MultiHeadAttention(nn.Module):
             raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
         query_start = 0 if cache is None or cache.static else cache.length  # cached positions before query[:, 0]
         q = _split_heads(self.w_q(query), self.num_heads)  # (B, L, d_model) -> (B, H, L, d_k)
-        k, v = self._keys_values(key, value, cache)  # (B, H, S, d_k), (B, H, S, d_v)
+        k, v = self.keys_values(key, value, cache)  # (B, H, S, d_k), (B, H, S, d_v)
         mask = check_attention_mask(mask, (B, self.num_heads, L, k.shape[2]))  # S: cached ones too
         dropout_p = self.dropout if self.training else 0.0
         beams = 1 if cache is None else cache.beams  # >1: k rows of queries share each row of keys
@@ -167,8 +167,9 @@ class MultiHeadAttention(nn.Module):
         return _fused_attention(q, k, v, mask=mask, dropout_p=dropout_p), None  # no (L, S) matrix kept
 
     # chapters/16_fast_generation.md: One attention layer
-    def _keys_values(self, key: Tensor, value: Tensor, cache: KVCache | None) -> tuple[Tensor, Tensor]:
-        """Project and split key and value into heads; with a cache, return what it holds too."""
+    def keys_values(self, key: Tensor, value: Tensor, cache: KVCache | None = None) -> tuple[Tensor, Tensor]:
+        """The keys and values of every head: key and value ``(B, S, d_model)`` projected and split,
+        ``(B, H, S, d_k)``; with a cache, all it holds (a filled static cache's own, nothing projected)."""
         if cache is not None and cache.static and cache.key is not None and cache.value is not None:
             cache.check_batch(key.shape[0])
             return cache.key, cache.value  # the memory's keys and values, projected at the first call

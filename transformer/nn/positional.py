@@ -141,8 +141,12 @@ class LearnedPositionalEncoding(_AddPositionTable):
 
 
 # chapters/16_fast_generation.md: Every layer of the decoder
-def add_positions(encoding: _AddPositionTable, x: Tensor, start: int) -> Tensor:
-    """``encoding(x)`` for positions ``start .. start + S - 1`` (generation with a cache)."""
+def add_positions(encoding: _AddPositionTable, x: Tensor, start: int | Tensor) -> Tensor:
+    """``encoding(x)`` for positions ``start .. start + S - 1`` (generation with a cache); a 0-d tensor
+    ``start`` (compiled decoding) picks the rows on the device, unchecked."""
+    if isinstance(start, Tensor):
+        rows = encoding.table.index_select(0, start + torch.arange(x.shape[1], device=x.device))  # (S, d_model)
+        return encoding.dropout(x + rows.to(x.dtype))  # (B, S, d_model)
     if start == 0:
         return encoding(x)  # (B, S, d_model)
     if start + x.shape[1] > encoding.max_len:
