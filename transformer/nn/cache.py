@@ -182,7 +182,7 @@ class FixedKVCache(KVCache):
     ``position``, which the caller sets (``DecoderCache.seek``), is where the next call writes, in
     place. ``causal_mask`` masks the keys after each query, the unwritten ones with them. Nothing is
     read back to Python, so the shapes and the Python are the same at every step. For the paper's
-    attention: ``attend`` is not told the queries' positions (``query_start`` is no tensor)."""
+    attention only: ``attend`` is not told the queries' positions (``static_cache`` refuses others)."""
 
     def __init__(self, key: Tensor, value: Tensor):
         super().__init__(capacity=key.shape[2])
