@@ -2,13 +2,14 @@
 """Turning a trained model into text: greedy decoding, beam search and sampling, the key/value cache, compiled decoding and int8 weights.
 """
 
-from transformer.generation.decoding import output_limits, greedy_decode, generated_ids, beam_search
+from transformer.generation.decoding import output_limits, DecoderState, greedy_decode, generated_ids, beam_search
 from transformer.generation.quantize import quantize_int8
 from transformer.generation.compiled import static_cache, decode_step, compile_step, static_greedy_decode
 from transformer.generation.sampling import top_k_filter, sample
 
 __all__ = [
     'output_limits',
+    'DecoderState',
     'greedy_decode',
     'generated_ids',
     'beam_search',

@@ -14,7 +14,7 @@ from transformer.nn.encoder import EncoderLayer, Encoder
 from transformer.nn.decoder import DecoderLayer, Decoder
 from transformer.nn.model import Transformer
 from transformer.nn.modes import evaluating
-from transformer.nn.cache import KVCache, DecoderLayerCache, DecoderCache, keep_rows, beam_memory
+from transformer.nn.cache import KVCache, DecoderLayerCache, DecoderCache, FixedKVCache
 from transformer.nn.decoder_only import DecoderOnlyLM
 from transformer.nn.relative import relative_positions, RelativeMultiHeadAttention, rotary, RotaryMultiHeadAttention
 from transformer.nn.vision import (patches, PatchEmbedding, sinusoidal_encoding_2d, grid_relations,
@@ -45,8 +45,7 @@ __all__ = [
     'KVCache',
     'DecoderLayerCache',
     'DecoderCache',
-    'keep_rows',
-    'beam_memory',
+    'FixedKVCache',
     'DecoderOnlyLM',
     'relative_positions',
     'RelativeMultiHeadAttention',
