@@ -25,10 +25,10 @@ from transformer.nn.model import Transformer
 from transformer.training.losses import label_smoothed_cross_entropy
 from transformer.training.schedules import warmup_scheduler
 from transformer.training.loop import run_steps
+from transformer.generation.decoding import greedy_decode, beam_search
 from transformer.tasks.numbers_fit import fit
 from transformer.training.config import TrainConfig
 from transformer.training.checkpoint import save_checkpoint, load_checkpoint, average_checkpoints
-from transformer.generation.decoding import greedy_decode, beam_search
 from transformer.nn.cache import DecoderCache
 from transformer.generation.quantize import quantize_int8
 from transformer.tasks.translation import fit_translation, load_translator
@@ -60,13 +60,13 @@ __all__ = [
     'label_smoothed_cross_entropy',
     'warmup_scheduler',
     'run_steps',
+    'greedy_decode',
+    'beam_search',
     'fit',
     'TrainConfig',
     'save_checkpoint',
     'load_checkpoint',
     'average_checkpoints',
-    'greedy_decode',
-    'beam_search',
     'DecoderCache',
     'quantize_int8',
     'fit_translation',
