@@ -577,7 +577,7 @@ def test_translate_command_runs_on_the_free_cores_unless_told(committed, monkeyp
 @pytest.mark.parametrize("cores, load, free", [({0, 1}, 0.1, 2), ({0, 1}, 1.4, 1), ({0, 1}, 6.0, 1),
                                                (set(range(8)), 2.5, 6), (set(range(8)), 0.0, 8)])
 def test_free_cores_are_the_cores_minus_the_load_average(monkeypatch, cores, load, free):
-    from transformer.training.distributed import free_cores
+    from transformer.training.loop import free_cores
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cores)
     monkeypatch.setattr(os, "getloadavg", lambda: (load, 0.0, 0.0))

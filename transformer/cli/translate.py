@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from transformer.cli.options import positive_int
-from transformer.training.distributed import free_cores
+from transformer.training.loop import free_cores
 from transformer.generation.quantize import quantize_int8
 from transformer.tasks.translation import load_translator, translate
 

@@ -6,12 +6,12 @@ from transformer.training.vocab import Vocab
 from transformer.training.batch import Batch, pad_rows
 from transformer.training.losses import label_smoothed_cross_entropy, LossFunction, seq2seq_loss
 from transformer.training.schedules import warmup_lr, cooldown_factor, warmup_scheduler, warmup_cosine
-from transformer.training.loop import optimizer_step, train_step, run_steps, run_settings
+from transformer.training.loop import optimizer_step, train_step, run_steps, run_settings, free_cores
 from transformer.training.config import TrainConfig, make_model, make_optimizer
 from transformer.training.checkpoint import (save_checkpoint, read_checkpoint, restore_checkpoint, load_checkpoint,
     check_resume, average_checkpoints)
-from transformer.training.distributed import (free_cores, shard_batch, DataParallelHooks, data_parallel_options,
-    world_size_of_run, init_distributed, replica_difference)
+from transformer.training.distributed import (shard_batch, DataParallelHooks, data_parallel_options, world_size_of_run,
+    init_distributed, replica_difference)
 
 __all__ = [
     'Vocab',
@@ -28,6 +28,7 @@ __all__ = [
     'train_step',
     'run_steps',
     'run_settings',
+    'free_cores',
     'TrainConfig',
     'make_model',
     'make_optimizer',
@@ -37,7 +38,6 @@ __all__ = [
     'load_checkpoint',
     'check_resume',
     'average_checkpoints',
-    'free_cores',
     'shard_batch',
     'DataParallelHooks',
     'data_parallel_options',
