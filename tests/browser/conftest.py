@@ -59,7 +59,10 @@ def browser():
     from playwright.sync_api import sync_playwright
 
     playwright = sync_playwright().start()
-    chromium = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
+    # Scrollbars as a reader sees them: Playwright hides them in headless mode unless told not to, and
+    # the test of wide equations checks that theirs is there.
+    chromium = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS,
+                                          ignore_default_args=["--hide-scrollbars"])
     yield chromium
     chromium.close()
     playwright.stop()

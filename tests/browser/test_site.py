@@ -6,7 +6,9 @@ message saying how to install it, when there is none.
 
 For every page in the table of contents it checks that the equations were typeset by MathJax with no
 error, that every figure loaded, that the console shows no error, and that no request left the local
-server. It also checks that every chapter ends with exercises whose solutions stay hidden until clicked, the
+server, and that every display equation fits the text column at 1280 px or shows that it scrolls
+(a shadow at the side that has more, and a visible scrollbar: _static/book.css). It also checks that
+every chapter ends with exercises whose solutions stay hidden until clicked, the
 sidebar and the search page, and saves screenshots of two chapters under `_build/screenshots/`.
 """
 
@@ -46,6 +48,8 @@ def test_page_renders_with_local_assets_only(doc, visit):
         page.evaluate("() => MathJax.startup.promise")
         assert page.locator("mjx-container").count() >= math_nodes, "some equations were not typeset"
         assert page.locator("mjx-merror").count() == 0, "MathJax reported an error in an equation"
+        cut = equations_cut_without_a_cue(page)
+        assert cut == [], f"display equations wider than the text column with nothing showing they scroll: {cut}"
     text = page.inner_text("article")
     assert "$$" not in text and "\\begin{" not in text, "raw TeX left on the page"
     # An object repr with a memory address changes on every build: the page would not be reproducible.
@@ -60,6 +64,55 @@ def test_page_renders_with_local_assets_only(doc, visit):
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.locator("div.math").first.scroll_into_view_if_needed()
         page.screenshot(path=str(SCREENSHOTS / f"{Path(doc).name}.png"))
+
+
+# Every display equation (MathJax's CHTML output in a `div.math`): how far its box reaches past the
+# text column, how much of it is hidden to the right, whether it scrolls, the height of its horizontal
+# scrollbar, and whether its background carries the shadows that show there is more (gradients, some
+# attached to the content, some to the box).
+DISPLAY_EQUATIONS = """() => {
+  const column = document.querySelector("article.bd-article, article").getBoundingClientRect();
+  return [...document.querySelectorAll('div.math mjx-container[display="true"]')].map(m => {
+    const box = m.getBoundingClientRect(), style = getComputedStyle(m);
+    return {equation: m.closest("div.math").id || m.textContent.slice(0, 60), beyond: box.right - column.right,
+            hidden: m.scrollWidth - m.clientWidth, overflow: style.overflowX, scrollbar: m.offsetHeight - m.clientHeight,
+            shadow: style.backgroundImage.includes("gradient") && style.backgroundAttachment.includes("local")
+                    && style.backgroundAttachment.includes("scroll")};
+  });
+}"""
+
+
+def equations_cut_without_a_cue(page) -> list[dict]:
+    """The typeset display equations of ``page`` that reach past the text column, or are wider than
+    their box without scrolling, a shadow and a scrollbar at least 4 px high."""
+    cut = []
+    for eq in page.evaluate(DISPLAY_EQUATIONS):
+        scrolls = eq["overflow"] in ("auto", "scroll") and eq["shadow"] and eq["scrollbar"] >= 4
+        if eq["beyond"] > 1 or (eq["hidden"] > 1 and not scrolls):
+            cut.append(eq)
+    return cut
+
+
+def test_an_equation_wider_than_the_column_scrolls_with_a_cue(visit):
+    """The check above is not vacuous: an equation made too wide for the column is found wider than its
+    box, and scrolls with its cue; without the book's styles it would be reported."""
+    page = visit("chapters/05_multihead_attention.html").page
+    page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=30_000)
+    page.evaluate("""async () => {
+      await MathJax.startup.promise;
+      const wide = document.createElement("div");
+      wide.className = "math notranslate nohighlight";
+      wide.id = "made-wide";
+      wide.textContent = "\\\\[" + Array.from({length: 40}, (_, i) => `x_{${i}}`).join(" + ") + "\\\\]";
+      document.querySelector("div.math").after(wide);
+      await MathJax.typesetPromise([wide]);
+    }""")
+    made = [eq for eq in page.evaluate(DISPLAY_EQUATIONS) if eq["equation"] == "made-wide"]
+    assert len(made) == 1 and made[0]["hidden"] > 500, made  # far wider than the column
+    assert made[0]["beyond"] <= 1 and made[0]["scrollbar"] >= 4 and made[0]["shadow"], made
+    assert equations_cut_without_a_cue(page) == []
+    page.add_style_tag(content='div.math mjx-container[display="true"] { background: none !important; }')
+    assert "made-wide" in [eq["equation"] for eq in equations_cut_without_a_cue(page)]
 
 
 def test_chapter_pages_have_equations_and_figures(visit):
