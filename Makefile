@@ -125,13 +125,15 @@ browser: setup
 	$(BIN)/python -m pytest tests/browser
 
 # Static files the site serves itself, outside any `_static/` folder (Jupyter Book 1 would add
-# every .js file in one to every page).
+# every .js file in one to every page, and of every static folder once one exists), and the book's
+# styles (tools/site.css, named in _config.yml's html_css_files).
 assets: setup $(DEMO)/decoder_step.onnx
 	rm -rf $(ASSETS)/mathjax
 	mkdir -p $(ASSETS)
 	cp -r node_modules/mathjax/es5 $(ASSETS)/mathjax
 	cp $(ORT)/ort.wasm.min.mjs $(ORT)/ort-wasm-simd-threaded.mjs $(ORT)/ort-wasm-simd-threaded.wasm $(DEMO)/
 	cp node_modules/@huggingface/tokenizers/dist/tokenizers.min.mjs tools/demo/translate.mjs $(DEMO)/
+	cp tools/site.css $(ASSETS)/book.css
 
 # The ONNX export takes about 20 seconds; it is redone only when the model or the exporter changes.
 $(DEMO)/decoder_step.onnx: models/multi30k/model.pt transformer/interop/onnx.py tools/demo_model.py | $(STAMP)
