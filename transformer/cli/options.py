@@ -161,6 +161,9 @@ def check_where(args: argparse.Namespace, config: TrainConfig) -> None:
     for option in ("save_every", "resume"):
         if getattr(args, option) and args.checkpoint_dir is None:
             raise ValueError(f"--{option.replace('_', '-')} needs --checkpoint-dir, the folder of the run")
+    if args.resume and not os.path.isdir(args.checkpoint_dir):  # a mistyped folder continues nothing
+        raise ValueError(f"--resume: --checkpoint-dir {args.checkpoint_dir} does not exist, so there is no run to "
+                         "continue (leave out --resume to start one)")
     if args.checkpoint_dir is not None:
         _check_checkpoint_dir(args.checkpoint_dir, config, args.resume)
 

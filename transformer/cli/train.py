@@ -96,18 +96,27 @@ def check_numbers_arguments(args: argparse.Namespace, world_size: int = 1) -> Tr
 
 
 # chapters/22_scaling_out.md: Putting it together
+def _where_it_starts(folder: str, steps: int) -> int:
+    """Say where a ``--resume`` run in ``folder`` starts (process 0 says it); return that step."""
+    path = os.path.join(folder, "checkpoint.pt")
+    if not os.path.isfile(path):
+        print(f"no checkpoint in {folder} yet: starting from step 0")
+        return 0
+    step = read_checkpoint(path)["step"]
+    print(f"resuming from {path} at step {step} of {steps}" if step < steps else
+          f"resuming from {path}: the run is already complete, step {step} of {steps}")
+    return step
+
+
 def _train_here(args: argparse.Namespace, config: TrainConfig, rank: int, world_size: int, device: torch.device,
                 train_numbers: list[int], valid_numbers: list[int]) -> Transformer:
     """This process's part of the run: ``fit``, with the hooks when there are several processes."""
     path = None if args.checkpoint_dir is None else os.path.join(args.checkpoint_dir, "checkpoint.pt")
     resume = path if args.resume and path is not None and os.path.isfile(path) else None
-    if resume is not None and rank == 0:
-        step = read_checkpoint(resume)["step"]
-        print(f"resuming from {resume} at step {step} of {config.steps}" if step < config.steps else
-              f"resuming from {resume}: the run is already complete, step {step} of {config.steps}")
+    start = _where_it_starts(args.checkpoint_dir, config.steps) if args.resume and rank == 0 else 0
     parallel = data_parallel_options(rank, world_size, target_vocab().pad_id)
     model, _ = fit(config, train_numbers, valid_numbers if rank == 0 else None,
-                   device=device, progress=args.progress and rank == 0, resume_from=resume,
+                   device=device, progress=args.progress and rank == 0 and start < config.steps, resume_from=resume,
                    checkpoint_path=path if rank == 0 else None, checkpoint_every=args.save_every,
                    **parallel)
     return model
@@ -127,6 +136,8 @@ def run_training(args: argparse.Namespace) -> Transformer:
         if rank == 0:
             accuracy = exact_match(model, valid_numbers, source_vocab(), target_vocab(), device=device)
             print(f"validation exact match: {accuracy:.1%} of {len(valid_numbers)} numbers")
+            if args.checkpoint_dir is not None:
+                print(f"checkpoint written to {os.path.join(args.checkpoint_dir, 'checkpoint.pt')}")
         return model
     finally:
         if world_size > 1:
@@ -156,11 +167,10 @@ def multi30k_main(argv: Sequence[str] | None = None, prog: str = "python -m tran
     try:
         train, valid = load_multi30k("train"), load_multi30k("val")
         parallel = data_parallel_options(rank, world_size, PAD_ID)
-        resume = Path(args.checkpoint_dir or "") / "checkpoint.pt"
-        if args.resume and resume.is_file() and rank == 0:
-            print(f"resuming from {resume} at step {read_checkpoint(resume)['step']} of {config.steps}")
+        start = _where_it_starts(args.checkpoint_dir, config.steps) if args.resume and rank == 0 else 0
         model, tokenizer, _ = fit_translation(
-            config, train, valid if rank == 0 else None, device=device, progress=args.progress and rank == 0,
+            config, train, valid if rank == 0 else None, device=device,
+            progress=args.progress and rank == 0 and start < config.steps,
             checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, save_checkpoints=rank == 0,
             log=print if rank == 0 else None, **parallel)
         if rank == 0:
@@ -172,6 +182,7 @@ def multi30k_main(argv: Sequence[str] | None = None, prog: str = "python -m tran
                                 config.steps, note={"averaged_steps": [int(p.stem[5:]) for p in steps]})
                 bleu = corpus_scores(translate(model, tokenizer, valid[0]), valid[1])["bleu"]
                 print(f"validation BLEU, greedy, average of the last {len(steps)} checkpoints: {bleu:.2f}")
+                print(f"checkpoints written to {args.checkpoint_dir}: checkpoint.pt (to resume), averaged.pt")
         return 0
     finally:
         if world_size > 1:

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from transformer.checks import check_positive_int
+from transformer.checks import check_non_negative_int, check_positive_int
 from transformer.nn.attention import padding_mask
 from transformer.training.checkpoint import check_resume, read_checkpoint, restore_checkpoint, save_checkpoint
 from transformer.training.config import make_optimizer
@@ -57,6 +57,7 @@ def translate(model: Transformer, tokenizer: Any, sentences: Sequence[str], beam
                         + next(type(s).__name__ for s in sentences if not isinstance(s, str)))
     check_positive_int("beam_size", beam_size)
     check_positive_int("batch_tokens", batch_tokens)
+    check_non_negative_int("extra_len", extra_len)
     device = next(model.parameters()).device
     max_len = model.positional_encoding.max_len
     ids = [row[:max_len] for row in encode_lines(tokenizer, sentences)]  # a longer source is cut
@@ -153,9 +154,10 @@ def fit_translation(config: TranslationConfig, train: tuple[Sequence[str], Seque
 
         def save(step: int) -> None:
             assert folder is not None
+            # the step's file first: a run killed between the two resumes from the step before, whose file is there
+            save_checkpoint(folder / f"step-{step:06d}.pt", model, None, None, step, None, config=config, extra=extra)
             save_checkpoint(folder / "checkpoint.pt", model, optimizer, scheduler, step, history, config=config,
                             extra=extra)
-            save_checkpoint(folder / f"step-{step:06d}.pt", model, None, None, step, None, config=config, extra=extra)
             for old in step_files(folder)[:-config.keep_last]:
                 old.unlink()
 
@@ -178,8 +180,9 @@ def tokenizer_from_checkpoint(checkpoint: dict, path: str | os.PathLike) -> Any:
     from tokenizers import Tokenizer
 
     if not isinstance(checkpoint.get("tokenizer"), str):
-        raise ValueError(f"{os.fspath(path)} is not a translation checkpoint: it holds no tokenizer "
-                         "(it was not saved by `python -m transformer.train --task multi30k`)")
+        what = ("it is the number words' (load it with load_checkpoint)" if checkpoint.get("vocabs") else
+                "it was not saved by `python -m transformer.train --task multi30k`")
+        raise ValueError(f"{os.fspath(path)} is not a translation checkpoint: it holds no tokenizer ({what})")
     return Tokenizer.from_str(checkpoint["tokenizer"])
 
 
@@ -196,15 +199,7 @@ def load_translator(path: str | os.PathLike, device: torch.device | str | None =
     Reads the file with ``weights_only=True``: checkpoints of ``fit_translation`` and the
     float16 files of ``save_translator`` both load.
     """
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"no checkpoint at {os.fspath(path)}")
-    try:
-        checkpoint = read_checkpoint(path)
-    except ValueError:
-        raise
-    except Exception as err:  # torch.load fails in many ways on a file it did not write
-        raise ValueError(f"{os.fspath(path)} cannot be read as a torch checkpoint "
-                         f"({type(err).__name__}: {err})") from None
+    checkpoint = read_checkpoint(path)  # FileNotFoundError, or a ValueError saying what the file is
     tokenizer = tokenizer_from_checkpoint(checkpoint, path)
     model = make_translation_model(_config_of(checkpoint, path), tokenizer.get_vocab_size())
     checkpoint["model"] = {name: tensor.float() for name, tensor in checkpoint["model"].items()}

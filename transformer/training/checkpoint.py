@@ -20,6 +20,7 @@ from typing import Any, overload
 import torch
 from torch import Tensor, nn
 
+from transformer.files import read_torch_file, save_torch_file
 from transformer.training.config import TrainConfig, make_model
 from transformer.training.vocab import Vocab
 from transformer.nn.model import Transformer
@@ -53,8 +54,7 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.
                    if src_vocab is not None and tgt_vocab is not None else None),
         **(extra or {}),
     }
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    torch.save(checkpoint, path)
+    save_torch_file(checkpoint, path)
 
 
 def _check_model_state(state: dict, model: nn.Module) -> None:
@@ -74,8 +74,12 @@ def _check_model_state(state: dict, model: nn.Module) -> None:
 
 # chapters/14_training_run.md: Checkpoints
 def read_checkpoint(path: str | os.PathLike) -> dict:
-    """The checkpoint dictionary, loaded safely (weights_only) onto the CPU."""
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    """The checkpoint dictionary, loaded safely (weights_only) onto the CPU.
+
+    Raises FileNotFoundError, or ValueError naming the file and what it is instead (a directory, an
+    empty, truncated or corrupt file, not a torch file, a pickle that could run code).
+    """
+    checkpoint = read_torch_file(path, what="checkpoint")
     if not isinstance(checkpoint, dict) or not {"model", "step"} <= checkpoint.keys():
         plain = isinstance(checkpoint, dict) and all(isinstance(v, Tensor) for v in checkpoint.values())
         raise ValueError(f"{os.fspath(path)} is not a checkpoint of save_checkpoint (no 'model' and 'step' "
@@ -86,6 +90,9 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
 
 def _model_of(checkpoint: dict, path: str | os.PathLike) -> Transformer:
     """The untrained model that a checkpoint's configuration and vocabularies describe."""
+    if "tokenizer" in checkpoint:  # another task's: the translator of chapter "Translating German"
+        raise ValueError(f"{os.fspath(path)} is a translator's checkpoint (it holds a tokenizer), not the number "
+                         "words': load it with transformer.load_translator(path)")
     if checkpoint.get("config") is None or checkpoint.get("vocabs") is None:
         raise ValueError(f"{os.fspath(path)} does not describe its model (saved without config and "
                          "vocabularies): build the model and pass it, load_checkpoint(path, model)")
@@ -140,6 +147,12 @@ def check_resume(checkpoint: dict, config: TrainConfig, path: str | os.PathLike)
     saved = checkpoint.get("config")
     if saved is None:
         return
+    other = sorted(saved.keys() ^ asdict(config).keys())  # fields of one task's settings, not the other's
+    if other:
+        kind = ("a translator's" if "tokenizer" in checkpoint else
+                "the number words'" if checkpoint.get("vocabs") else "another task's")
+        raise ValueError(f"cannot resume from {os.fspath(path)}: it is {kind} checkpoint, not of this task "
+                         f"({type(config).__name__}; settings of one task only: {', '.join(other)})")
     differ = [f"{name}={saved[name]!r} there, {value!r} here" for name, value in asdict(config).items()
               if name not in _MAY_CHANGE_ON_RESUME and name in saved and saved[name] != value]
     if differ:
