@@ -5,7 +5,7 @@
 from transformer.tasks.numbers import (MAX_NUMBER, number_to_words, source_vocab, target_vocab, split_numbers,
     check_numbers, make_batch, batches)
 from transformer.tasks.subwords import (WORD_START, pre_tokenize, word_counts, learn_bpe, bpe_encode, bpe_decode,
-    SPECIAL_TOKENS, train_tokenizer)
+    SPECIAL_TOKENS, train_tokenizer, SENTENCE_END, split_encoding, check_text)
 from transformer.tasks.numbers_fit import training_batches, predict, exact_match, evaluate_loss, fit
 from transformer.tasks.translation import (translate, step_files, fit_translation, tokenizer_from_checkpoint,
     load_translator, save_translator)
@@ -41,6 +41,9 @@ __all__ = [
     'bpe_decode',
     'SPECIAL_TOKENS',
     'train_tokenizer',
+    'SENTENCE_END',
+    'split_encoding',
+    'check_text',
     'training_batches',
     'predict',
     'exact_match',
