@@ -91,9 +91,9 @@ def test_imports_run_one_way():
 
 
 def test_the_modules_at_the_top_import_no_subpackage_but_to_run_a_command():
-    # checks.py and paths.py sit below everything; train.py and translate.py only run cli's commands.
+    # checks.py, inputs.py and paths.py sit below everything; train.py and translate.py only run cli's commands.
     graph = import_graph(MODULES)
-    for name in ("checks", "paths"):
+    for name in ("checks", "inputs", "paths"):
         assert graph[name] == set(), graph[name]
     assert graph["train"] == {"cli.train"} and graph["translate"] == {"cli.translate"}
     importers = [a for a, imported in graph.items() if imported & {"train", "translate", "__main__"}]

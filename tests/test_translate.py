@@ -576,6 +576,43 @@ def test_translate_command_reads_crlf_lines_and_a_last_line_without_newline(comm
     assert capsys.readouterr().out == "".join(line + "\n" for line in expected)
 
 
+def _stdin(data: bytes) -> io.TextIOWrapper:
+    """A stdin as a process has it: text over bytes."""
+    return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8")
+
+
+def test_translate_command_refuses_a_line_that_is_not_utf8_and_names_it(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", _stdin("Ein Hund läuft.\nGrüne Wiese.\nKinder.\n".encode("utf-8")[:17]
+                                             + "Grüne Wiese.\n".encode("latin-1") + b"Kinder.\n"))
+    with pytest.raises(SystemExit) as stop:
+        main(["--checkpoint", str(MODEL), "--no-progress", "--device", "cpu"])
+    out, err = capsys.readouterr()
+    assert stop.value.code == 2 and out == "" and "Traceback" not in err
+    assert err.splitlines()[-1].endswith(
+        "error: stdin, line 2: the bytes b'\\xfc' at byte 3 are not UTF-8: nothing was translated "
+        "(--errors replace translates such lines)")
+
+
+def test_translate_command_replaces_bad_bytes_on_request_and_loses_no_line(committed, monkeypatch, capsys):
+    model, tokenizer = committed
+    data = "Ein Hund läuft.\n".encode("utf-8") + "Ein Hund läuft.\n".encode("latin-1") + b"\xff\x00\x9c\n\nKinder.\n"
+    monkeypatch.setattr(sys, "stdin", _stdin(data))
+    assert main(["--checkpoint", str(MODEL), "--no-progress", "--device", "cpu", "--errors", "replace"]) == 0
+    out, err = capsys.readouterr()
+    lines = ["Ein Hund läuft.", "Ein Hund l\ufffduft.", "\ufffd\x00\ufffd", "", "Kinder."]
+    assert lines == data.decode("utf-8", "replace").split("\n")[:5]  # the reference: Python's own replacement
+    assert out == "".join(line + "\n" for line in translate(model, tokenizer, lines))  # five lines, in place
+    assert err.splitlines() == ["stdin, line 2: the bytes b'\\xe4' at byte 11 are not UTF-8: replaced by U+FFFD",
+                                "stdin, line 3: the bytes b'\\xff' at byte 1 are not UTF-8: replaced by U+FFFD"]
+
+
+def test_translate_command_help_says_how_it_reads_and_cuts_lines(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "stdin (UTF-8)" in shown and "cut at sentence ends" in shown and "--errors {strict,replace}" in shown
+
+
 def test_translate_command_runs_on_the_free_cores_unless_told(committed, monkeypatch, capsys):
     import transformer.cli.translate as module
 

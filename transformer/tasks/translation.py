@@ -47,15 +47,15 @@ def translate(model: Transformer, tokenizer: Any, sentences: Sequence[str], beam
     Sentences are sorted by length and decoded in batches of at most ``batch_tokens`` tokens
     (sentences x ``beam_size`` x the longest source); outputs come in the input order. An output
     has at most (source length + ``extra_len``) tokens, the paper's limit, and never more than the
-    model's ``max_len``. An empty (or all-blank) sentence translates to an empty line. A source
-    longer than ``max_len`` tokens is translated whole, in parts cut at sentence ends (then before
-    words) by ``split_encoding``, their translations joined by a space.
+    model's ``max_len``. An empty (or all-blank) sentence translates to an empty line. A source longer
+    than ``max_len`` tokens is translated whole: in parts that fit (``split_encoding``), joined by a space.
     """
     sentences = check_text("sentences", sentences)  # a list of str, each of them text
     check_positive_int("beam_size", beam_size)
     check_positive_int("batch_tokens", batch_tokens)
     device, max_len = next(model.parameters()).device, model.positional_encoding.max_len
-    parts, owner = [], []  # a source longer than max_len is translated in parts, each fitting the model
+    parts: list[list[int]] = []  # a source longer than max_len is translated in parts, each fitting the model
+    owner: list[int] = []  # the sentence of each part
     for i, encoding in enumerate(tokenizer.encode_batch(sentences)):
         if sentences[i].strip():
             parts += split_encoding(encoding, sentences[i], max_len)
