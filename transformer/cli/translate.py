@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from transformer.cli.options import positive_int
+from transformer.cli.options import CommandParser, positive_int
 from transformer.training.distributed import free_cores
 from transformer.generation.quantize import quantize_int8
 from transformer.tasks.translation import load_translator, translate
@@ -26,7 +26,7 @@ from transformer.tasks.translation import load_translator, translate
 # chapters/21_long_runs.md: Threads on a shared machine
 def build_parser(prog: str = "python -m transformer.translate") -> argparse.ArgumentParser:
     """The options of ``python -m transformer.translate`` (``transformer translate``)."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog=prog, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Translate German into English: one sentence per line, from stdin to stdout.")
     parser.add_argument("--checkpoint", required=True, help="a model of `python -m transformer.train --task multi30k`")
