@@ -11,19 +11,20 @@ Defined in the book's chapter "Scaling out" (chapters/22_scaling_out.md).
 """
 
 
-__all__ = ['TASKS', 'build_numbers_parser', 'build_multi30k_parser', 'check_multi30k_arguments', 'check_numbers_arguments', 'run_training', 'multi30k_main', 'numbers_main', 'main']
+__all__ = ['TRAINERS', 'build_numbers_parser', 'build_multi30k_parser', 'check_multi30k_arguments', 'check_numbers_arguments', 'run_training', 'multi30k_main', 'numbers_main', 'main']
 
 
 import argparse
+from collections.abc import Callable, Sequence
 import os
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from transformer.cli.options import add_config_options, add_where_options, check_where, config_from_args, positive_int
+from transformer.cli.options import (CommandParser, add_config_options, add_where_options, check_where,
+    config_from_args, positive_int)
 from transformer.training.config import TrainConfig, make_model
 from transformer.tasks.multi30k import TranslationConfig, make_translation_model, PAD_ID, load_multi30k
 from transformer.training.checkpoint import average_checkpoints, read_checkpoint
@@ -37,17 +38,20 @@ from transformer.tasks.translation import fit_translation, save_translator, step
 
 
 # chapters/21_long_runs.md: A command for every run
-TASKS = ("numbers", "multi30k")  # multi30k: German to English, chapter "Translating German"
+#: The trainers of ``transformer train``: task name -> its ``main(argv, prog)``. {doc}`22_scaling_out`
+#: registers ``numbers`` and ``multi30k``; a later chapter may register a task of its own.
+TRAINERS: dict[str, Callable[[Sequence[str], str], int]] = {}
 
 
 def build_numbers_parser(prog: str = "python -m transformer.train") -> argparse.ArgumentParser:
     """The options of ``python -m transformer.train`` (or ``transformer train``) for the number words."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog=prog,
         description="Train the Transformer to turn English number words into digits "
-                    "(--task multi30k: to translate German, with options of its own: --task multi30k --help).")
+                    "(another --task has options of its own: --task multi30k --help).")
     task = parser.add_argument_group("task")
-    task.add_argument("--task", choices=TASKS, default="numbers", help="what to learn (default: numbers)")
+    task.add_argument("--task", choices=tuple(TRAINERS) or None, default="numbers",
+                      help="what to learn (default: numbers)")
     task.add_argument("--train-size", type=positive_int, default=200_000, help="numbers to train on (default: 200000)")
     task.add_argument("--valid-size", type=positive_int, default=1_000,
                       help="numbers for the exact match (default: 1000)")
@@ -61,7 +65,7 @@ def build_numbers_parser(prog: str = "python -m transformer.train") -> argparse.
 # chapters/21_long_runs.md: The translator's commands
 def build_multi30k_parser(prog: str = "python -m transformer.train") -> argparse.ArgumentParser:
     """The options of ``python -m transformer.train --task multi30k``: the fields of ``TranslationConfig``, and where."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog=f"{prog} --task multi30k",
         description="Train a Transformer to translate German into English on Multi30k (data/multi30k).")
     parser.add_argument("--task", choices=("multi30k",), default="multi30k", help="what to learn")
@@ -194,14 +198,17 @@ def numbers_main(argv: Sequence[str] | None = None, prog: str = "python -m trans
 def main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.train") -> int:
     """``python -m transformer.train [options]`` (``transformer train``); ``argv`` defaults to the command line.
 
-    ``--task`` picks the trainer: ``numbers_main`` (the default) or ``multi30k_main``, whose
-    configuration has fields of its own.
+    ``--task`` picks the trainer in ``TRAINERS``: ``numbers_main`` (the default), ``multi30k_main``,
+    whose configuration has fields of its own, or one a later chapter registers.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
-    task = argparse.ArgumentParser(add_help=False)
-    task.add_argument("--task", choices=TASKS, default="numbers")
-    trainers = {"numbers": numbers_main, "multi30k": multi30k_main}
-    return trainers[task.parse_known_args(argv)[0].task](argv, prog)
+    task = CommandParser(prog=prog, add_help=False, usage=f"{prog} [--task {{{','.join(TRAINERS)}}}] [options]")
+    task.add_argument("--task", choices=tuple(TRAINERS), default="numbers")
+    return TRAINERS[task.parse_known_args(argv)[0].task](argv, prog)
+
+
+TRAINERS["numbers"] = numbers_main
+TRAINERS["multi30k"] = multi30k_main
 
 
 # chapters/22_scaling_out.md: Putting it together

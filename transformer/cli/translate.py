@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from transformer.cli.options import positive_int
+from transformer.cli.options import CommandParser, positive_int
 from transformer.inputs import read_lines
 from transformer.training.distributed import free_cores
 from transformer.generation.quantize import quantize_int8
@@ -27,7 +27,7 @@ from transformer.tasks.translation import load_translator, translate
 # chapters/21_long_runs.md: Text that is not UTF-8, and lines too long
 def build_parser(prog: str = "python -m transformer.translate") -> argparse.ArgumentParser:
     """The options of ``python -m transformer.translate`` (``transformer translate``)."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog=prog, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Translate German into English: one sentence per line, from stdin (UTF-8) to stdout. A line "
                     "longer than the model takes is cut at sentence ends (then before words), and its parts "
