@@ -21,8 +21,8 @@ from transformer.cli.options import CommandParser
 
 # chapters/22_scaling_out.md: Putting it together
 #: The commands: their name -> (the module whose ``main`` runs them, what they do).
-COMMANDS = {"train": ("transformer.cli.train",
-                      "train a model: number words (--task numbers) or German to English (--task multi30k)"),
+COMMANDS = {"train": ("transformer.cli.train", "train a model: number words (--task numbers), German to English "
+                      "(--task multi30k) or your own parallel text (--task translation)"),
             "translate": ("transformer.cli.translate", "translate German lines from stdin with a trained checkpoint")}
 
 
