@@ -1,4 +1,4 @@
-"""Tests for transformer/inputs.py (chapters/21_long_runs.md): reading the user's text lines."""
+"""Tests for transformer/inputs.py (chapters/12_subwords.md): reading the user's text lines."""
 
 import io
 

@@ -12,6 +12,7 @@ from transformer.tasks.translation import (translate, step_files, fit_translatio
 from transformer.tasks.multi30k import (MULTI30K_SHA256, MULTI30K_SPLITS, load_multi30k, TranslationConfig,
     make_translation_model, encode_lines, pair_batch, token_batches, translation_batches)
 from transformer.tasks.metrics import corpus_scores
+from transformer.tasks.cards import MULTI30K_TERMS, model_card
 from transformer.tasks.brackets import (BRACKET_VOCAB, is_balanced, encode_brackets, decode_brackets, random_balanced,
     near_miss, bracket_split, bracket_dataset)
 from transformer.tasks.classifier import SequenceClassifier, accuracy, classification_loss, train_classifier
@@ -65,6 +66,8 @@ __all__ = [
     'token_batches',
     'translation_batches',
     'corpus_scores',
+    'MULTI30K_TERMS',
+    'model_card',
     'BRACKET_VOCAB',
     'is_balanced',
     'encode_brackets',
