@@ -29,10 +29,11 @@ def build_parser(prog: str = "python -m transformer.translate") -> argparse.Argu
     """The options of ``python -m transformer.translate`` (``transformer translate``)."""
     parser = CommandParser(
         prog=prog, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        description="Translate German into English: one sentence per line, from stdin (UTF-8) to stdout. A line "
-                    "longer than the model takes is cut at sentence ends (then before words), and its parts "
-                    "translated and joined.")
-    parser.add_argument("--checkpoint", required=True, help="a model of `python -m transformer.train --task multi30k`")
+        description="Translate one sentence per line (the book's model: German into English), from stdin (UTF-8) "
+                    "to stdout. A line longer than the model takes is cut at sentence ends (then before words), "
+                    "and its parts translated and joined.")
+    parser.add_argument("--checkpoint", required=True,
+                        help="a model of `transformer train --task multi30k` (or --task translation)")
     parser.add_argument("--beam", type=positive_int, default=1, help="beam size (1: greedy decoding)")
     parser.add_argument("--length-penalty", type=float, default=0.6, help="alpha of the beam's length penalty")
     parser.add_argument("--extra-len", type=int, default=50, help="an output has at most (input length + this) tokens")
