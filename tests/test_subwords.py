@@ -10,8 +10,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from transformer.paths import data_file
 from transformer.tasks.multi30k import MULTI30K_SHA256, load_multi30k
-from transformer.tasks.subwords import (SPECIAL_TOKENS, WORD_START, bpe_decode, bpe_encode, learn_bpe, pre_tokenize,
-    train_tokenizer, word_counts)
+from transformer.tasks.subwords import (SPECIAL_TOKENS, WORD_START, bpe_decode, bpe_encode, check_text, learn_bpe,
+    pre_tokenize, split_encoding, train_tokenizer, word_counts)
 
 
 @pytest.fixture(scope="module")
@@ -189,3 +189,64 @@ def test_round_trip_on_real_sentences(tokenizer):
 
 def test_unseen_character_is_unknown(tokenizer):
     assert "<unk>" in tokenizer.encode("Ein 漢 Mann").tokens
+
+
+# --- a line longer than a model takes -----------------------------------------------------------
+
+def parts_of(tokenizer, line, max_tokens):
+    return split_encoding(tokenizer.encode(line), line, max_tokens)
+
+
+def test_a_line_that_fits_is_one_part(tokenizer, train):
+    for line in train[0][:50]:
+        assert parts_of(tokenizer, line, 256) == [tokenizer.encode(line).ids]
+
+
+@pytest.mark.parametrize("max_tokens", [1, 3, 8, 40])
+def test_parts_hold_every_token_once_in_order_and_fit(tokenizer, train, max_tokens):
+    line = " ".join(train[0][:20]) + " Donaudampfschifffahrtsgesellschaftskapitänsmütze  «Hallo!» z. B. ...  "
+    parts = parts_of(tokenizer, line, max_tokens)
+    assert [i for part in parts for i in part] == tokenizer.encode(line).ids
+    assert all(1 <= len(part) <= max_tokens for part in parts)
+
+
+def test_a_long_line_is_cut_at_its_sentence_ends(tokenizer, train):
+    sentences = [s for s in train[0][:400] if s.endswith(".") and ". " not in s][:30]  # one sentence each
+    line = " ".join(sentences)
+    assert len(tokenizer.encode(line).ids) > 100
+    # the reference: each sentence encoded alone (Metaspace: a word's tokens do not depend on its neighbours)
+    assert parts_of(tokenizer, line, 100) == [tokenizer.encode(s).ids for s in sentences]
+    assert [tokenizer.decode(part) for part in parts_of(tokenizer, line, 100)] == sentences
+    question = "Ist das ein Hund? Ja! Das ist \"ein Hund.\" Und dann…  noch einer."
+    assert [tokenizer.decode(part) for part in parts_of(tokenizer, question, 10)] == [
+        "Ist das ein Hund?", "Ja!", "Das ist \"ein Hund.\"", "Und dann", " noch einer."]  # … is <unk> here
+
+
+def test_a_sentence_too_long_is_cut_before_words_and_a_word_anywhere(tokenizer):
+    words = "ein kleiner Hund läuft über eine grüne Wiese".split()
+    line = " ".join(words * 30)  # 240 words, no sentence end
+    parts = parts_of(tokenizer, line, 25)
+    assert all(tokenizer.decode(part).split() for part in parts)
+    assert " ".join(tokenizer.decode(part) for part in parts) == line  # every cut falls between words
+    assert all(len(part) > 25 - max(len(tokenizer.encode(w).ids) for w in words) for part in parts[:-1])  # filled
+    word = "x" * 50 + "ä" * 50  # one word of many tokens
+    assert [len(part) for part in parts_of(tokenizer, word, 7)][:-1] == [7] * (len(tokenizer.encode(word).ids) // 7)
+
+
+def test_split_encoding_refuses_a_bad_limit(tokenizer):
+    with pytest.raises(ValueError, match="max_tokens must be a positive int, got 0"):
+        parts_of(tokenizer, "Ein Hund.", 0)
+
+
+def test_check_text_names_the_item_that_is_not_text():
+    assert check_text("lines", ("a", "b")) == ["a", "b"]
+    assert check_text("lines", []) == []
+    with pytest.raises(TypeError, match=r"lines must be a sequence of str \(one sentence each\), got str"):
+        check_text("lines", "Ein Hund.")
+    with pytest.raises(TypeError, match="got an item of type bytes at index 2"):
+        check_text("lines", ["a", "b", b"c"])
+    bad = b"Gr\xfcn ist die Wiese".decode("utf-8", errors="surrogateescape")  # Latin-1 read as UTF-8
+    with pytest.raises(ValueError, match=r"lines\[1\] is not text: it holds the lone surrogate '\\udcfc' at character 2"):
+        check_text("lines", ["Ein Hund.", bad])
+    with pytest.raises(ValueError, match=r"lines\[0\] is not text"):
+        check_text("lines", ["\ud800"])

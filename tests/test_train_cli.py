@@ -405,3 +405,55 @@ def test_the_transformer_command_hands_usage_errors_of_a_command_on(capsys):
     error = capsys.readouterr().err.strip().splitlines()
     assert error[0].startswith("usage: transformer train")
     assert error[-1] == "transformer train: error: argument --steps: steps must be a positive int, got 0"
+
+
+# Issue 32: the commands' manners: two-line usage errors, --version, the registry of trainers.
+@pytest.mark.parametrize("argv, prog", [
+    (["train", "--steps", "0"], "transformer train"),
+    (["train", "--task", "fly"], "transformer train"),
+    (["train", "--task", "multi30k", "--vocab-size", "x"], "transformer train --task multi30k"),
+    (["translate"], "transformer translate"),
+    (["translate", "--checkpoint", "x", "--beam", "0"], "transformer translate"),
+    (["export", "onnx"], "transformer export"),
+    (["--frobnicate"], "transformer"),
+    (["fly"], "transformer"),
+])
+def test_a_usage_error_is_the_usage_line_and_one_message(argv, prog, capsys):
+    from transformer.__main__ import command
+
+    try:
+        code = command(argv)
+    except SystemExit as stop:
+        code = stop.code
+    assert code == 2
+    error = capsys.readouterr().err.splitlines()
+    assert len(error) == 2, error
+    assert error[0].startswith(f"usage: {prog}") and error[1].startswith(f"{prog}: error: ")
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["train", "--version"], ["train", "--task", "multi30k", "--version"],
+                                  ["translate", "--version"], ["export", "--version"]])
+def test_every_command_answers_version(argv, capsys):
+    from transformer.__main__ import command
+    from transformer.cli.options import package_version
+
+    try:
+        code = command(argv)
+    except SystemExit as stop:
+        code = stop.code
+    out = capsys.readouterr().out
+    assert code in (0, None) and out == f"transformer {package_version()}\n"
+    assert re.fullmatch(r"\d+\.\d+\.\d+\S*", package_version())
+
+
+def test_the_tasks_are_the_keys_of_the_trainers_table(monkeypatch, capsys):
+    from transformer.cli import train
+
+    assert list(train.TRAINERS)[:2] == ["numbers", "multi30k"]
+    calls = []
+    monkeypatch.setitem(train.TRAINERS, "echo", lambda argv, prog: calls.append((list(argv), prog)) or 0)
+    assert train.main(["--task", "echo", "--x"], prog="transformer train") == 0
+    assert calls == [(["--task", "echo", "--x"], "transformer train")]
+    with pytest.raises(SystemExit):
+        train.main(["--help"])
+    assert "echo" in capsys.readouterr().out  # --task's choices are read when the parser is built

@@ -19,7 +19,7 @@ import torch
 
 import transformer
 from transformer.tasks.numbers import source_vocab, target_vocab
-from transformer.tasks.subwords import SPECIAL_TOKENS, train_tokenizer
+from transformer.tasks.subwords import SPECIAL_TOKENS, split_encoding, train_tokenizer
 from transformer.tasks.multi30k import load_multi30k
 from transformer.cli.options import config_from_args
 from transformer.cli.train import main as train_cli
@@ -346,22 +346,39 @@ def test_outputs_stop_at_source_length_plus_extra_len_and_at_max_len(tokenizer, 
     sentences = ["Ein Hund.", "Zwei Männer spielen Fußball.", GERMAN[3]]
     lengths = [len(tokenizer.encode(s).ids) for s in sentences]
     assert lengths[0] < lengths[1] < 18 < 24 < lengths[2]  # the last is longer than max_len
+    parts = [split_encoding(tokenizer.encode(s), s, 24) for s in sentences]  # the last in parts that fit
+    assert [len(p) for p in parts[:2]] == [1, 1] and len(parts[2]) > 1 and sum(map(len, parts[2])) == lengths[2]
     for extra_len in (0, 3, 50):
-        outputs = [json.loads(out) for out in translate(model, counting, sentences, beam_size, extra_len=extra_len,
-                                                             batch_tokens=batch_tokens)]
-        generated = [[i for i in out if i != PAD_ID] for out in outputs]  # rows padded after their limit
-        assert all(i > EOS_ID for out in generated for i in out)
-        # at most (source length + extra_len) tokens, and at most max_len - 1 after <bos>; a source
-        # longer than max_len is cut to max_len tokens
-        assert [len(out) for out in generated] == [min(min(n, 24) + extra_len, 23) for n in lengths], extra_len
+        outputs = [json.loads(f"[{out.replace('] [', '], [')}]")  # a sentence's parts joined by a space
+                   for out in translate(model, counting, sentences, beam_size, extra_len=extra_len,
+                                        batch_tokens=batch_tokens)]
+        generated = [[[i for i in part if i != PAD_ID] for part in out] for out in outputs]  # padded after their limit
+        assert all(i > EOS_ID for out in generated for part in out for i in part)
+        # each part: at most (its source length + extra_len) tokens, and at most max_len - 1 after <bos>
+        assert [[len(part) for part in out] for out in generated] == [
+            [min(len(part) + extra_len, 23) for part in rows] for rows in parts], extra_len
+
+
+def test_a_line_of_sixty_sentences_is_translated_whole(committed):
+    model, tokenizer = committed
+    german = load_multi30k("test")[0]
+    sentences = sorted((s for s in german if s.endswith(".") and ". " not in s), key=len)[:60]  # short: quick
+    line = " ".join(sentences)
+    assert len(tokenizer.encode(line).ids) > model.positional_encoding.max_len  # too long for the model
+    alone = translate(model, tokenizer, sentences)  # the reference: each sentence on its own line
+    whole = translate(model, tokenizer, ["", line])
+    assert whole == ["", " ".join(alone)]  # every sentence, in order
+    assert all(alone) and sum(text.count(".") for text in alone) >= 50  # sixty English sentences, none empty
 
 
 def test_translate_refuses_a_bare_string_and_bad_sizes(committed):
     model, tokenizer = committed
     with pytest.raises(TypeError, match="sentences must be a sequence of str .*got str"):
         translate(model, tokenizer, "Ein Hund läuft.")
-    with pytest.raises(TypeError, match="sentences must be a sequence of str"):
+    with pytest.raises(TypeError, match="sentences must be a sequence of str .*type int at index 1"):
         translate(model, tokenizer, ["Ein Hund.", 3])
+    with pytest.raises(ValueError, match=r"sentences\[1\] is not text: it holds the lone surrogate '\\udce4'"):
+        translate(model, tokenizer, ["Ein Hund.", b"Gr\xe4n".decode("utf-8", "surrogateescape")])
     with pytest.raises(ValueError, match="beam_size must be a positive int, got 0"):
         translate(model, tokenizer, GERMAN, beam_size=0)
     with pytest.raises(ValueError, match="batch_tokens must be a positive int, got -1"):
@@ -557,6 +574,43 @@ def test_translate_command_reads_crlf_lines_and_a_last_line_without_newline(comm
     assert main(["--checkpoint", str(MODEL), "--no-progress", "--device", "cpu", "--beam", "2"]) == 0
     expected = translate(model, tokenizer, ["Ein Hund läuft.", "", "Kinder spielen."], beam_size=2)
     assert capsys.readouterr().out == "".join(line + "\n" for line in expected)
+
+
+def _stdin(data: bytes) -> io.TextIOWrapper:
+    """A stdin as a process has it: text over bytes."""
+    return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8")
+
+
+def test_translate_command_refuses_a_line_that_is_not_utf8_and_names_it(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", _stdin("Ein Hund läuft.\nGrüne Wiese.\nKinder.\n".encode("utf-8")[:17]
+                                             + "Grüne Wiese.\n".encode("latin-1") + b"Kinder.\n"))
+    with pytest.raises(SystemExit) as stop:
+        main(["--checkpoint", str(MODEL), "--no-progress", "--device", "cpu"])
+    out, err = capsys.readouterr()
+    assert stop.value.code == 2 and out == "" and "Traceback" not in err
+    assert err.splitlines()[-1].endswith(
+        "error: stdin, line 2: the bytes b'\\xfc' at byte 3 are not UTF-8: nothing was translated "
+        "(--errors replace translates such lines)")
+
+
+def test_translate_command_replaces_bad_bytes_on_request_and_loses_no_line(committed, monkeypatch, capsys):
+    model, tokenizer = committed
+    data = "Ein Hund läuft.\n".encode("utf-8") + "Ein Hund läuft.\n".encode("latin-1") + b"\xff\x00\x9c\n\nKinder.\n"
+    monkeypatch.setattr(sys, "stdin", _stdin(data))
+    assert main(["--checkpoint", str(MODEL), "--no-progress", "--device", "cpu", "--errors", "replace"]) == 0
+    out, err = capsys.readouterr()
+    lines = ["Ein Hund läuft.", "Ein Hund l\ufffduft.", "\ufffd\x00\ufffd", "", "Kinder."]
+    assert lines == data.decode("utf-8", "replace").split("\n")[:5]  # the reference: Python's own replacement
+    assert out == "".join(line + "\n" for line in translate(model, tokenizer, lines))  # five lines, in place
+    assert err.splitlines() == ["stdin, line 2: the bytes b'\\xe4' at byte 11 are not UTF-8: replaced by U+FFFD",
+                                "stdin, line 3: the bytes b'\\xff' at byte 1 are not UTF-8: replaced by U+FFFD"]
+
+
+def test_translate_command_help_says_how_it_reads_and_cuts_lines(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "stdin (UTF-8)" in shown and "cut at sentence ends" in shown and "--errors {strict,replace}" in shown
 
 
 def test_translate_command_runs_on_the_free_cores_unless_told(committed, monkeypatch, capsys):

@@ -11,15 +11,18 @@ Defined in the book's chapter "Scaling out" (chapters/22_scaling_out.md).
 __all__ = ['COMMANDS', 'command']
 
 
+import argparse
 import importlib
 import sys
 from collections.abc import Sequence
 
+from transformer.cli.options import CommandParser
+
 
 # chapters/22_scaling_out.md: Putting it together
 #: The commands: their name -> (the module whose ``main`` runs them, what they do).
-COMMANDS = {"train": ("transformer.cli.train",
-                      "train a model: number words (--task numbers) or German to English (--task multi30k)"),
+COMMANDS = {"train": ("transformer.cli.train", "train a model: number words (--task numbers), German to English "
+                      "(--task multi30k) or your own parallel text (--task translation)"),
             "translate": ("transformer.cli.translate", "translate German lines from stdin with a trained checkpoint")}
 
 
@@ -29,19 +32,22 @@ def command(argv: Sequence[str] | None = None) -> int:
     (Not named ``main``: in this chapter's notebook, that is the trainer's.)
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = f"usage: transformer {{{','.join(COMMANDS)}}} [options]"
-    if not argv or argv[0] in ("-h", "--help"):
-        listing = "\n".join(f"  {name:<10} {meaning}" for name, (_, meaning) in COMMANDS.items())
-        print(f"{usage}\n\ncommands:\n{listing}\n\n`transformer COMMAND --help` shows a command's options.",
-              file=sys.stdout if argv else sys.stderr)
-        return 0 if argv else 2
-    command, rest = argv[0], argv[1:]
-    if command not in COMMANDS:
-        print(f"{usage}\ntransformer: error: unknown command {command!r} (choose from {', '.join(COMMANDS)})",
-              file=sys.stderr)
+    listing = "\n".join(f"  {name:<10} {meaning}" for name, (_, meaning) in COMMANDS.items())
+    parser = CommandParser(prog="transformer", usage=f"transformer {{{','.join(COMMANDS)}}} [options]",
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           epilog=f"commands:\n{listing}\n\n`transformer COMMAND --help` shows a command's options.")
+    if not argv:
+        parser.print_help(sys.stderr)
         return 2
-    run = importlib.import_module(COMMANDS[command][0]).main  # imported here: each command loads only what it needs
-    return run(rest, prog=f"transformer {command}")
+    if argv[0] not in COMMANDS:
+        try:
+            if argv[0].startswith("-"):
+                parser.parse_args(argv[:1])  # -h, --help and --version end here, as does an unknown option
+            parser.error(f"unknown command {argv[0]!r} (choose from {', '.join(COMMANDS)})")
+        except SystemExit as stop:
+            return int(stop.code or 0)
+    run = importlib.import_module(COMMANDS[argv[0]][0]).main  # imported here: each command loads only what it needs
+    return run(argv[1:], prog=f"transformer {argv[0]}")
 
 
 # chapters/34_exporting.md: A folder, and the command that writes it

@@ -12,6 +12,6 @@ __all__ = []
 import transformer.cli.translate as _command
 
 
-# chapters/21_long_runs.md: Threads on a shared machine
+# chapters/21_long_runs.md: Text that is not UTF-8, and lines too long
 if __name__ == "__main__" and __spec__ is not None:  # `python -m transformer.translate`, not a notebook
     raise SystemExit(_command.main())

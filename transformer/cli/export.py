@@ -10,17 +10,17 @@ Defined in the book's chapter "The translator everywhere" (chapters/34_exporting
 __all__ = ['main']
 
 
-import argparse
 import sys
 from collections.abc import Sequence
 
+from transformer.cli.options import CommandParser
 from transformer.interop.huggingface_out import export_huggingface
 
 
 # chapters/34_exporting.md: A folder, and the command that writes it
 def main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.cli.export") -> int:
     """``transformer export huggingface --checkpoint PATH --out DIR``."""
-    parser = argparse.ArgumentParser(prog=prog, description="Write a trained translator in another format.")
+    parser = CommandParser(prog=prog, description="Write a trained translator in another format.")
     parser.add_argument("format", choices=("huggingface",), help="the format to write")
     parser.add_argument("--checkpoint", required=True, help="a model of `python -m transformer.train --task multi30k`")
     parser.add_argument("--out", required=True, help="a new (or empty) folder")

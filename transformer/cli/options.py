@@ -8,26 +8,59 @@ Defined in the book's chapter "Long runs" (chapters/21_long_runs.md).
 """
 
 
-__all__ = ['field_docs', 'add_config_options', 'read_config_file', 'config_from_args', 'positive_int', 'add_where_options', 'check_where']
+__all__ = ['package_version', 'CommandParser', 'field_docs', 'add_config_options', 'read_config_file', 'config_from_args', 'positive_int', 'add_where_options', 'check_where']
 
 
 import argparse
 import ast
 import dataclasses
+import importlib.metadata
+import importlib.util
 import inspect
 import json
 import os
+import re
 import tempfile
 import textwrap
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
 from transformer.training.checkpoint import check_resume, read_checkpoint
 from transformer.training.config import TrainConfig
+
+
+# chapters/21_long_runs.md: A command for every run
+def package_version() -> str:
+    """The installed package's version; in a clone that is not installed, the one in pyproject.toml."""
+    try:
+        return importlib.metadata.version("transformer-book")
+    except importlib.metadata.PackageNotFoundError:
+        spec = importlib.util.find_spec("transformer")
+        origin = spec.origin if spec is not None else None
+        try:  # Python 3.10 has no TOML reader; the project's version is the first `version = "..."` line
+            pyproject = Path(origin or "").resolve().parents[1] / "pyproject.toml"
+            found = re.search(r'^version\s*=\s*"([^"]+)"', pyproject.read_text(encoding="utf-8"), re.MULTILINE)
+        except (OSError, IndexError, UnicodeDecodeError):
+            found = None
+        return found.group(1) if found else "unknown"
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` with ``--version`` whose usage errors take two lines on stderr: the usage's
+    first line and ``PROG: error: MESSAGE`` (exit status 2), not the whole usage block."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.add_argument("--version", action="version", version=f"transformer {package_version()}")
+
+    def error(self, message: str) -> NoReturn:
+        lines = self.format_usage().strip().splitlines()
+        usage = lines[0] + (" ..." if len(lines) > 1 else "")
+        self.exit(2, f"{usage}\n{self.prog}: error: {' '.join(message.splitlines())}\n")
 
 
 # chapters/21_long_runs.md: A command for every run

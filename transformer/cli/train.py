@@ -11,19 +11,20 @@ Defined in the book's chapter "Scaling out" (chapters/22_scaling_out.md).
 """
 
 
-__all__ = ['TASKS', 'build_numbers_parser', 'build_multi30k_parser', 'check_multi30k_arguments', 'check_numbers_arguments', 'run_training', 'multi30k_main', 'numbers_main', 'main']
+__all__ = ['TRAINERS', 'build_numbers_parser', 'build_multi30k_parser', 'check_multi30k_arguments', 'check_numbers_arguments', 'run_training', 'multi30k_main', 'Pairs', 'train_translator', 'numbers_main', 'main', 'build_translation_parser', 'read_pairs', 'translation_main']
 
 
 import argparse
+from collections.abc import Callable, Sequence
 import os
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from transformer.cli.options import add_config_options, add_where_options, check_where, config_from_args, positive_int
+from transformer.cli.options import (CommandParser, add_config_options, add_where_options, check_where,
+    config_from_args, positive_int)
 from transformer.training.config import TrainConfig, make_model
 from transformer.tasks.multi30k import TranslationConfig, make_translation_model, PAD_ID, load_multi30k
 from transformer.training.checkpoint import average_checkpoints, read_checkpoint
@@ -34,20 +35,24 @@ from transformer.nn.model import Transformer
 from transformer.tasks.numbers_fit import exact_match, fit
 from transformer.tasks.metrics import corpus_scores
 from transformer.tasks.translation import fit_translation, save_translator, step_files, translate
+from transformer.files import read_lines
 
 
 # chapters/21_long_runs.md: A command for every run
-TASKS = ("numbers", "multi30k")  # multi30k: German to English, chapter "Translating German"
+#: The trainers of ``transformer train``: task name -> its ``main(argv, prog)``. {doc}`22_scaling_out`
+#: registers ``numbers`` and ``multi30k``; a later chapter may register a task of its own.
+TRAINERS: dict[str, Callable[[Sequence[str], str], int]] = {}
 
 
 def build_numbers_parser(prog: str = "python -m transformer.train") -> argparse.ArgumentParser:
     """The options of ``python -m transformer.train`` (or ``transformer train``) for the number words."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog=prog,
         description="Train the Transformer to turn English number words into digits "
-                    "(--task multi30k: to translate German, with options of its own: --task multi30k --help).")
+                    "(another --task has options of its own: --task multi30k --help).")
     task = parser.add_argument_group("task")
-    task.add_argument("--task", choices=TASKS, default="numbers", help="what to learn (default: numbers)")
+    task.add_argument("--task", choices=tuple(TRAINERS) or None, default="numbers",
+                      help="what to learn (default: numbers)")
     task.add_argument("--train-size", type=positive_int, default=200_000, help="numbers to train on (default: 200000)")
     task.add_argument("--valid-size", type=positive_int, default=1_000,
                       help="numbers for the exact match (default: 1000)")
@@ -61,7 +66,7 @@ def build_numbers_parser(prog: str = "python -m transformer.train") -> argparse.
 # chapters/21_long_runs.md: The translator's commands
 def build_multi30k_parser(prog: str = "python -m transformer.train") -> argparse.ArgumentParser:
     """The options of ``python -m transformer.train --task multi30k``: the fields of ``TranslationConfig``, and where."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog=f"{prog} --task multi30k",
         description="Train a Transformer to translate German into English on Multi30k (data/multi30k).")
     parser.add_argument("--task", choices=("multi30k",), default="multi30k", help="what to learn")
@@ -159,13 +164,22 @@ def multi30k_main(argv: Sequence[str] | None = None, prog: str = "python -m tran
         load_multi30k("val")  # the data are there, or a usage error now rather than a traceback later
     except (TypeError, ValueError, FileNotFoundError) as err:
         parser.error(str(err))
+    return train_translator(args, config, lambda: (load_multi30k("train"), load_multi30k("val")))
+
+
+Pairs = tuple[Sequence[str], Sequence[str]]
+
+
+def train_translator(args: argparse.Namespace, config: TranslationConfig, data: Callable[[], tuple[Pairs, Pairs]]) -> int:
+    """Train a translator on ``data() = (train, valid)``, each (sources, targets), as ``args`` says:
+    the run of ``multi30k_main``, and of any other parallel text."""
     rank, world_size, device = init_distributed(args.device, args.init_method)
     if device.type == "cuda":
         # cuDNN's attention builds a plan for every new shape, and token batches change shape at
         # every step: torch's other fused kernels are several times faster here.
         torch.backends.cuda.enable_cudnn_sdp(False)
     try:
-        train, valid = load_multi30k("train"), load_multi30k("val")
+        train, valid = data()
         parallel = data_parallel_options(rank, world_size, PAD_ID)
         start = _where_it_starts(args.checkpoint_dir, config.steps) if args.resume and rank == 0 else 0
         model, tokenizer, _ = fit_translation(
@@ -205,14 +219,70 @@ def numbers_main(argv: Sequence[str] | None = None, prog: str = "python -m trans
 def main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.train") -> int:
     """``python -m transformer.train [options]`` (``transformer train``); ``argv`` defaults to the command line.
 
-    ``--task`` picks the trainer: ``numbers_main`` (the default) or ``multi30k_main``, whose
-    configuration has fields of its own.
+    ``--task`` picks the trainer in ``TRAINERS``: ``numbers_main`` (the default), ``multi30k_main``,
+    whose configuration has fields of its own, or one a later chapter registers.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
-    task = argparse.ArgumentParser(add_help=False)
-    task.add_argument("--task", choices=TASKS, default="numbers")
-    trainers = {"numbers": numbers_main, "multi30k": multi30k_main}
-    return trainers[task.parse_known_args(argv)[0].task](argv, prog)
+    task = CommandParser(prog=prog, add_help=False, usage=f"{prog} [--task {{{','.join(TRAINERS)}}}] [options]")
+    task.add_argument("--task", choices=tuple(TRAINERS), default="numbers")
+    return TRAINERS[task.parse_known_args(argv)[0].task](argv, prog)
+
+
+TRAINERS["numbers"] = numbers_main
+TRAINERS["multi30k"] = multi30k_main
+
+
+# chapters/22_scaling_out.md: Your own parallel text
+def build_translation_parser(prog: str = "python -m transformer.train") -> argparse.ArgumentParser:
+    """The options of ``--task translation``: four files of parallel text, and those of ``--task multi30k``."""
+    parser = CommandParser(
+        prog=f"{prog} --task translation",
+        description="Train a Transformer to translate on your own parallel text: UTF-8 files of one sentence a "
+                    "line, line i of --train-tgt the translation of line i of --train-src (any languages). A joint "
+                    "BPE vocabulary of --vocab-size tokens is learned on both sides of the training files.")
+    parser.add_argument("--task", choices=("translation",), default="translation", help="what to learn")
+    files = parser.add_argument_group("data")
+    for name, meaning in (("train-src", "sentences to translate, for training"), ("train-tgt", "their translations"),
+                          ("valid-src", "sentences to translate, for validation"), ("valid-tgt", "their translations")):
+        files.add_argument(f"--{name}", required=True, metavar="FILE", help=meaning)
+    add_config_options(parser, TranslationConfig())
+    add_where_options(parser)
+    return parser
+
+
+def read_pairs(args: argparse.Namespace, source: str, target: str) -> Pairs:
+    """The sentence pairs of the files of two options (``"train-src"``, ``"train-tgt"``); a ValueError
+    naming the file if it cannot be read, is not UTF-8, is empty, has an empty line or another length."""
+    sides = []
+    for option in (source, target):
+        what = f"--{option} {getattr(args, option.replace('-', '_'))}"
+        lines = read_lines(getattr(args, option.replace("-", "_")), what=what)
+        if not lines:
+            raise ValueError(f"{what} is empty: it must hold one sentence a line")
+        blank = next((number for number, line in enumerate(lines, start=1) if not line.strip()), None)
+        if blank is not None:
+            raise ValueError(f"{what}, line {blank}: the line is empty, and every line must hold a sentence")
+        sides.append(lines)
+    if len(sides[0]) != len(sides[1]):
+        raise ValueError(f"{what} has {len(sides[1])} lines but --{source} has {len(sides[0])}: "
+                         "line i of one must be the translation of line i of the other")
+    return sides[0], sides[1]
+
+
+def translation_main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.train") -> int:
+    """``python -m transformer.train --task translation --train-src F --train-tgt F --valid-src F --valid-tgt F``:
+    train a translator on your own parallel text, alone or under torchrun, as ``multi30k_main`` does."""
+    parser = build_translation_parser(prog)
+    args = parser.parse_args(argv)
+    try:
+        train, valid = read_pairs(args, "train-src", "train-tgt"), read_pairs(args, "valid-src", "valid-tgt")
+        config = check_multi30k_arguments(args)
+    except (TypeError, ValueError) as err:
+        parser.error(str(err))
+    return train_translator(args, config, lambda: (train, valid))
+
+
+TRAINERS["translation"] = translation_main
 
 
 # chapters/22_scaling_out.md: Putting it together

@@ -17,19 +17,23 @@ from collections.abc import Sequence
 
 import torch
 
-from transformer.cli.options import positive_int
+from transformer.cli.options import CommandParser, positive_int
+from transformer.files import read_lines
 from transformer.training.loop import free_cores
 from transformer.generation.quantize import quantize_int8
 from transformer.tasks.translation import load_translator, translate
 
 
-# chapters/21_long_runs.md: Threads on a shared machine
+# chapters/21_long_runs.md: Text that is not UTF-8, and lines too long
 def build_parser(prog: str = "python -m transformer.translate") -> argparse.ArgumentParser:
     """The options of ``python -m transformer.translate`` (``transformer translate``)."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog=prog, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        description="Translate German into English: one sentence per line, from stdin to stdout.")
-    parser.add_argument("--checkpoint", required=True, help="a model of `python -m transformer.train --task multi30k`")
+        description="Translate one sentence per line (the book's model: German into English), from stdin (UTF-8) "
+                    "to stdout. A line longer than the model takes is cut at sentence ends (then before words), "
+                    "and its parts translated and joined.")
+    parser.add_argument("--checkpoint", required=True,
+                        help="a model of `transformer train --task multi30k` (or --task translation)")
     parser.add_argument("--beam", type=positive_int, default=1, help="beam size (1: greedy decoding)")
     parser.add_argument("--length-penalty", type=float, default=0.6, help="alpha of the beam's length penalty")
     parser.add_argument("--extra-len", type=int, default=50, help="an output has at most (input length + this) tokens")
@@ -39,6 +43,9 @@ def build_parser(prog: str = "python -m transformer.translate") -> argparse.Argu
     parser.add_argument("--int8", action="store_true", help="int8 linear layers (CPU only; see quantize_int8)")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                         help="show a progress bar on stderr")
+    parser.add_argument("--errors", choices=("strict", "replace"), default="strict",
+                        help="a line that is not UTF-8: stop, naming it (strict), or translate it with its bad bytes "
+                             "replaced by U+FFFD, naming it on stderr (replace)")
     return parser
 
 
@@ -56,8 +63,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.t
         model, tokenizer = load_translator(args.checkpoint, args.device)
     except (OSError, ValueError) as err:
         parser.error(f"--checkpoint {args.checkpoint}: {err}")
+    try:
+        lines = read_lines(sys.stdin, what="stdin", errors=args.errors)
+    except ValueError as err:
+        parser.error(f"{err}: nothing was translated (--errors replace translates such lines)")
     torch.set_num_threads(args.threads or free_cores())  # threads spinning for a taken core cost the most
-    lines = [line.rstrip("\r\n") for line in sys.stdin]
     for line in translate(quantize_int8(model) if args.int8 else model, tokenizer, lines, args.beam,
                           args.length_penalty, args.extra_len, args.batch_tokens, progress=args.progress):
         sys.stdout.write(line + "\n")

@@ -174,12 +174,14 @@ def hf_greedy(hf_model: Any, hf_tokenizer: Any, sentences: Sequence[str], extra_
 
 # chapters/34_exporting.md: A folder, and the command that writes it
 def export_huggingface(checkpoint: str | os.PathLike, out: str | os.PathLike) -> Path:
-    """Write the translator of ``checkpoint`` as a Hugging Face folder ``out`` (model and tokenizer).
+    """Write the translator of ``checkpoint`` as a Hugging Face folder ``out``: model, tokenizer and
+    a model card (``README.md``, ``model_card``: source, how it was made, figures, terms).
 
     Raises:
         FileExistsError: ``out`` exists and is not an empty folder; ValueError: ``checkpoint`` is not
         a translation checkpoint, or holds a setting Marian cannot represent.
     """
+    from transformer.tasks.cards import model_card
     from transformer.tasks.translation import load_translator
 
     out = Path(out)
@@ -189,6 +191,7 @@ def export_huggingface(checkpoint: str | os.PathLike, out: str | os.PathLike) ->
     hf_model, hf_tokenizer = to_huggingface(model, tokenizer)
     hf_model.save_pretrained(out)
     hf_tokenizer.save_pretrained(out)
+    (out / "README.md").write_text(model_card(checkpoint, out.name), encoding="utf-8")
     return out
 
 

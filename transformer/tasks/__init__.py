@@ -5,13 +5,14 @@
 from transformer.tasks.numbers import (MAX_NUMBER, number_to_words, source_vocab, target_vocab, split_numbers,
     check_numbers, make_batch, batches)
 from transformer.tasks.subwords import (WORD_START, pre_tokenize, word_counts, learn_bpe, bpe_encode, bpe_decode,
-    SPECIAL_TOKENS, train_tokenizer)
+    SPECIAL_TOKENS, train_tokenizer, SENTENCE_END, split_encoding, check_text)
 from transformer.tasks.numbers_fit import training_batches, predict, exact_match, evaluate_loss, fit
 from transformer.tasks.translation import (translate, step_files, fit_translation, tokenizer_from_checkpoint,
     load_translator, save_translator)
 from transformer.tasks.multi30k import (MULTI30K_SHA256, MULTI30K_SPLITS, load_multi30k, TranslationConfig,
     make_translation_model, encode_lines, pair_batch, token_batches, translation_batches)
 from transformer.tasks.metrics import corpus_scores
+from transformer.tasks.cards import MULTI30K_TERMS, model_card
 from transformer.tasks.brackets import (BRACKET_VOCAB, is_balanced, encode_brackets, decode_brackets, random_balanced,
     near_miss, bracket_split, bracket_dataset)
 from transformer.tasks.classifier import SequenceClassifier, accuracy, classification_loss, train_classifier
@@ -41,6 +42,9 @@ __all__ = [
     'bpe_decode',
     'SPECIAL_TOKENS',
     'train_tokenizer',
+    'SENTENCE_END',
+    'split_encoding',
+    'check_text',
     'training_batches',
     'predict',
     'exact_match',
@@ -62,6 +66,8 @@ __all__ = [
     'token_batches',
     'translation_batches',
     'corpus_scores',
+    'MULTI30K_TERMS',
+    'model_card',
     'BRACKET_VOCAB',
     'is_balanced',
     'encode_brackets',

@@ -8,9 +8,11 @@ Defined in the book's chapter "Subword tokens: byte-pair encoding" (chapters/12_
 """
 
 
-__all__ = ['WORD_START', 'pre_tokenize', 'word_counts', 'learn_bpe', 'bpe_encode', 'bpe_decode', 'SPECIAL_TOKENS', 'train_tokenizer']
+__all__ = ['WORD_START', 'pre_tokenize', 'word_counts', 'learn_bpe', 'bpe_encode', 'bpe_decode', 'SPECIAL_TOKENS', 'train_tokenizer', 'SENTENCE_END', 'split_encoding', 'check_text']
 
 
+import bisect
+import re
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
@@ -136,3 +138,50 @@ def train_tokenizer(lines: Iterable[str], vocab_size: int) -> Any:
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False)
     tokenizer.train_from_iterator(lines, trainer)
     return tokenizer
+
+
+# chapters/12_subwords.md: A line longer than the model takes
+SENTENCE_END = re.compile(r"[.!?…][\"'»«“”)\]]*$")  # the end of a word that ends a sentence
+
+
+def split_encoding(encoding: Any, text: str, max_tokens: int) -> list[list[int]]:
+    """The ids of ``encoding`` (a ``tokenizers.Encoding`` of ``text``) in parts of at most ``max_tokens``.
+
+    All of them, if they fit; else one part for each sentence (a word ending in ``.``, ``!``, ``?``
+    or ``…``, closing quotes allowed, ends one), and a sentence still too long in pieces cut before a
+    word, or anywhere in a word longer than ``max_tokens`` tokens. No token is lost or repeated.
+    """
+    ids, words, offsets = list(encoding.ids), encoding.word_ids, encoding.offsets
+    check_positive_int("max_tokens", max_tokens)
+    if len(ids) <= max_tokens:
+        return [ids]
+    starts = [i for i in range(1, len(ids)) if words[i] != words[i - 1]]  # tokens that begin a word
+    ends = [i for i in starts if SENTENCE_END.search(text[max(0, offsets[i - 1][1] - 4):offsets[i - 1][1]])]
+    parts, lo = [], 0
+    for hi in [*ends, len(ids)]:  # one sentence: ids[lo:hi]
+        while hi - lo > max_tokens:
+            j = bisect.bisect_right(starts, lo + max_tokens) - 1  # the last word start that keeps it short
+            cut = starts[j] if j >= 0 and starts[j] > lo else lo + max_tokens
+            parts.append(ids[lo:cut])
+            lo = cut
+        parts.append(ids[lo:hi])
+        lo = hi
+    return parts
+
+
+def check_text(name: str, lines: object) -> list[str]:
+    """``lines`` as a list, if it is a sequence of str that are text (no lone surrogate), else raise naming the item."""
+    if isinstance(lines, str) or not isinstance(lines, Iterable):
+        raise TypeError(f"{name} must be a sequence of str (one sentence each), got {type(lines).__name__}")
+    lines = list(lines)
+    for i, line in enumerate(lines):
+        if not isinstance(line, str):
+            raise TypeError(f"{name} must be a sequence of str (one sentence each), got an item of type "
+                            f"{type(line).__name__} at index {i}")
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ValueError(f"{name}[{i}] is not text: it holds the lone surrogate {line[err.start]!r} at "
+                             f"character {err.start} (bytes decoded with errors='surrogateescape'?): decode "
+                             "them with errors='replace'") from None
+    return lines

@@ -14,7 +14,7 @@ __all__ = ['translate', 'step_files', 'fit_translation', 'tokenizer_from_checkpo
 
 import copy
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from transformer.tasks.metrics import corpus_scores
 from transformer.nn.model import Transformer
 from transformer.tasks.multi30k import (BOS_ID, EOS_ID, PAD_ID, TranslationConfig, encode_lines, make_translation_model,
     token_batches, translation_batches)
-from transformer.tasks.subwords import train_tokenizer
+from transformer.tasks.subwords import check_text, split_encoding, train_tokenizer
 
 
 # chapters/17_translation.md: Translating a sentence
@@ -47,27 +47,25 @@ def translate(model: Transformer, tokenizer: Any, sentences: Sequence[str], beam
     Sentences are sorted by length and decoded in batches of at most ``batch_tokens`` tokens
     (sentences x ``beam_size`` x the longest source); outputs come in the input order. An output
     has at most (source length + ``extra_len``) tokens, the paper's limit, and never more than the
-    model's ``max_len``. An empty (or all-blank) sentence translates to an empty line.
+    model's ``max_len``. An empty (or all-blank) sentence translates to an empty line. A source longer
+    than ``max_len`` tokens is translated whole: in parts that fit (``split_encoding``), joined by a space.
     """
-    if isinstance(sentences, str) or not isinstance(sentences, Iterable):
-        raise TypeError(f"sentences must be a sequence of str (one sentence each), got {type(sentences).__name__}")
-    sentences = list(sentences)
-    if not all(isinstance(s, str) for s in sentences):
-        raise TypeError("sentences must be a sequence of str (one sentence each), got an item of type "
-                        + next(type(s).__name__ for s in sentences if not isinstance(s, str)))
+    sentences = check_text("sentences", sentences)  # a list of str, each of them text
     check_positive_int("beam_size", beam_size)
     check_positive_int("batch_tokens", batch_tokens)
     check_non_negative_int("extra_len", extra_len)
-    device = next(model.parameters()).device
-    max_len = model.positional_encoding.max_len
-    ids = [row[:max_len] for row in encode_lines(tokenizer, sentences)]  # a longer source is cut
-    output = ["" for _ in sentences]
-    todo = [i for i in range(len(sentences)) if sentences[i].strip()]
-    tokens_of = [len(ids[i]) * beam_size for i in todo]  # a sentence's tokens, once per hypothesis
-    bar = tqdm(total=len(todo), desc="translating", unit="sentence", disable=not progress)
-    for batch in token_batches(tokens_of, tokens_of, batch_tokens, max_sentences=max(1, len(todo))):
-        rows = [todo[j] for j in batch]
-        src = pad_rows([ids[i] for i in rows], PAD_ID, device)  # (B, S)
+    device, max_len = next(model.parameters()).device, model.positional_encoding.max_len
+    parts: list[list[int]] = []  # a source longer than max_len is translated in parts, each fitting the model
+    owner: list[int] = []  # the sentence of each part
+    for i, encoding in enumerate(tokenizer.encode_batch(sentences)):
+        if sentences[i].strip():
+            parts += split_encoding(encoding, sentences[i], max_len)
+            owner += [i] * (len(parts) - len(owner))
+    texts = ["" for _ in parts]
+    tokens_of = [len(row) * beam_size for row in parts]  # a part's tokens, once per hypothesis
+    bar = tqdm(total=len(parts), desc="translating", unit="sentence", disable=not progress)
+    for batch in token_batches(tokens_of, tokens_of, batch_tokens, max_sentences=max(1, len(parts))):
+        src = pad_rows([parts[j] for j in batch], PAD_ID, device)  # (B, S)
         src_mask = padding_mask(src, PAD_ID)  # (B, 1, 1, S)
         limit = min(max_len, src.shape[1] + extra_len + 1)  # <bos> + at most S + extra_len tokens
         if beam_size == 1:
@@ -76,11 +74,14 @@ def translate(model: Transformer, tokenizer: Any, sentences: Sequence[str], beam
         else:
             tokens = beam_search(model, src, limit, BOS_ID, EOS_ID, beam_size, length_penalty, src_mask=src_mask,
                                  pad_id=PAD_ID, extra_len=extra_len)  # (B, T)
-        for i, row in zip(rows, generated_ids(tokens, EOS_ID)):
-            output[i] = tokenizer.decode(row)
-        bar.update(len(rows))
+        for j, row in zip(batch, generated_ids(tokens, EOS_ID)):
+            texts[j] = tokenizer.decode(row)
+        bar.update(len(batch))
+    output: list[list[str]] = [[] for _ in sentences]
+    for i, text in zip(owner, texts):  # the parts of a sentence, in order, joined by a space
+        output[i].append(text)
     bar.close()
-    return output
+    return [" ".join(text for text in texts if text) for texts in output]
 
 
 # chapters/17_translation.md: Training
