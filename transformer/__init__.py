@@ -33,8 +33,6 @@ from transformer.nn.cache import DecoderCache
 from transformer.generation.quantize import quantize_int8
 from transformer.tasks.translation import fit_translation, load_translator
 from transformer.tasks.classifier import SequenceClassifier, train_classifier
-from transformer.interop.bert import load_minilm
-from transformer.nn.text_encoder import TextEncoder
 from transformer.tasks.language_model import train_language_model
 from transformer.nn.decoder_only import DecoderOnlyLM
 from transformer.generation.sampling import sample
@@ -75,8 +73,6 @@ __all__ = [
     'load_translator',
     'SequenceClassifier',
     'train_classifier',
-    'load_minilm',
-    'TextEncoder',
     'train_language_model',
     'DecoderOnlyLM',
     'sample',

@@ -94,6 +94,7 @@ def text_encoder_from_bert(config: Mapping[str, Any], state_dict: Mapping[str, T
         if state_dict[theirs].shape != ours[name].shape:
             raise ValueError(f"{theirs}: the checkpoint's tensor has shape {tuple(state_dict[theirs].shape)}, "
                              f"the model's {name} {tuple(ours[name].shape)}")
+    model = model.to(state_dict["embeddings.word_embeddings.weight"].dtype)  # float64 weights stay exact
     model.load_state_dict({name: state_dict[theirs] for theirs, name in names.items()})
     return model
 
