@@ -39,6 +39,12 @@ class TextEncoder(nn.Module):
 
     Shape:
         input_ids (B, S) -> hidden states (B, S, d_model).
+
+    Example:
+        >>> import torch
+        >>> model = TextEncoder(vocab_size=100, d_model=8, num_heads=2, d_ff=16, num_layers=1)
+        >>> model(torch.tensor([[5, 6, 7, 0]]), attention_mask=torch.tensor([[1, 1, 1, 0]])).shape
+        torch.Size([1, 4, 8])
     """
 
     def __init__(self, vocab_size: int, d_model: int = 384, num_heads: int = 12, d_ff: int = 1536,
