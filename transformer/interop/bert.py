@@ -3,7 +3,8 @@
 """BERT's weights in the book's ``TextEncoder``: a table of names, a loader of checkpoint folders
 (``config.json`` and ``model.safetensors``, read with ``safetensors``), and all-MiniLM-L6-v2,
 fetched by ``make setup``, with its WordPiece tokenizer (read with ``tokenizers``) and its
-sentence embeddings (mean-pooled, L2-normalised). Needs neither ``transformers`` nor the network.
+sentence embeddings (mean-pooled, L2-normalised). Needs ``safetensors`` and ``tokenizers``
+(``pip install -e ".[minilm]"``), neither ``transformers`` nor the network.
 
 Defined in the book's chapter "A pretrained encoder: MiniLM" (chapters/24_pretrained_encoder.md).
 """
