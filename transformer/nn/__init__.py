@@ -15,6 +15,7 @@ from transformer.nn.decoder import DecoderLayer, Decoder
 from transformer.nn.model import Transformer
 from transformer.nn.modes import evaluating
 from transformer.nn.cache import KVCache, DecoderLayerCache, DecoderCache, FixedKVCache
+from transformer.nn.text_encoder import TextEncoder
 from transformer.nn.decoder_only import DecoderOnlyLM
 from transformer.nn.relative import relative_positions, RelativeMultiHeadAttention, rotary, RotaryMultiHeadAttention
 from transformer.nn.vision import (patches, PatchEmbedding, sinusoidal_encoding_2d, grid_relations,
@@ -46,6 +47,7 @@ __all__ = [
     'DecoderLayerCache',
     'DecoderCache',
     'FixedKVCache',
+    'TextEncoder',
     'DecoderOnlyLM',
     'relative_positions',
     'RelativeMultiHeadAttention',

