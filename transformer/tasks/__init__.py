@@ -15,6 +15,9 @@ from transformer.tasks.metrics import corpus_scores
 from transformer.tasks.brackets import (BRACKET_VOCAB, is_balanced, encode_brackets, decode_brackets, random_balanced,
     near_miss, bracket_split, bracket_dataset)
 from transformer.tasks.classifier import SequenceClassifier, accuracy, classification_loss, train_classifier
+from transformer.tasks.tagging import (CASES, MARKS, MARK_NAMES, TAG_LABELS, IGNORE_INDEX, word_label, text_labels,
+    restore_text, tag_targets, tagging_tensors, TokenClassifier, tagging_loss, train_tagger, per_label_scores,
+    facet_scores, decide_tags)
 from transformer.tasks.language_model import (CharVocab, random_windows, loss_by_position, evaluate_language_model,
     next_token_loss, train_language_model)
 from transformer.tasks.digits import DIGITS_SHA256, load_digits, stratified_split
@@ -74,6 +77,22 @@ __all__ = [
     'accuracy',
     'classification_loss',
     'train_classifier',
+    'CASES',
+    'MARKS',
+    'MARK_NAMES',
+    'TAG_LABELS',
+    'IGNORE_INDEX',
+    'word_label',
+    'text_labels',
+    'restore_text',
+    'tag_targets',
+    'tagging_tensors',
+    'TokenClassifier',
+    'tagging_loss',
+    'train_tagger',
+    'per_label_scores',
+    'facet_scores',
+    'decide_tags',
     'CharVocab',
     'random_windows',
     'loss_by_position',
