@@ -106,11 +106,9 @@ def run_settings(seed: int, num_threads: int | None) -> Iterator[None]:
             torch.set_num_threads(threads)
 
 
-# chapters/13_training.md: The training loop
 def free_cores() -> int:
     """The CPU cores this process may use that the last minute's load average leaves idle, at least 1:
-    the number of threads of the commands and of the book's larger training runs, so that a busy
-    machine does not make them spin at barriers for cores that other processes hold."""
+    the threads of the commands and of larger training runs, which must not spin for taken cores."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     busy = round(os.getloadavg()[0]) if hasattr(os, "getloadavg") else 0
     return max(1, min(cores, cores - busy))
