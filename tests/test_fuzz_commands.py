@@ -136,8 +136,11 @@ def check_run(argv: list[str], folder: Path, stdin: bytes = b"") -> tuple[int, s
     if code == 2:  # a usage error is two lines: the usage's first line and the message
         lines = err.splitlines()
         assert lines[-2].startswith("usage: ") and ": error: " in lines[-1], f"transformer {argv!r}: {err}"
-    outside = changed_outside(before, snapshot(folder), outputs(argv))
+    after = snapshot(folder)
+    outside = changed_outside(before, after, outputs(argv))
     assert outside == [], f"transformer {argv!r} changed {outside}"
+    if code == 2:  # a refused run leaves no folder behind, not even the one it was named
+        assert changed_outside(before, after, []) == [], f"the refused transformer {argv!r} left files"
     return code, err
 
 

@@ -509,6 +509,8 @@ def test_settings_that_cannot_run_are_refused_up_front_and_leave_no_folder(tmp_p
 def test_the_checkpoint_folder_is_made_when_training_starts(tmp_path, capsys):
     main([*TINY, "--steps", "1", "--checkpoint-dir", str(tmp_path / "a" / "run")])
     assert (tmp_path / "a" / "run" / "checkpoint.pt").is_file()
+    # The last line says where it went, also when --no-progress showed nothing else.
+    assert capsys.readouterr().out.splitlines()[-1] == f"checkpoint written to {tmp_path / 'a' / 'run' / 'checkpoint.pt'}"
 
 
 def test_help_shows_defaults_only_where_there_are_some():

@@ -143,6 +143,8 @@ def run_training(args: argparse.Namespace) -> Transformer:
         if rank == 0:
             accuracy = exact_match(model, valid_numbers, source_vocab(), target_vocab(), device=device)
             print(f"validation exact match: {accuracy:.1%} of {len(valid_numbers)} numbers")
+            if args.checkpoint_dir is not None:  # also when --no-progress has shown nothing else
+                print(f"checkpoint written to {os.path.join(args.checkpoint_dir, 'checkpoint.pt')}")
         return model
     finally:
         if world_size > 1:
@@ -175,10 +177,13 @@ def multi30k_main(argv: Sequence[str] | None = None, prog: str = "python -m tran
         resume = Path(args.checkpoint_dir or "") / "checkpoint.pt"
         if args.resume and resume.is_file() and rank == 0:
             print(f"resuming from {resume} at step {read_checkpoint(resume)['step']} of {config.steps}")
-        model, tokenizer, _ = fit_translation(
-            config, train, valid if rank == 0 else None, device=device, progress=args.progress and rank == 0,
-            checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, save_checkpoints=rank == 0,
-            log=print if rank == 0 else None, **parallel)
+        try:
+            model, tokenizer, _ = fit_translation(
+                config, train, valid if rank == 0 else None, device=device, progress=args.progress and rank == 0,
+                checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, save_checkpoints=rank == 0,
+                log=print if rank == 0 else None, **parallel)
+        except ValueError as err:  # what only the data refuse (a --max-len shorter than a sentence), before a step
+            parser.error(str(err))
         if rank == 0:
             print(f"validation BLEU, greedy, last model: {corpus_scores(translate(model, tokenizer, valid[0]), valid[1])['bleu']:.2f}")
             if args.checkpoint_dir is not None:
@@ -188,6 +193,8 @@ def multi30k_main(argv: Sequence[str] | None = None, prog: str = "python -m tran
                                 config.steps, note={"averaged_steps": [int(p.stem[5:]) for p in steps]})
                 bleu = corpus_scores(translate(model, tokenizer, valid[0]), valid[1])["bleu"]
                 print(f"validation BLEU, greedy, average of the last {len(steps)} checkpoints: {bleu:.2f}")
+                print(f"checkpoints written to {args.checkpoint_dir}: checkpoint.pt (to resume), averaged.pt "
+                      "(to translate with)")
         return 0
     finally:
         if world_size > 1:
