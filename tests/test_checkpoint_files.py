@@ -174,7 +174,7 @@ def test_another_tasks_checkpoint_names_the_task_and_its_loader(tmp_path):
 
 def test_translate_names_extra_len():
     model, tokenizer = load_translator(MODEL)
-    with pytest.raises(ValueError, match="^extra_len must be a non-negative int, got -5$"):
+    with pytest.raises(ValueError, match="^extra_len must be an int >= 0, got -5$"):
         translate(model, tokenizer, ["Ein Hund."], extra_len=-5)
 
 

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from transformer.checks import check_non_negative_int, check_positive_int
+from transformer.checks import check_positive_int
 from transformer.nn.attention import padding_mask
 from transformer.training.checkpoint import check_resume, read_checkpoint, restore_checkpoint, save_checkpoint
 from transformer.training.config import make_optimizer
@@ -57,7 +57,8 @@ def translate(model: Transformer, tokenizer: Any, sentences: Sequence[str], beam
                         + next(type(s).__name__ for s in sentences if not isinstance(s, str)))
     check_positive_int("beam_size", beam_size)
     check_positive_int("batch_tokens", batch_tokens)
-    check_non_negative_int("extra_len", extra_len)
+    if isinstance(extra_len, bool) or not isinstance(extra_len, int) or extra_len < 0:  # before max_len's checks
+        raise ValueError(f"extra_len must be an int >= 0, got {extra_len!r}")
     device = next(model.parameters()).device
     max_len = model.positional_encoding.max_len
     ids = [row[:max_len] for row in encode_lines(tokenizer, sentences)]  # a longer source is cut
