@@ -359,8 +359,13 @@ def test_resume_needs_a_checkpoint_dir_and_starts_afresh_in_an_empty_one(tmp_pat
     with pytest.raises(SystemExit) as stop:
         main([*TINY, "--resume"])
     assert stop.value.code == 2 and "--resume needs --checkpoint-dir" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:  # a mistyped folder continues nothing (issue 32)
+        main([*TINY, "--steps", "2", "--checkpoint-dir", str(tmp_path / "new"), "--resume"])
+    assert stop.value.code == 2 and "does not exist, so there is no run to continue" in capsys.readouterr().err
+    (tmp_path / "new").mkdir()
     main([*TINY, "--steps", "2", "--checkpoint-dir", str(tmp_path / "new"), "--resume"])
-    assert "resuming" not in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "resuming" not in out and "yet: starting from step 0" in out
     assert torch.load(tmp_path / "new" / "checkpoint.pt", weights_only=True)["step"] == 2
 
 

@@ -383,7 +383,7 @@ def test_translate_refuses_a_bare_string_and_bad_sizes(committed):
         translate(model, tokenizer, GERMAN, beam_size=0)
     with pytest.raises(ValueError, match="batch_tokens must be a positive int, got -1"):
         translate(model, tokenizer, GERMAN, batch_tokens=-1)
-    with pytest.raises(ValueError, match="extra_len must be None or an int >= 0, got -1"):
+    with pytest.raises(ValueError, match="extra_len must be an int >= 0, got -1"):
         translate(model, tokenizer, GERMAN, extra_len=-1)
 
 

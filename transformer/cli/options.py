@@ -240,7 +240,7 @@ def _check_checkpoint_dir(folder: str, config: TrainConfig, resume: bool) -> Non
     except (OSError, ValueError) as err:  # ValueError: a NUL in the path
         raise ValueError(f"--checkpoint-dir {folder} cannot be written: {getattr(err, 'strerror', '') or err}") from None
     path = os.path.join(folder, "checkpoint.pt")
-    if os.path.isfile(path):
+    if os.path.exists(path):  # a file, or something else that read_checkpoint names
         checkpoint = read_checkpoint(path)
         if not resume:
             raise ValueError(f"--checkpoint-dir {folder} holds a run already (checkpoint.pt, at step "

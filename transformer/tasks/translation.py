@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from transformer.checks import check_non_negative_int, check_positive_int
+from transformer.checks import check_positive_int
 from transformer.nn.attention import padding_mask
 from transformer.training.checkpoint import check_resume, read_checkpoint, restore_checkpoint, save_checkpoint
 from transformer.training.config import make_optimizer

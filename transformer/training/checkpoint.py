@@ -14,7 +14,6 @@ __all__ = ['save_checkpoint', 'read_checkpoint', 'restore_checkpoint', 'load_che
 import os
 from collections.abc import Sequence
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any, overload
 
 import torch
