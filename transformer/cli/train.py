@@ -268,7 +268,10 @@ def translation_main(argv: Sequence[str] | None = None, prog: str = "python -m t
         config = check_multi30k_arguments(args)
     except (TypeError, ValueError) as err:
         parser.error(str(err))
-    return train_translator(args, config, lambda: (train, valid))
+    try:
+        return train_translator(args, config, lambda: (train, valid))
+    except ValueError as err:  # fit_translation's check of the data against the model: a pair longer than max_len
+        parser.error(str(err))
 
 
 TRAINERS["translation"] = translation_main
