@@ -233,9 +233,25 @@ def test_a_sentence_too_long_is_cut_before_words_and_a_word_anywhere(tokenizer):
     assert [len(part) for part in parts_of(tokenizer, word, 7)][:-1] == [7] * (len(tokenizer.encode(word).ids) // 7)
 
 
+def test_a_sentence_too_long_is_cut_in_pieces_of_piece_tokens_and_one_that_fits_stays_whole(tokenizer, train):
+    short, long = train[0][0], " ".join(s.rstrip(".") for s in train[0][1:40])  # one sentence, then a long one
+    line = f"{short} {long}."
+    n_short = len(tokenizer.encode(short).ids)
+    assert 8 < n_short < 30 < len(tokenizer.encode(long).ids)
+    parts = split_encoding(tokenizer.encode(line), line, 30, 8)
+    assert parts[0] == tokenizer.encode(short).ids  # longer than 8 tokens, but it fits: whole
+    assert all(len(part) <= 8 for part in parts[1:]) and len(parts) > 10
+    assert [i for part in parts for i in part] == tokenizer.encode(line).ids
+    assert split_encoding(tokenizer.encode(line), line, 30, 99) == split_encoding(tokenizer.encode(line), line, 30)
+
+
 def test_split_encoding_refuses_a_bad_limit(tokenizer):
     with pytest.raises(ValueError, match="max_tokens must be a positive int, got 0"):
         parts_of(tokenizer, "Ein Hund.", 0)
+    with pytest.raises(ValueError, match="piece_tokens must be a positive int, got -2"):
+        split_encoding(tokenizer.encode("Ein Hund."), "Ein Hund.", 5, -2)
+    with pytest.raises(ValueError, match="piece_tokens must be a positive int, got 0"):
+        split_encoding(tokenizer.encode("Ein Hund."), "Ein Hund.", 5, 0)
 
 
 def test_check_text_names_the_item_that_is_not_text():

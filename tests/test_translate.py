@@ -346,7 +346,7 @@ def test_outputs_stop_at_source_length_plus_extra_len_and_at_max_len(tokenizer, 
     sentences = ["Ein Hund.", "Zwei Männer spielen Fußball.", GERMAN[3]]
     lengths = [len(tokenizer.encode(s).ids) for s in sentences]
     assert lengths[0] < lengths[1] < 18 < 24 < lengths[2]  # the last is longer than max_len
-    parts = [split_encoding(tokenizer.encode(s), s, 24) for s in sentences]  # the last in parts that fit
+    parts = [split_encoding(tokenizer.encode(s), s, 24, 24 // 8) for s in sentences]  # the last in pieces
     assert [len(p) for p in parts[:2]] == [1, 1] and len(parts[2]) > 1 and sum(map(len, parts[2])) == lengths[2]
     for extra_len in (0, 3, 50):
         outputs = [json.loads(f"[{out.replace('] [', '], [')}]")  # a sentence's parts joined by a space
@@ -723,7 +723,7 @@ def test_train_command_help_of_the_translation_task(capsys):
     with pytest.raises(SystemExit):
         train_cli(["--help"])  # the number-words task has none of them
     out = capsys.readouterr().out
-    assert "--task {numbers,multi30k}" in out and "--batch-tokens" not in out
+    assert "--task {numbers,multi30k,translation}" in out and "--batch-tokens" not in out
 
 
 def test_train_parser_defaults_are_the_translation_config():

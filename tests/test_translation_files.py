@@ -99,3 +99,14 @@ def test_the_help_names_the_files(capsys):
     assert stop.value.code == 0 and all(f"--{name} FILE" in shown for name in ("train-src", "train-tgt", "valid-src",
                                                                               "valid-tgt"))
     assert "any languages" in shown and "--vocab-size" in shown
+
+
+def test_a_pair_longer_than_max_len_is_refused_in_one_line(files, tmp_path, capsys):
+    long = tmp_path / "long.en"
+    lines = (files / "train.en").read_text(encoding="utf-8").splitlines()
+    long.write_text("\n".join([" ".join(lines[:10]), *lines[1:]]) + "\n", encoding="utf-8")  # ten sentences in one
+    with pytest.raises(SystemExit) as stop:
+        main([*options(files, train_src=long), *SMALL, "--max-len", "64", "--checkpoint-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "Traceback" not in err
+    assert "more than max_len=64: raise max_len or leave such pairs out" in err.splitlines()[-1]

@@ -144,24 +144,27 @@ def train_tokenizer(lines: Iterable[str], vocab_size: int) -> Any:
 SENTENCE_END = re.compile(r"[.!?…][\"'»«“”)\]]*$")  # the end of a word that ends a sentence
 
 
-def split_encoding(encoding: Any, text: str, max_tokens: int) -> list[list[int]]:
+def split_encoding(encoding: Any, text: str, max_tokens: int, piece_tokens: int | None = None) -> list[list[int]]:
     """The ids of ``encoding`` (a ``tokenizers.Encoding`` of ``text``) in parts of at most ``max_tokens``.
 
     All of them, if they fit; else one part for each sentence (a word ending in ``.``, ``!``, ``?``
-    or ``…``, closing quotes allowed, ends one), and a sentence still too long in pieces cut before a
-    word, or anywhere in a word longer than ``max_tokens`` tokens. No token is lost or repeated.
+    or ``…``, closing quotes allowed, ends one), and a sentence longer than ``max_tokens`` in pieces
+    of at most ``piece_tokens`` (default ``max_tokens``) cut before a word, or anywhere in a word
+    longer than that. No token is lost or repeated.
     """
     ids, words, offsets = list(encoding.ids), encoding.word_ids, encoding.offsets
     check_positive_int("max_tokens", max_tokens)
+    piece = min(max_tokens, check_positive_int("piece_tokens", max_tokens if piece_tokens is None else piece_tokens))
     if len(ids) <= max_tokens:
         return [ids]
     starts = [i for i in range(1, len(ids)) if words[i] != words[i - 1]]  # tokens that begin a word
     ends = [i for i in starts if SENTENCE_END.search(text[max(0, offsets[i - 1][1] - 4):offsets[i - 1][1]])]
     parts, lo = [], 0
     for hi in [*ends, len(ids)]:  # one sentence: ids[lo:hi]
-        while hi - lo > max_tokens:
-            j = bisect.bisect_right(starts, lo + max_tokens) - 1  # the last word start that keeps it short
-            cut = starts[j] if j >= 0 and starts[j] > lo else lo + max_tokens
+        limit = max_tokens if hi - lo <= max_tokens else piece  # a sentence that fits stays whole
+        while hi - lo > limit:
+            j = bisect.bisect_right(starts, lo + limit) - 1  # the last word start that keeps the piece short
+            cut = starts[j] if j >= 0 and starts[j] > lo else lo + limit
             parts.append(ids[lo:cut])
             lo = cut
         parts.append(ids[lo:hi])

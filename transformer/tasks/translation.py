@@ -48,7 +48,8 @@ def translate(model: Transformer, tokenizer: Any, sentences: Sequence[str], beam
     (sentences x ``beam_size`` x the longest source); outputs come in the input order. An output
     has at most (source length + ``extra_len``) tokens, the paper's limit, and never more than the
     model's ``max_len``. An empty (or all-blank) sentence translates to an empty line. A source longer
-    than ``max_len`` tokens is translated whole: in parts that fit (``split_encoding``), joined by a space.
+    than ``max_len`` tokens is translated whole: in parts that fit (``split_encoding``; a sentence too long
+    in pieces of ``max_len // 8`` tokens), joined by a space.
     """
     sentences = check_text("sentences", sentences)  # a list of str, each of them text
     check_positive_int("beam_size", beam_size)
@@ -59,7 +60,7 @@ def translate(model: Transformer, tokenizer: Any, sentences: Sequence[str], beam
     owner: list[int] = []  # the sentence of each part
     for i, encoding in enumerate(tokenizer.encode_batch(sentences)):
         if sentences[i].strip():
-            parts += split_encoding(encoding, sentences[i], max_len)
+            parts += split_encoding(encoding, sentences[i], max_len, max(1, max_len // 8))  # pieces: short
             owner += [i] * (len(parts) - len(owner))
     texts = ["" for _ in parts]
     tokens_of = [len(row) * beam_size for row in parts]  # a part's tokens, once per hypothesis
