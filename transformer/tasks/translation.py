@@ -54,7 +54,8 @@ def translate(model: Transformer, tokenizer: Any, sentences: Sequence[str], beam
     sentences = check_text("sentences", sentences)  # a list of str, each of them text
     check_positive_int("beam_size", beam_size)
     check_positive_int("batch_tokens", batch_tokens)
-    check_non_negative_int("extra_len", extra_len)
+    if isinstance(extra_len, bool) or not isinstance(extra_len, int) or extra_len < 0:  # before max_len's checks
+        raise ValueError(f"extra_len must be an int >= 0, got {extra_len!r}")
     device, max_len = next(model.parameters()).device, model.positional_encoding.max_len
     parts: list[list[int]] = []  # a source longer than max_len is translated in parts, each fitting the model
     owner: list[int] = []  # the sentence of each part
