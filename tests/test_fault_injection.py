@@ -109,9 +109,18 @@ def _kill_the_real_command(folder: Path) -> None:
     process.wait()
 
 
+@pytest.fixture
+def one_thread():
+    """One torch thread in this process while it forks: a child never meets a thread pool it cannot use."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="forks the runs")
-def test_a_run_killed_at_random_moments_and_resumed_ends_bit_identical(tmp_path, capsys):
+def test_a_run_killed_at_random_moments_and_resumed_ends_bit_identical(tmp_path, capsys, one_thread):
     assert main([*RUN, "--checkpoint-dir", str(tmp_path / "straight")]) == 0  # here: the first run imports lazily
     reference = read_checkpoint(tmp_path / "straight" / "checkpoint.pt")
     assert reference["step"] == 120

@@ -678,6 +678,7 @@ def test_train_command_saves_averages_and_resumes(tmp_path, monkeypatch, capsys)
                                                          "step-000006.pt"]
     assert "validation BLEU, greedy, last model: " in first.stdout
     assert "validation BLEU, greedy, average of the last 2 checkpoints: " in first.stdout
+    assert first.stdout.splitlines()[-1] == f"checkpoints written to {folder}: checkpoint.pt (to resume), averaged.pt"
     checkpoint = torch.load(folder / "checkpoint.pt", weights_only=True)
     assert checkpoint["step"] == 6 and checkpoint["history"]["step"] == list(range(1, 7))
     config = TranslationConfig(**checkpoint["config"])
@@ -698,6 +699,7 @@ def test_train_command_saves_averages_and_resumes(tmp_path, monkeypatch, capsys)
         train_cli([*TRAIN, "--steps", "8", "--checkpoint-dir", str(folder)])
     assert stop.value.code == 2 and "pass --resume to continue it" in capsys.readouterr().err
     assert train_cli([*TRAIN, "--steps", "8", "--checkpoint-dir", str(folder), "--resume"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"resuming from {folder / 'checkpoint.pt'} at step 6 of 8"
     resumed = torch.load(folder / "checkpoint.pt", weights_only=True)
     assert resumed["step"] == 8 and resumed["history"]["step"] == list(range(1, 9))
     assert resumed["history"]["loss"][:6] == checkpoint["history"]["loss"]
