@@ -11,7 +11,6 @@ __all__ = ['MULTI30K_TERMS', 'model_card']
 
 
 import hashlib
-import json
 import os
 from pathlib import Path
 
@@ -26,43 +25,25 @@ MULTI30K_TERMS = (
     "pages 70–74.")
 
 
-def _beside(path: Path, name: str) -> str:
-    return (path.parent / name).read_text(encoding="utf-8") if (path.parent / name).is_file() else ""
-
-
 def model_card(checkpoint: str | os.PathLike, folder_name: str = "FOLDER") -> str:
-    """A model card (Markdown) for the translator in ``checkpoint``, loaded from a folder ``folder_name``.
-
-    From the checkpoint: its file, step and settings; from the records beside it, as in
-    ``models/multi30k``: the title and terms (``README.md``), the command (last line of ``train.log``)
-    and the figures (``results.json``). What is not recorded, the card says it is not.
-    """
+    """A model card (Markdown) for the translator in ``checkpoint``, loaded from a folder ``folder_name``:
+    the record kept beside it (``README.md``, as in ``models/multi30k``: source, how it was made, figures,
+    terms), or a line saying there is none, then the checkpoint's checksum and settings, and how to load it."""
     path = Path(checkpoint)
-    saved, readme, log = read_checkpoint(path), _beside(path, "README.md"), _beside(path, "train.log").split("\n")
-    results = json.loads(_beside(path, "results.json") or "{}")
-    averaged = (saved.get("note") or {}).get("averaged_steps")
-    settings = ", ".join(f"{key} {value}" for key, value in (saved.get("config") or {}).items() if key in
-                         ("d_model", "num_heads", "num_layers", "d_ff", "max_len", "vocab_size"))
-    title = next((line for line in readme.splitlines() if line.startswith("# ")), "# A Transformer translator")
-    terms = readme.split("## Terms", 1)[1].split("\n## ", 1)[0].strip() if "## Terms" in readme else (
-        "Not recorded beside the checkpoint: the model is derived from its training data, on their terms.")
-    command = [line.strip() for line in log if "transformer.train" in line or "transformer train" in line]
-    figures = results.get("averaged" if averaged else "last", {})
-    rows = [f"| {key.split('_')[0]} | {key.split('_')[1]} | {f['bleu']:.2f} | {f['chrf']:.2f} |" for key, f in figures.items()]
+    saved, record = read_checkpoint(path), path.parent / "README.md"
+    settings = ", ".join(f"{key} {value}" for key, value in (saved.get("config") or {}).items()
+                         if key in ("d_model", "num_heads", "num_layers", "d_ff", "max_len", "vocab_size"))
+    body = record.read_text(encoding="utf-8").strip() if record.is_file() else (
+        "# A Transformer translator\n\nHow it was made, its figures and its terms are not recorded beside the "
+        "checkpoint: the model is derived from its training data, on their terms.")
+    steps = (saved.get("note") or {}).get("averaged_steps")
     return "\n".join([
         "---", "library_name: transformers", "pipeline_tag: translation", "tags: [marian, transformer-book]", "---",
-        "", title, "", f"A Transformer encoder-decoder (Vaswani et al., 2017) from the book's package `transformer`, "
-        f"exported to Marian's layout by `transformer export huggingface`. Source: `{path.name}` (SHA-256 "
-        f"`{hashlib.sha256(path.read_bytes()).hexdigest()}`), step {saved['step']}"
-        + (f", the average of the checkpoints of steps {', '.join(map(str, averaged))}" if averaged else "")
-        + f"; {settings}.", "", "## How it was made", "",
-        *(["```sh", command[-1], "```"] if command else ["The command is not recorded beside the checkpoint."]),
-        *([f"On {results['machine'].get('device')}, torch {results['machine'].get('torch')}."] if "machine" in results else []),
-        "", "## Figures", "", *(["| data | decoding | BLEU | chrF |", "|---|---|---|---|", *rows, "",
-                                 f"sacreBLEU: `{next(iter(figures.values()))['bleu_signature']}`"]
-                                if rows else ["No figures are recorded beside the checkpoint."]),
-        "", "## Terms", "", terms, *(["", MULTI30K_TERMS] if "Multi30k" in terms else []), "", "## How to load it", "",
-        "```python", "from transformers import AutoTokenizer, MarianMTModel", "",
+        "", body, "", "## This folder", "", f"Written by `transformer export huggingface` from `{path.name}` "
+        f"(SHA-256 `{hashlib.sha256(path.read_bytes()).hexdigest()}`), step {saved['step']}"
+        + (f", the average of steps {', '.join(map(str, steps))}" if steps else "") + f"; {settings}.",
+        *(["", "## Terms of the data", "", MULTI30K_TERMS] if "Multi30k" in body else []),
+        "", "## How to load it", "", "```python", "from transformers import AutoTokenizer, MarianMTModel", "",
         f'tokenizer = AutoTokenizer.from_pretrained("{folder_name}")',
         f'model = MarianMTModel.from_pretrained("{folder_name}")',
         'batch = tokenizer(["Ein Hund läuft über die Wiese."], return_tensors="pt", padding=True)',
