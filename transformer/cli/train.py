@@ -226,9 +226,9 @@ def build_translation_parser(prog: str = "python -m transformer.train") -> argpa
     """The options of ``--task translation``: four files of parallel text, and those of ``--task multi30k``."""
     parser = CommandParser(
         prog=f"{prog} --task translation",
-        description="Train a Transformer to translate on your own parallel text: UTF-8 files of one sentence a "
-                    "line, line i of --train-tgt the translation of line i of --train-src (any languages). A joint "
-                    "BPE vocabulary of --vocab-size tokens is learned on both sides of the training files.")
+        description="Train a Transformer to translate your own parallel text (any languages): UTF-8 files of one "
+                    "sentence a line, line i of --train-tgt translating line i of --train-src; a joint BPE "
+                    "vocabulary of --vocab-size tokens is learned on both sides of the training files.")
     parser.add_argument("--task", choices=("translation",), default="translation", help="what to learn")
     files = parser.add_argument_group("data")
     for name, meaning in (("train-src", "sentences to translate, for training"), ("train-tgt", "their translations"),
@@ -263,14 +263,10 @@ def translation_main(argv: Sequence[str] | None = None, prog: str = "python -m t
     train a translator on your own parallel text, alone or under torchrun, as ``multi30k_main`` does."""
     parser = build_translation_parser(prog)
     args = parser.parse_args(argv)
-    try:
+    try:  # the files, the settings, and fit_translation's check of the pairs against max_len
         train, valid = read_pairs(args, "train-src", "train-tgt"), read_pairs(args, "valid-src", "valid-tgt")
-        config = check_multi30k_arguments(args)
+        return train_translator(args, check_multi30k_arguments(args), lambda: (train, valid))
     except (TypeError, ValueError) as err:
-        parser.error(str(err))
-    try:
-        return train_translator(args, config, lambda: (train, valid))
-    except ValueError as err:  # fit_translation's check of the data against the model: a pair longer than max_len
         parser.error(str(err))
 
 
