@@ -87,7 +87,7 @@ def test_refuses_an_unknown_task(capsys):
     ("--batch-size", "-2", "batch_size must be a positive int, got -2"),
     ("--d-model", "ten", "invalid int value: 'ten'"),
     ("--label-smoothing", "1.5", "label_smoothing must be in [0, 1), got 1.5"),
-    ("--clip", "-1", "clip must be > 0 or None, got -1.0"),
+    ("--clip", "-1", "clip must be a number > 0, got -1.0"),
 ])
 def test_refuses_a_value_the_config_refuses_naming_the_flag(capsys, option, value, message):
     with pytest.raises(SystemExit) as exit_:
@@ -457,3 +457,78 @@ def test_the_tasks_are_the_keys_of_the_trainers_table(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         train.main(["--help"])
     assert "echo" in capsys.readouterr().out  # --task's choices are read when the parser is built
+
+
+# Issue 32: settings checked before anything starts, each message naming the file, field or flag.
+@pytest.mark.parametrize("content, message", [
+    (b'{"betas": [0.9, "x"]}', r"--config \S+run.json: betas\[1\] must be a float in \[0, 1\), got str 'x'"),
+    (b'{"betas": 0.9}', r"--config \S+run.json: betas must be two numbers \(beta1, beta2\), got 0.9"),
+    (b'{"adam_eps": -1}', r"--config \S+run.json: adam_eps must be a number > 0, got -1"),
+    (b'{"seed": 1.5}', r"--config \S+run.json: seed must be a non-negative int, got float 1.5"),
+    (b'{"d_model": 1e2}', r"--config \S+run.json: d_model must be a positive int, got float 100.0"),
+    (b"\x80\x81\xfe\x00binary", r"--config \S+run.json is not a text file"),
+    (b"[" * 100_000, r"--config \S+run.json is not JSON"),
+    (b'{"steps": 1' + b"0" * 5000 + b"}", r"--config \S+run.json is not JSON"),
+    (b'"d_model"', r"--config \S+run.json must hold a JSON object of fields, got str"),
+])
+def test_a_config_file_is_checked_field_by_field_naming_the_file(tmp_path, capsys, content, message):
+    path = tmp_path / "run.json"
+    path.write_bytes(content)
+    with pytest.raises(SystemExit) as stop:
+        main([*TINY, "--config", str(path), "--checkpoint-dir", str(tmp_path / "run")])
+    assert stop.value.code == 2
+    error = capsys.readouterr().err.splitlines()
+    assert len(error) == 2 and re.search(message, error[1]), error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]  # the refused run left no folder
+
+
+def test_a_config_file_that_is_a_folder_is_named(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main([*TINY, "--config", str(tmp_path)])
+    assert f"--config {tmp_path} cannot be read: Is a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--max-len", "4"], r"--max-len 4 is too short: the longest example, \d+ \('[a-z -]+'\), has \d words"),
+    (["--betas", "2", "3"], r"betas\[0\] must be in \[0, 1\), got 2.0"),
+    (["--adam-eps", "inf"], "adam_eps must be a finite number > 0, got inf"),
+    (["--train-size", "999999", "--valid-size", "2"], "add up to more than the 1,000,000 numbers"),
+    (["--num-layers", "100000000"], r"parameters: training it needs [\d,.]+ GiB or more"),
+    (["--d-model", "1" + "0" * 400], r"--d-model 10+ is beyond any machine"),
+    (["--num-threads", "100000"], "--num-threads 100000 is more than the"),
+])
+def test_settings_that_cannot_run_are_refused_up_front_and_leave_no_folder(tmp_path, capsys, options, message):
+    with pytest.raises(SystemExit) as stop:
+        main([*TINY, *options, "--checkpoint-dir", str(tmp_path / "a" / "run")])
+    assert stop.value.code == 2
+    error = capsys.readouterr().err.splitlines()
+    assert len(error) == 2 and re.search(message, error[1]), error
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_checkpoint_folder_is_made_when_training_starts(tmp_path, capsys):
+    main([*TINY, "--steps", "1", "--checkpoint-dir", str(tmp_path / "a" / "run")])
+    assert (tmp_path / "a" / "run" / "checkpoint.pt").is_file()
+    # The last line says where it went, also when --no-progress showed nothing else.
+    assert capsys.readouterr().out.splitlines()[-1] == f"checkpoint written to {tmp_path / 'a' / 'run' / 'checkpoint.pt'}"
+
+
+def test_help_shows_defaults_only_where_there_are_some():
+    from transformer.cli.translate import build_parser
+
+    for parser in (build_numbers_parser("transformer train"), build_parser("transformer translate")):
+        text = " ".join(parser.format_help().split())
+        assert "(default: None)" not in text and "(default: False)" not in text
+        assert "--device {cpu,cuda} where to" in text and "(default: cuda when torch finds one" in text
+    assert "--checkpoint CHECKPOINT a model of" in " ".join(build_parser().format_help().split())
+
+
+def test_translate_refuses_a_gpu_that_is_not_there(monkeypatch, capsys):
+    from transformer.cli.translate import main as translate_main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as stop:
+        translate_main(["--checkpoint", "nowhere.pt", "--device", "cuda"], prog="transformer translate")
+    assert stop.value.code == 2
+    error = capsys.readouterr().err.splitlines()
+    assert error[1] == "transformer translate: error: --device cuda was asked for, but torch.cuda.is_available() is False"

@@ -739,7 +739,7 @@ def test_train_parser_defaults_are_the_translation_config():
 @pytest.mark.parametrize("options, message", [
     (["--d-model", "30", "--num-heads", "4"], "d_model must be divisible by num_heads"),
     (["--save-every", "5"], "--save-every needs --checkpoint-dir"),
-    (["--eval-size", "-1"], "eval_size must be an int >= 0, got -1"),
+    (["--eval-size", "-1"], "eval_size must be a non-negative int, got -1"),
     (["--batch-tokens", "0"], "argument --batch-tokens: batch_tokens must be a positive int, got 0"),
     (["--dropout", "1.5"], r"dropout must be in [0, 1), got 1.5"),
 ])

@@ -8,7 +8,7 @@ Defined in the book's chapter "Long runs" (chapters/21_long_runs.md).
 """
 
 
-__all__ = ['package_version', 'CommandParser', 'field_docs', 'add_config_options', 'read_config_file', 'config_from_args', 'positive_int', 'add_where_options', 'check_where']
+__all__ = ['package_version', 'DefaultsHelpFormatter', 'CommandParser', 'field_docs', 'add_config_options', 'read_config_file', 'config_from_args', 'positive_int', 'add_where_options', 'check_where', 'check_machine']
 
 
 import argparse
@@ -49,11 +49,24 @@ def package_version() -> str:
         return found.group(1) if found else "unknown"
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Adds "(default: X)" to an option's help, unless the help says it already, the option is required,
+    is a switch that is off unless given, or has the default None (its help says what no value means)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if ("default" in text or action.required or action.default in (None, argparse.SUPPRESS)
+                or (action.nargs == 0 and action.default is False) or not action.option_strings):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 class CommandParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` with ``--version`` whose usage errors take two lines on stderr: the usage's
     first line and ``PROG: error: MESSAGE`` (exit status 2), not the whole usage block."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
         super().__init__(*args, **kwargs)
         self.add_argument("--version", action="version", version=f"transformer {package_version()}")
 
@@ -129,20 +142,30 @@ def add_config_options(parser: argparse.ArgumentParser, default: Any) -> argpars
 
 # chapters/21_long_runs.md: A command for every run
 def read_config_file(path: str | os.PathLike, default: Any) -> dict[str, Any]:
-    """The fields in the JSON file ``path``; ValueError, naming the file, for anything else."""
+    """The fields in the JSON file ``path``, each checked by ``default``'s class; ValueError or TypeError,
+    naming the file, for anything else."""
+    where = f"--config {os.fspath(path)}"
     try:
-        values = json.loads(Path(path).read_text())
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as err:
-        raise ValueError(f"--config {os.fspath(path)} cannot be read: {err.strerror or err}") from None
-    except json.JSONDecodeError as err:
-        raise ValueError(f"--config {os.fspath(path)} is not JSON: {err}") from None
+        raise ValueError(f"{where} cannot be read: {err.strerror or err}") from None
+    except ValueError as err:  # bytes that are not UTF-8 text, a NUL in the path
+        raise ValueError(f"{where} is not a text file: {err}") from None
+    try:
+        values = json.loads(text)
+    except (ValueError, RecursionError) as err:  # JSONDecodeError is a ValueError; so is a 5,000-digit number
+        raise ValueError(f"{where} is not JSON: {err}") from None
     if not isinstance(values, dict):
-        raise ValueError(f"--config {os.fspath(path)} must hold a JSON object of fields, got {type(values).__name__}")
+        raise ValueError(f"{where} must hold a JSON object of fields, got {type(values).__name__}")
     names = [field.name for field in dataclasses.fields(default)]
     unknown = sorted(set(values) - set(names))
     if unknown:
-        raise ValueError(f"--config {os.fspath(path)}: {', '.join(unknown)} not a field of {type(default).__name__} "
+        raise ValueError(f"{where}: {', '.join(unknown)} not a field of {type(default).__name__} "
                          f"(its fields: {', '.join(names)})")
+    try:
+        dataclasses.replace(default, **values)  # the class's checks, naming the field
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"{where}: {err}") from None
     return values
 
 
@@ -171,13 +194,16 @@ def positive_int(text: str) -> int:
 def add_where_options(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     """Where the run happens: checkpoints, device, progress bar, how processes meet; returns the group."""
     where = parser.add_argument_group("where")
-    where.add_argument("--checkpoint-dir", help="save checkpoint.pt (and more) in this folder")
+    where.add_argument("--checkpoint-dir", help="save checkpoint.pt (and more) in this folder, made when training "
+                                                "starts (default: none, nothing is saved)")
     where.add_argument("--resume", action="store_true",
                        help="continue the run whose checkpoint.pt is in --checkpoint-dir (without it, a folder "
                             "that holds a run is refused)")
-    where.add_argument("--save-every", type=positive_int, help="also save every N steps")
-    where.add_argument("--device", choices=("cpu", "cuda"), help="where to train (default: cuda when there is one)",
-                       default="cuda" if torch.cuda.is_available() else "cpu")
+    where.add_argument("--save-every", type=positive_int, metavar="N",
+                       help="also save every N steps (default: only at the end)")
+    where.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu",
+                       help="where to train: cpu, or cuda, the GPU (default: cuda when torch finds one, here "
+                            f"{'cuda' if torch.cuda.is_available() else 'cpu'})")
     where.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                        help="show a progress bar (process 0 only)")
     where.add_argument("--init-method", default="env://",
@@ -200,12 +226,16 @@ def check_where(args: argparse.Namespace, config: TrainConfig) -> None:
 
 def _check_checkpoint_dir(folder: str, config: TrainConfig, resume: bool) -> None:
     """The folder can be written to, and a checkpoint in it is continued on purpose, with these settings."""
+    existing = Path(os.path.abspath(folder))  # the folder is made by the first save: a refused run leaves none
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
     try:
-        os.makedirs(folder, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
+        if not existing.is_dir():
+            raise NotADirectoryError(0, f"{existing} is a file")
+        with tempfile.TemporaryFile(dir=existing):
             pass
-    except OSError as err:
-        raise ValueError(f"--checkpoint-dir {folder} cannot be written: {err.strerror or err}") from None
+    except (OSError, ValueError) as err:  # ValueError: a NUL in the path
+        raise ValueError(f"--checkpoint-dir {folder} cannot be written: {getattr(err, 'strerror', '') or err}") from None
     path = os.path.join(folder, "checkpoint.pt")
     if os.path.isfile(path):
         checkpoint = read_checkpoint(path)
@@ -213,3 +243,27 @@ def _check_checkpoint_dir(folder: str, config: TrainConfig, resume: bool) -> Non
             raise ValueError(f"--checkpoint-dir {folder} holds a run already (checkpoint.pt, at step "
                              f"{checkpoint['step']}): pass --resume to continue it, or choose another folder")
         check_resume(checkpoint, config, path)
+
+
+# chapters/21_long_runs.md: A command for every run
+def check_machine(config: TrainConfig, vocab_size: int, device: str) -> None:
+    """Refuse settings this machine cannot run: a model whose training state alone (weights, gradients,
+    Adam's two moments: 16 bytes a parameter) exceeds the device's memory, or more threads than cores."""
+    for name in ("d_model", "d_ff", "num_layers", "max_len"):
+        if getattr(config, name) >= 2**31:  # beyond any machine; the arithmetic below stays in range
+            raise ValueError(f"--{name.replace('_', '-')} {getattr(config, name)} is beyond any machine (at most 2**31)")
+    d, layers = config.d_model, config.num_layers
+    per_layer = 12 * d * d + 4 * d * config.d_ff  # an encoder layer (4d² + 2 d d_ff) and a decoder layer (8d² + ...)
+    parameters = layers * per_layer + 3 * vocab_size * d + config.max_len * d  # embeddings, output, positions
+    memory: int | None = None
+    if device == "cuda" and torch.cuda.is_available():
+        memory = torch.cuda.get_device_properties(0).total_memory
+    else:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else None
+    if memory and 16 * parameters > memory:
+        raise ValueError(f"the model these settings describe has about {parameters:,} parameters: training it needs "
+                         f"{16 * parameters / 2**30:,.1f} GiB or more, and the {device} has {memory / 2**30:,.1f} GiB "
+                         f"(--d-model {d}, --d-ff {config.d_ff}, --num-layers {layers}, --max-len {config.max_len})")
+    cores = os.cpu_count() or 1
+    if config.num_threads is not None and config.num_threads > cores:
+        raise ValueError(f"--num-threads {config.num_threads} is more than the {cores} cores of this machine")

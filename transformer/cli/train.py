@@ -23,12 +23,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from transformer.cli.options import (CommandParser, add_config_options, add_where_options, check_where,
+from transformer.cli.options import (CommandParser, add_config_options, add_where_options, check_machine, check_where,
     config_from_args, positive_int)
 from transformer.training.config import TrainConfig, make_model
 from transformer.tasks.multi30k import TranslationConfig, make_translation_model, PAD_ID, load_multi30k
 from transformer.training.checkpoint import average_checkpoints, read_checkpoint
-from transformer.tasks.numbers import source_vocab, split_numbers, target_vocab
+from transformer.tasks.numbers import MAX_NUMBER, number_to_words, source_vocab, split_numbers, target_vocab
 from transformer.training.distributed import (data_parallel_options, init_distributed, replica_difference,
     world_size_of_run)
 from transformer.nn.model import Transformer
@@ -80,6 +80,7 @@ def check_multi30k_arguments(args: argparse.Namespace) -> TranslationConfig:
     config = config_from_args(args, TranslationConfig())
     assert isinstance(config, TranslationConfig)
     check_where(args, config)  # the device, and the checkpoint folder, as for the number words
+    check_machine(config, config.vocab_size, args.device)
     with torch.device("meta"):
         make_translation_model(config, config.vocab_size)  # the model's checks, e.g. d_model % num_heads
     return config
@@ -94,7 +95,18 @@ def check_numbers_arguments(args: argparse.Namespace, world_size: int = 1) -> Tr
             f"--batch-size {config.batch_size} cannot be split evenly over {world_size} processes: "
             f"the global batch must be a multiple of the number of processes"
         )
+    if args.train_size + args.valid_size > MAX_NUMBER + 1:
+        raise ValueError(f"--train-size {args.train_size} and --valid-size {args.valid_size} add up to more than "
+                         f"the {MAX_NUMBER + 1:,} numbers there are")
+    answer = len(str(MAX_NUMBER)) + 3  # predict decodes <bos>, six digits, <eos> and one more
+    if config.max_len < answer:  # the data's longest example may need fewer: find it to name it
+        train, valid, _ = split_numbers(args.train_size, args.valid_size, 0, seed=config.seed)
+        longest = max(train + valid, key=lambda n: len(number_to_words(n).split()))
+        raise ValueError(f"--max-len {config.max_len} is too short: the longest example, {longest} "
+                         f"({number_to_words(longest)!r}), has {len(number_to_words(longest).split())} words, and "
+                         f"the answers are decoded with up to {answer} tokens; use --max-len {answer} or more")
     check_where(args, config)
+    check_machine(config, len(source_vocab()), args.device)
     with torch.device("meta"):
         make_model(config, source_vocab(), target_vocab())  # the model's checks, e.g. d_model % num_heads
     return config
@@ -132,6 +144,8 @@ def run_training(args: argparse.Namespace) -> Transformer:
         if rank == 0:
             accuracy = exact_match(model, valid_numbers, source_vocab(), target_vocab(), device=device)
             print(f"validation exact match: {accuracy:.1%} of {len(valid_numbers)} numbers")
+            if args.checkpoint_dir is not None:  # also when --no-progress has shown nothing else
+                print(f"checkpoint written to {os.path.join(args.checkpoint_dir, 'checkpoint.pt')}")
         return model
     finally:
         if world_size > 1:
@@ -173,10 +187,13 @@ def train_translator(args: argparse.Namespace, config: TranslationConfig, data: 
         resume = Path(args.checkpoint_dir or "") / "checkpoint.pt"
         if args.resume and resume.is_file() and rank == 0:
             print(f"resuming from {resume} at step {read_checkpoint(resume)['step']} of {config.steps}")
-        model, tokenizer, _ = fit_translation(
-            config, train, valid if rank == 0 else None, device=device, progress=args.progress and rank == 0,
-            checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, save_checkpoints=rank == 0,
-            log=print if rank == 0 else None, **parallel)
+        try:
+            model, tokenizer, _ = fit_translation(
+                config, train, valid if rank == 0 else None, device=device, progress=args.progress and rank == 0,
+                checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, save_checkpoints=rank == 0,
+                log=print if rank == 0 else None, **parallel)
+        except ValueError as err:  # what only the data refuse (a --max-len shorter than a sentence), before a step
+            parser.error(str(err))
         if rank == 0:
             print(f"validation BLEU, greedy, last model: {corpus_scores(translate(model, tokenizer, valid[0]), valid[1])['bleu']:.2f}")
             if args.checkpoint_dir is not None:
@@ -186,6 +203,8 @@ def train_translator(args: argparse.Namespace, config: TranslationConfig, data: 
                                 config.steps, note={"averaged_steps": [int(p.stem[5:]) for p in steps]})
                 bleu = corpus_scores(translate(model, tokenizer, valid[0]), valid[1])["bleu"]
                 print(f"validation BLEU, greedy, average of the last {len(steps)} checkpoints: {bleu:.2f}")
+                print(f"checkpoints written to {args.checkpoint_dir}: checkpoint.pt (to resume), averaged.pt "
+                      "(to translate with)")
         return 0
     finally:
         if world_size > 1:

@@ -28,7 +28,7 @@ from transformer.tasks.translation import load_translator, translate
 def build_parser(prog: str = "python -m transformer.translate") -> argparse.ArgumentParser:
     """The options of ``python -m transformer.translate`` (``transformer translate``)."""
     parser = CommandParser(
-        prog=prog, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog=prog,
         description="Translate one sentence per line (the book's model: German into English), from stdin (UTF-8) "
                     "to stdout. A line longer than the model takes is cut at sentence ends (then before words), "
                     "and its parts translated and joined.")
@@ -39,7 +39,9 @@ def build_parser(prog: str = "python -m transformer.translate") -> argparse.Argu
     parser.add_argument("--extra-len", type=int, default=50, help="an output has at most (input length + this) tokens")
     parser.add_argument("--batch-tokens", type=positive_int, default=4096, help="tokens of hypotheses decoded at once")
     parser.add_argument("--threads", type=positive_int, help="CPU threads (default: free_cores(), the idle ones)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="where to translate: cpu, or cuda, the GPU (default: cuda when torch finds one, here "
+                             f"{'cuda' if torch.cuda.is_available() else 'cpu'})")
     parser.add_argument("--int8", action="store_true", help="int8 linear layers (CPU only; see quantize_int8)")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                         help="show a progress bar on stderr")
@@ -59,6 +61,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.t
         parser.error(f"--length-penalty must be >= 0, got {args.length_penalty}")
     if args.int8 and args.device != "cpu":
         parser.error(f"--int8 runs on the CPU: add --device cpu (got --device {args.device})")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda was asked for, but torch.cuda.is_available() is False")
     try:
         model, tokenizer = load_translator(args.checkpoint, args.device)
     except (OSError, ValueError) as err:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from transformer.paths import data_file
-from transformer.checks import check_positive_int
+from transformer.checks import check_bool, check_positive_int
 from transformer.nn.attention import padding_mask
 from transformer.training.config import TrainConfig
 from transformer.training.batch import Batch, pad_rows
@@ -107,8 +107,7 @@ class TranslationConfig(TrainConfig):
         super().__post_init__()
         for name in ("batch_tokens", "vocab_size", "keep_last"):
             check_positive_int(name, getattr(self, name))
-        if not isinstance(self.bf16, bool):
-            raise TypeError(f"bf16 must be a bool, got {type(self.bf16).__name__}")
+        check_bool("bf16", self.bf16)  # and TrainConfig's fields, with the checks of chapter 35, above
 
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2  # SPECIAL_TOKENS' ids in every tokenizer of train_tokenizer

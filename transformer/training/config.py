@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from transformer.checks import check_fraction, check_positive_int
+from transformer.checks import check_fraction, check_non_negative_int, check_number, check_positive_int
 from transformer.training.vocab import Vocab
 from transformer.nn.model import Transformer
 from transformer.training.schedules import warmup_scheduler
@@ -65,24 +65,21 @@ class TrainConfig:
     num_threads: int | None = 1
     """CPU threads while training (None: leave torch's setting)."""
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # every field, so that a bad one is named before a run starts
         for name in ("d_model", "num_heads", "num_layers", "d_ff", "max_len", "batch_size", "steps", "warmup",
-                     "eval_every"):
+                     "eval_every") + (("num_threads",) if self.num_threads is not None else ()):
             check_positive_int(name, getattr(self, name))
-        if isinstance(self.eval_size, bool) or not isinstance(self.eval_size, int) or self.eval_size < 0:
-            raise ValueError(f"eval_size must be an int >= 0, got {self.eval_size!r}")
-        check_fraction("dropout", self.dropout)
-        check_fraction("label_smoothing", self.label_smoothing)
-        check_fraction("cooldown", self.cooldown)
-        if not self.lr_factor > 0:
-            raise ValueError(f"lr_factor must be > 0, got {self.lr_factor}")
-        if self.clip is not None and not self.clip > 0:
-            raise ValueError(f"clip must be > 0 or None, got {self.clip}")
-        if self.num_threads is not None:
-            check_positive_int("num_threads", self.num_threads)
-        if len(self.betas) != 2:
-            raise ValueError(f"betas must be two numbers (beta1, beta2), got {self.betas!r}")
-        self.betas = (self.betas[0], self.betas[1])  # a tuple, also when read from a list (JSON)
+        check_non_negative_int("eval_size", self.eval_size)
+        for name in ("dropout", "label_smoothing", "cooldown"):
+            check_fraction(name, getattr(self, name))
+        for name in ("lr_factor", "adam_eps") + (("clip",) if self.clip is not None else ()):
+            check_number(name, getattr(self, name))
+        if check_non_negative_int("seed", self.seed) >= 2**64:
+            raise ValueError(f"seed must be below 2**64 (torch takes 64-bit seeds), got {self.seed}")
+        if not isinstance(self.betas, (tuple, list)) or len(self.betas) != 2:
+            error = ValueError if isinstance(self.betas, (tuple, list)) else TypeError
+            raise error(f"betas must be two numbers (beta1, beta2), got {self.betas!r}")
+        self.betas = (check_fraction("betas[0]", self.betas[0]), check_fraction("betas[1]", self.betas[1]))
 
 
 # chapters/14_training_run.md: The training loop

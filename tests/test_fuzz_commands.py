@@ -1,0 +1,318 @@
+"""Fuzz tests of the commands and the configuration classes (issue 32, item 8).
+
+Random and mutated inputs -- flags drawn from each command's real flag list with random values,
+mutated JSON configurations, files of random bytes -- must end in exit status 0 or 2, never a
+traceback, and change no file outside the output the command was named. The commands run in this
+process (``command(argv)``, as ``transformer ...`` does), in a temporary folder, with fixed seeds so
+that a failure names its arguments and can be replayed; a few run as real processes to check that
+stderr holds no traceback.
+"""
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import transformer
+from transformer.__main__ import command
+from transformer.tasks.multi30k import TranslationConfig
+from transformer.training.config import TrainConfig
+
+ROOT = Path(transformer.__file__).resolve().parent.parent
+MODEL = ROOT / "models" / "multi30k" / "model.pt"  # the committed translator
+# A model that trains a step in milliseconds; the random flags come after it and override it.
+TINY = ["--d-model", "16", "--num-layers", "1", "--num-heads", "2", "--d-ff", "32", "--warmup", "2",
+        "--steps", "2", "--batch-size", "4", "--train-size", "8", "--valid-size", "4", "--eval-every", "1",
+        "--eval-size", "4", "--no-progress", "--device", "cpu"]
+# Values a flag may get: the edges of every type, text that is no number, and small numbers only, so
+# that a run that starts also ends fast (huge sizes are refused up front; tests/test_train_cli.py).
+VALUES = ["0", "-1", "1", "2", "3", "1.5", "0.5", "nan", "inf", "-inf", "none", "None", "x", "", " ", "1e3",
+          "\u0663", "true", "--", "-", "0x10", "1_0", "\x00", "é", "{}", "[0.9, 0.98]", "cuda", "cpu", "numbers",
+          "multi30k", "huggingface", "out", "out/inner", "run.json", "random.bin", "folder", "env://"]
+# The random JSON values of a mutated configuration.
+JSON_VALUES = [None, True, False, 0, -1, 1, 2, 0.5, 1.5, -0.5, 1e308, 10**30, "x", "", [], {}, [0.9], [0.9, 0.98],
+               [0.9, "x"], [[0.1, 0.2]], {"a": 1}, "none", float("nan")]
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every path under ``folder``: its SHA-256 (a file) or "dir"."""
+    found = {}
+    for path in sorted(folder.rglob("*")):
+        found[str(path.relative_to(folder))] = "dir" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
+
+
+def outputs(argv: list[str]) -> list[str]:
+    """The outputs ``argv`` names (``--checkpoint-dir``, ``--out``), relative to the working folder."""
+    named = []
+    for i, arg in enumerate(argv[:-1]):
+        if arg in ("--checkpoint-dir", "--out"):
+            named.append(os.path.normpath(argv[i + 1]) if argv[i + 1] else ".")
+    for arg in argv:  # --out=DIR
+        if arg.startswith(("--checkpoint-dir=", "--out=")):
+            named.append(os.path.normpath(arg.split("=", 1)[1] or "."))
+    return named
+
+
+def changed_outside(before: dict[str, str], after: dict[str, str], allowed: list[str]) -> list[str]:
+    """The paths added, removed or changed that lie outside every allowed output."""
+    def inside(path: str) -> bool:
+        return any(a == "." or path == a or path.startswith(a + os.sep) for a in allowed)
+    changed = {p for p in before.keys() | after.keys() if before.get(p) != after.get(p)}
+    return sorted(p for p in changed if not inside(p))
+
+
+def run_in_process(argv: list[str], stdin: bytes = b"") -> tuple[int, str]:
+    """``transformer ARGV`` in this process: (exit status, stderr). Any exception but SystemExit fails the test."""
+    err, out = io.StringIO(), io.StringIO()
+    stdin_stream = io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8")
+    saved = sys.stdin, torch.get_num_threads()
+    sys.stdin = stdin_stream
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+            try:
+                code = command(argv)
+            except SystemExit as stop:
+                code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    except Exception as error:  # noqa: BLE001 -- the point of the test: name the arguments that raised
+        raise AssertionError(f"transformer {argv!r} raised {type(error).__name__}: {error}") from error
+    finally:
+        sys.stdin = saved[0]
+        torch.set_num_threads(saved[1])
+    return code, err.getvalue()
+
+
+def flags_of(argv: list[str]) -> list[str]:
+    """The flags that ``transformer ARGV --help`` lists: the command's real flag list."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        command([*argv, "--help"])
+    options = [line.strip().split("  ")[0] for line in out.getvalue().splitlines() if line.startswith("  -")]
+    return sorted({flag for option in options for flag in re.findall(r"--[a-z][a-z0-9-]*", option)} - {"--help"})
+
+
+@pytest.fixture
+def playground(tmp_path, monkeypatch):
+    """A working folder with the files the random values name: a JSON configuration, random bytes, a folder."""
+    monkeypatch.chdir(tmp_path)
+    rng = random.Random(7)
+    (tmp_path / "run.json").write_text(json.dumps({"steps": 2, "d_model": 16}))
+    (tmp_path / "random.bin").write_bytes(rng.randbytes(512))
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "keep.txt").write_text("not to be touched\n")
+    return tmp_path
+
+
+def random_argv(rng: random.Random, command_: list[str], flags: list[str], base: list[str],
+                good: dict[str, list[str]] | None = None, good_share: float = 0.9) -> list[str]:
+    """``command_``, then ``base``, then one to four random flags with random values (some without one);
+    a flag in ``good`` gets one of its good values with probability ``good_share``, so that some runs start."""
+    argv = [*command_, *base]
+    for _ in range(rng.randint(1, 4)):
+        flag = rng.choice(flags)
+        if good and flag in good and rng.random() < good_share:
+            argv += [flag, *([rng.choice(good[flag])] if good[flag] else [])]
+            continue
+        values = [rng.choice(VALUES) for _ in range(rng.choice((0, 1, 1, 1, 2)))]
+        argv += [flag, *values] if rng.random() < 0.9 or not values else [f"{flag}={values[0]}"]
+    return argv
+
+
+def check_run(argv: list[str], folder: Path, stdin: bytes = b"") -> tuple[int, str]:
+    """Run ``argv`` in ``folder``; check its exit status, stderr and the files outside its output."""
+    before = snapshot(folder)
+    code, err = run_in_process(argv, stdin)
+    assert code in (0, 2), f"transformer {argv!r} exited {code}: {err[-2000:]}"
+    assert "Traceback" not in err, f"transformer {argv!r}: {err[-2000:]}"
+    if code == 2:  # a usage error is two lines: the usage's first line and the message
+        lines = err.splitlines()
+        assert lines[-2].startswith("usage: ") and ": error: " in lines[-1], f"transformer {argv!r}: {err}"
+    after = snapshot(folder)
+    outside = changed_outside(before, after, outputs(argv))
+    assert outside == [], f"transformer {argv!r} changed {outside}"
+    if code == 2:  # a refused run leaves no folder behind, not even the one it was named
+        assert changed_outside(before, after, []) == [], f"the refused transformer {argv!r} left files"
+    return code, err
+
+
+def test_random_flags_of_train(playground):
+    rng = random.Random(32)
+    flags = flags_of(["train"])
+    assert {"--d-model", "--betas", "--config", "--checkpoint-dir", "--task"} <= set(flags)
+    codes = [check_run(random_argv(rng, ["train"], flags, TINY), playground)[0] for _ in range(40)]
+    assert codes.count(0) >= 3 and codes.count(2) >= 10  # both paths were taken
+
+
+def test_random_flags_of_train_multi30k(playground):
+    # The working folder holds no book, so a run that passes every check stops at the missing data
+    # (a usage error too): what is fuzzed is everything before it.
+    rng = random.Random(33)
+    flags = flags_of(["train", "--task", "multi30k"])
+    assert {"--vocab-size", "--bf16", "--keep-last"} <= set(flags)
+    for _ in range(25):
+        check_run(random_argv(rng, ["train"], flags, ["--task", "multi30k", *TINY[:-2]]), playground)
+
+
+def test_random_flags_of_translate_and_export(playground):
+    rng = random.Random(34)
+    translate, export = flags_of(["translate"]), flags_of(["export"])
+    assert {"--checkpoint", "--beam", "--device"} <= set(translate) and {"--checkpoint", "--out"} <= set(export)
+    for _ in range(20):
+        check_run(random_argv(rng, ["translate"], translate, ["--checkpoint", rng.choice(["random.bin", "folder",
+                                                                                          "run.json", "nowhere"])]),
+                  playground, stdin=b"Ein Hund.\n")
+        check_run(random_argv(rng, ["export", rng.choice(["huggingface", "onnx", ""])], export,
+                              ["--checkpoint", rng.choice(["random.bin", "folder", "run.json"])]), playground)
+
+
+def test_translate_with_random_flags_and_text(playground):
+    rng = random.Random(35)
+    good = {"--beam": ["1", "2", "3"], "--length-penalty": ["0", "0.6", "2"], "--extra-len": ["0", "3", "50"],
+            "--batch-tokens": ["1", "16", "4096"], "--int8": [], "--progress": [], "--no-progress": []}
+    flags = sorted(good)
+    assert set(flags) <= set(flags_of(["translate"]))
+    codes = []
+    words = ["Ein", "Mann", "fährt", "Fahrrad", ".", ",", "!", "Zwei", "Kinder", "spielen", "am", "Strand", "?", "ß",
+             "\u200b", "\t", "😀", "Ω", "123"]
+    for _ in range(8):
+        text = "\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(0, 12))) for _ in range(rng.randint(0, 3)))
+        argv = random_argv(rng, ["translate"], flags, ["--checkpoint", str(MODEL), "--no-progress", "--device", "cpu",
+                                                       "--threads", "1"], good)
+        codes.append(check_run(argv, playground, stdin=text.encode("utf-8"))[0])
+    assert codes.count(0) >= 2, codes
+
+
+def mutated_config(rng: random.Random, config_class: type) -> dict:
+    """The default configuration as JSON, with one to three fields given random values, removed or misspelled."""
+    values = json.loads(json.dumps({k: v for k, v in vars(config_class()).items()}))
+    for _ in range(rng.randint(1, 3)):
+        field = rng.choice(sorted(values))
+        roll = rng.random()
+        if roll < 0.8:
+            values[field] = rng.choice(JSON_VALUES)
+        elif roll < 0.9:
+            del values[field]
+        else:
+            values[field[::-1]] = values.pop(field)
+    return values
+
+
+@pytest.mark.parametrize("config_class", [TrainConfig, TranslationConfig])
+def test_mutated_configurations_raise_only_type_or_value_errors_naming_a_field(config_class):
+    rng = random.Random(36)
+    names = [field for field in vars(config_class())]
+    for _ in range(300):
+        values = mutated_config(rng, config_class)
+        try:
+            config_class(**values)
+        except TypeError as error:  # a wrong type, or an unknown field (the dataclass's own message)
+            assert any(name in str(error) for name in names) or "unexpected keyword" in str(error), (values, error)
+        except ValueError as error:
+            assert any(name in str(error) for name in names), (values, error)
+
+
+def test_mutated_config_files_are_usage_errors_naming_the_file(playground):
+    rng = random.Random(37)
+    for i in range(25):
+        path = playground / f"mutated-{i}.json"
+        text = json.dumps(mutated_config(rng, TrainConfig))
+        if rng.random() < 0.3:  # bytes cut, doubled or flipped
+            cut = rng.randrange(len(text))
+            text = rng.choice([text[:cut], text[:cut] + text[cut:] * 2, text[:cut] + chr(rng.randrange(1, 0x2FF)) + text[cut + 1:]])
+        path.write_text(text, encoding="utf-8")
+        code, err = check_run(["train", *TINY, "--config", path.name, "--steps", "1"], playground)
+        assert code == 0 or f"--config {path.name}" in err.splitlines()[-1], err
+
+
+def test_random_bytes_as_files(playground):
+    rng = random.Random(38)
+    for i in range(10):
+        path = playground / f"bytes-{i}"
+        path.write_bytes(rng.randbytes(rng.choice([0, 1, 10, 1000, 100_000])))
+        check_run(["train", *TINY, "--config", path.name], playground)
+        check_run(["translate", "--checkpoint", path.name], playground, stdin=b"Hallo.\n")
+        check_run(["export", "huggingface", "--checkpoint", path.name, "--out", "hf"], playground)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv, stdin", [
+    (["train", "--task", "multi30k", "--vocab-size", "0x10", "--bf16", "--checkpoint-dir", "folder/keep.txt"], b""),
+    (["translate", "--checkpoint", "random.bin", "--beam", "2"], b"\xff\xfe\n"),
+])
+def test_commands_as_processes_print_no_traceback(playground, argv, stdin):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    before = snapshot(playground)
+    done = subprocess.run([sys.executable, "-m", "transformer", *argv], input=stdin, capture_output=True,
+                          cwd=playground, env=env, timeout=120)
+    err = done.stderr.decode("utf-8", "replace")
+    assert done.returncode == 2 and "Traceback" not in err and len(err.splitlines()) == 2, err
+    assert changed_outside(before, snapshot(playground), []) == []
+
+
+def damaged_files(folder: Path, rng: random.Random) -> list[Path]:
+    """Files a loader may be given: random bytes, nothing, the committed model cut short or with flipped
+    bytes, JSON, a folder, and a path with nothing there."""
+    real = MODEL.read_bytes()
+    contents = [rng.randbytes(n) for n in (1, 64, 5000)] + [b"", b'{"step": 1}', real[:100]]
+    for _ in range(3):
+        cut = rng.randrange(len(real))
+        contents.append(real[:cut])
+        flipped = bytearray(real)
+        for i in rng.sample(range(len(real)), 3):
+            flipped[i] ^= 0xFF
+        contents.append(bytes(flipped))
+    paths = []
+    for i, content in enumerate(contents):
+        path = folder / f"damaged-{i}.pt"
+        path.write_bytes(content)
+        paths.append(path)
+    (folder / "a-folder.pt").mkdir()
+    return paths + [folder / "a-folder.pt", folder / "nothing-here.pt"]
+
+
+# Until the checkpoint readers say in one line what a file is (issue 32 item 3, helper A1's part): the
+# loaders pass torch's errors and its "weights_only" advice through. Remove the mark when they do.
+A1 = pytest.mark.xfail(reason="issue 32 item 3: the checkpoint readers' one-line errors (helper A1)", strict=False)
+
+
+@pytest.mark.parametrize("loader", [pytest.param(name, marks=A1) for name in
+                                    ("read_checkpoint", "load_checkpoint", "load_translator", "train --resume")])
+def test_loaders_refuse_damaged_files_with_one_clear_error(tmp_path, monkeypatch, loader):
+    from transformer.tasks.translation import load_translator
+    from transformer.training.checkpoint import load_checkpoint, read_checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    for path in damaged_files(tmp_path, random.Random(39)):
+        if loader == "train --resume":  # the damaged file as the checkpoint of a run to resume
+            run = tmp_path / f"run-{path.stem}"
+            run.mkdir()
+            if path.is_file():
+                (run / "checkpoint.pt").write_bytes(path.read_bytes())
+            check_run(["train", *TINY, "--checkpoint-dir", run.name, "--resume"], tmp_path)
+            continue
+        load = {"read_checkpoint": read_checkpoint, "load_checkpoint": load_checkpoint,
+                "load_translator": load_translator}[loader]
+        try:
+            load(path)
+        except (ValueError, OSError) as error:  # FileNotFoundError and IsADirectoryError are OSErrors
+            assert path.name in str(error) and "weights_only" not in str(error), (path.name, error)
+        except Exception as error:  # noqa: BLE001
+            raise AssertionError(f"{loader}({path.name}) raised {type(error).__name__}: {error}") from error
+
+
+@pytest.mark.xfail(reason="issue 32 item 3: text that is not UTF-8 on stdin (helper B's read_lines)", strict=False)
+def test_translate_with_random_bytes_on_stdin(playground):
+    rng = random.Random(40)
+    for _ in range(3):
+        text = b"Ein Hund.\n" + rng.randbytes(rng.choice((1, 30))) + b"\nZwei Kinder.\n"
+        check_run(["translate", "--checkpoint", str(MODEL), "--no-progress", "--device", "cpu", "--threads", "1"],
+                  playground, stdin=text)
