@@ -167,15 +167,16 @@ def multi30k_main(argv: Sequence[str] | None = None, prog: str = "python -m tran
         load_multi30k("val")  # the data are there, or a usage error now rather than a traceback later
     except (TypeError, ValueError, FileNotFoundError) as err:
         parser.error(str(err))
-    return train_translator(args, config, lambda: (load_multi30k("train"), load_multi30k("val")))
+    return train_translator(parser, args, config, lambda: (load_multi30k("train"), load_multi30k("val")))
 
 
 Pairs = tuple[Sequence[str], Sequence[str]]
 
 
-def train_translator(args: argparse.Namespace, config: TranslationConfig, data: Callable[[], tuple[Pairs, Pairs]]) -> int:
-    """Train a translator on ``data() = (train, valid)``, each (sources, targets), as ``args`` says:
-    the run of ``multi30k_main``, and of any other parallel text."""
+def train_translator(parser: argparse.ArgumentParser, args: argparse.Namespace, config: TranslationConfig,
+                     data: Callable[[], tuple[Pairs, Pairs]]) -> int:
+    """Train a translator on ``data() = (train, valid)``, each (sources, targets), as ``parser``'s ``args``
+    say: the run of ``multi30k_main``, and of any other parallel text."""
     rank, world_size, device = init_distributed(args.device, args.init_method)
     if device.type == "cuda":
         # cuDNN's attention builds a plan for every new shape, and token batches change shape at
@@ -282,11 +283,12 @@ def translation_main(argv: Sequence[str] | None = None, prog: str = "python -m t
     train a translator on your own parallel text, alone or under torchrun, as ``multi30k_main`` does."""
     parser = build_translation_parser(prog)
     args = parser.parse_args(argv)
-    try:  # the files, the settings, and fit_translation's check of the pairs against max_len
+    try:
         train, valid = read_pairs(args, "train-src", "train-tgt"), read_pairs(args, "valid-src", "valid-tgt")
-        return train_translator(args, check_multi30k_arguments(args), lambda: (train, valid))
+        config = check_multi30k_arguments(args)
     except (TypeError, ValueError) as err:
         parser.error(str(err))
+    return train_translator(parser, args, config, lambda: (train, valid))
 
 
 TRAINERS["translation"] = translation_main

@@ -18,11 +18,10 @@ from transformer.training.checkpoint import read_checkpoint
 
 
 # chapters/21_long_runs.md: A card for a model that is shared
-MULTI30K_TERMS = (
-    "Multi30k (task 1) is distributed under the same terms as Flickr30K: the captions are for research and "
-    "non-commercial educational use. Cite: D. Elliott, S. Frank, K. Sima'an and L. Specia (2016). Multi30K: "
-    "Multilingual English-German Image Descriptions. Proceedings of the 5th Workshop on Vision and Language, "
-    "pages 70–74.")
+MULTI30K_TERMS = ("Multi30k (task 1) is distributed under the same terms as Flickr30K: the captions are for research "
+                  "and non-commercial educational use. Cite: D. Elliott, S. Frank, K. Sima'an and L. Specia (2016). "
+                  "Multi30K: Multilingual English-German Image Descriptions. Proceedings of the 5th Workshop on "
+                  "Vision and Language, pages 70–74.")
 
 
 def model_card(checkpoint: str | os.PathLike, folder_name: str = "FOLDER") -> str:
