@@ -309,10 +309,10 @@ def test_loaders_refuse_damaged_files_with_one_clear_error(tmp_path, monkeypatch
             raise AssertionError(f"{loader}({path.name}) raised {type(error).__name__}: {error}") from error
 
 
-@pytest.mark.xfail(reason="issue 32 item 3: text that is not UTF-8 on stdin (helper B's read_lines)", strict=False)
-def test_translate_with_random_bytes_on_stdin(playground):
+@pytest.mark.parametrize("errors", ["strict", "replace"])
+def test_translate_with_random_bytes_on_stdin(playground, errors):
     rng = random.Random(40)
     for _ in range(3):
         text = b"Ein Hund.\n" + rng.randbytes(rng.choice((1, 30))) + b"\nZwei Kinder.\n"
-        check_run(["translate", "--checkpoint", str(MODEL), "--no-progress", "--device", "cpu", "--threads", "1"],
-                  playground, stdin=text)
+        check_run(["translate", "--checkpoint", str(MODEL), "--no-progress", "--device", "cpu", "--threads", "1",
+                   "--errors", errors], playground, stdin=text)

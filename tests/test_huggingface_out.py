@@ -165,7 +165,7 @@ def test_the_command_writes_a_folder_that_transformers_loads_offline(tmp_path, t
     assert english == translate(*committed, test_de[:6])
     card = (out / "README.md").read_text(encoding="utf-8")  # the model card: tests/test_model_card.py reads it
     assert card.startswith("---\nlibrary_name: transformers\n") and 'MarianMTModel.from_pretrained("hf")' in card
-    assert "## Terms" in card and "| test | beam | 39.61 | 58.95 |" in card
+    assert "## Terms of the data" in card and "| average of the last 5 | beam 4, α = 0.6 | **39.61** | 58.95 |" in card
 
 
 def test_the_command_refuses_a_folder_that_is_not_empty(tmp_path, capsys):

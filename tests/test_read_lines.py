@@ -58,3 +58,19 @@ def test_a_file_that_cannot_be_read_is_named(tmp_path):
 def test_errors_must_be_strict_or_replace():
     with pytest.raises(ValueError, match="errors must be 'strict' or 'replace', got 'ignore'"):
         read_lines(io.BytesIO(b""), what="stdin", errors="ignore")
+
+
+def test_parallel_files_pair_up_or_are_refused_by_name(tmp_path):
+    from transformer.files import read_parallel
+
+    (tmp_path / "de").write_text("Ein Hund.\nZwei Kinder.\n", encoding="utf-8")
+    (tmp_path / "en").write_text("A dog.\r\nTwo children.", encoding="utf-8")
+    assert read_parallel("--src", tmp_path / "de", "--tgt", tmp_path / "en") == (
+        ["Ein Hund.", "Zwei Kinder."], ["A dog.", "Two children."])
+    for text, message in (("A dog.\n", "--tgt {}/bad has 1 lines but --src has 2"),
+                          ("", "--tgt {}/bad is empty"), ("A dog.\n\t\n", "--tgt {}/bad, line 2: the line is empty"),
+                          ("A d\xf6g.\nTwo.\n", "--tgt {}/bad, line 1: the bytes b'\\xf6' at byte 4 are not UTF-8")):
+        (tmp_path / "bad").write_bytes(text.encode("latin-1"))
+        with pytest.raises(ValueError) as err:
+            read_parallel("--src", tmp_path / "de", "--tgt", tmp_path / "bad")
+        assert str(err.value).startswith(message.format(tmp_path)), err.value

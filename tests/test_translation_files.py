@@ -98,7 +98,7 @@ def test_the_help_names_the_files(capsys):
     shown = capsys.readouterr().out
     assert stop.value.code == 0 and all(f"--{name} FILE" in shown for name in ("train-src", "train-tgt", "valid-src",
                                                                               "valid-tgt"))
-    assert "any languages" in shown and "--vocab-size" in shown
+    assert "(any languages)" in shown and "--vocab-size" in shown
 
 
 def test_a_pair_longer_than_max_len_is_refused_in_one_line(files, tmp_path, capsys):

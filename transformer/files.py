@@ -9,7 +9,7 @@ Defined in the book's chapter "The full model" (chapters/10_model.md).
 """
 
 
-__all__ = ['save_torch_file', 'read_torch_file', 'read_lines']
+__all__ = ['save_torch_file', 'read_torch_file', 'read_lines', 'read_parallel']
 
 
 import os
@@ -142,3 +142,25 @@ def read_lines(source: str | os.PathLike | IO, *, what: str, errors: str = "stri
         raise ValueError(bad[0] + (f" ({more} more {'line is' if more == 1 else 'lines are'} not UTF-8 either)"
                                    if more else ""))
     return lines
+
+
+# chapters/12_subwords.md: Text that is not UTF-8
+def read_parallel(source_what: str, source: str | os.PathLike, target_what: str,
+                  target: str | os.PathLike) -> tuple[list[str], list[str]]:
+    """The sentence pairs of two files (``read_lines``), line i of ``target`` translating line i of
+    ``source``; a ValueError naming the file (``what`` and path) that is empty, has an empty line or
+    another number of lines."""
+    sides = []
+    for what, path in ((source_what, source), (target_what, target)):
+        what = f"{what} {os.fspath(path)}"
+        lines = read_lines(path, what=what)
+        if not lines:
+            raise ValueError(f"{what} is empty: it must hold one sentence a line")
+        blank = next((number for number, line in enumerate(lines, start=1) if not line.strip()), None)
+        if blank is not None:
+            raise ValueError(f"{what}, line {blank}: the line is empty, and every line must hold a sentence")
+        sides.append(lines)
+    if len(sides[0]) != len(sides[1]):
+        raise ValueError(f"{what} has {len(sides[1])} lines but {source_what} has {len(sides[0])}: "
+                         "line i of one must be the translation of line i of the other")
+    return sides[0], sides[1]

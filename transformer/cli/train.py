@@ -11,7 +11,7 @@ Defined in the book's chapter "Scaling out" (chapters/22_scaling_out.md).
 """
 
 
-__all__ = ['TRAINERS', 'build_numbers_parser', 'build_multi30k_parser', 'check_multi30k_arguments', 'check_numbers_arguments', 'run_training', 'multi30k_main', 'Pairs', 'train_translator', 'numbers_main', 'main', 'build_translation_parser', 'read_pairs', 'translation_main']
+__all__ = ['TRAINERS', 'build_numbers_parser', 'build_multi30k_parser', 'check_multi30k_arguments', 'check_numbers_arguments', 'run_training', 'multi30k_main', 'Pairs', 'train_translator', 'numbers_main', 'main', 'build_translation_parser', 'translation_main']
 
 
 import argparse
@@ -35,7 +35,7 @@ from transformer.nn.model import Transformer
 from transformer.tasks.numbers_fit import exact_match, fit
 from transformer.tasks.metrics import corpus_scores
 from transformer.tasks.translation import fit_translation, save_translator, step_files, translate
-from transformer.files import read_lines
+from transformer.files import read_parallel
 
 
 # chapters/21_long_runs.md: A command for every run
@@ -184,8 +184,8 @@ Pairs = tuple[Sequence[str], Sequence[str]]
 
 def train_translator(parser: argparse.ArgumentParser, args: argparse.Namespace, config: TranslationConfig,
                      data: Callable[[], tuple[Pairs, Pairs]]) -> int:
-    """Train a translator on ``data() = (train, valid)``, each (sources, targets), as ``args`` (of ``parser``,
-    which reports what only the data refuse) says: the run of ``multi30k_main``, and of any other parallel text."""
+    """Train a translator on ``data() = (train, valid)``, each (sources, targets), as ``parser``'s ``args``
+    say: the run of ``multi30k_main``, and of any other parallel text."""
     rank, world_size, device = init_distributed(args.device, args.init_method)
     if device.type == "cuda":
         # cuDNN's attention builds a plan for every new shape, and token batches change shape at
@@ -254,9 +254,9 @@ def build_translation_parser(prog: str = "python -m transformer.train") -> argpa
     """The options of ``--task translation``: four files of parallel text, and those of ``--task multi30k``."""
     parser = CommandParser(
         prog=f"{prog} --task translation",
-        description="Train a Transformer to translate on your own parallel text: UTF-8 files of one sentence a "
-                    "line, line i of --train-tgt the translation of line i of --train-src (any languages). A joint "
-                    "BPE vocabulary of --vocab-size tokens is learned on both sides of the training files.")
+        description="Train a Transformer to translate your own parallel text (any languages): UTF-8 files of one "
+                    "sentence a line, line i of --train-tgt translating line i of --train-src; a joint BPE "
+                    "vocabulary of --vocab-size tokens is learned on both sides of the training files.")
     parser.add_argument("--task", choices=("translation",), default="translation", help="what to learn")
     files = parser.add_argument_group("data")
     for name, meaning in (("train-src", "sentences to translate, for training"), ("train-tgt", "their translations"),
@@ -267,32 +267,14 @@ def build_translation_parser(prog: str = "python -m transformer.train") -> argpa
     return parser
 
 
-def read_pairs(args: argparse.Namespace, source: str, target: str) -> Pairs:
-    """The sentence pairs of the files of two options (``"train-src"``, ``"train-tgt"``); a ValueError
-    naming the file if it cannot be read, is not UTF-8, is empty, has an empty line or another length."""
-    sides = []
-    for option in (source, target):
-        what = f"--{option} {getattr(args, option.replace('-', '_'))}"
-        lines = read_lines(getattr(args, option.replace("-", "_")), what=what)
-        if not lines:
-            raise ValueError(f"{what} is empty: it must hold one sentence a line")
-        blank = next((number for number, line in enumerate(lines, start=1) if not line.strip()), None)
-        if blank is not None:
-            raise ValueError(f"{what}, line {blank}: the line is empty, and every line must hold a sentence")
-        sides.append(lines)
-    if len(sides[0]) != len(sides[1]):
-        raise ValueError(f"{what} has {len(sides[1])} lines but --{source} has {len(sides[0])}: "
-                         "line i of one must be the translation of line i of the other")
-    return sides[0], sides[1]
-
-
 def translation_main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.train") -> int:
     """``python -m transformer.train --task translation --train-src F --train-tgt F --valid-src F --valid-tgt F``:
     train a translator on your own parallel text, alone or under torchrun, as ``multi30k_main`` does."""
     parser = build_translation_parser(prog)
     args = parser.parse_args(argv)
     try:
-        train, valid = read_pairs(args, "train-src", "train-tgt"), read_pairs(args, "valid-src", "valid-tgt")
+        train, valid = (read_parallel(f"--{part}-src", getattr(args, f"{part}_src"), f"--{part}-tgt",
+                                      getattr(args, f"{part}_tgt")) for part in ("train", "valid"))
         config = check_multi30k_arguments(args)
     except (TypeError, ValueError) as err:
         parser.error(str(err))
