@@ -81,6 +81,7 @@ CLAIMS = [
     Claim("tagging", "tag_capitalised_margin", ">", 0.3, "tagging: Capitalised F1 above the best baseline's"),
     Claim("tagging", "tag_period_margin", ">", 0.3, "tagging: period F1 above the best baseline's"),
     Claim("tagging", "tag_comma_margin", ">", 0.1, "tagging: comma F1 (bar from validation) above the baselines'"),
+    Claim("tagging", "tag_bar_gain", ">", 0.05, "tagging: comma F1, bar from validation, above the argmax's"),
     Claim("tagging", "tag_every_label_margin", ">", 0.0, "tagging: every label's F1 above both baselines' (margin)"),
     Claim("decoder_only", "lm_gain_nats", ">", 0.5, "characters: held-out loss below the unigram (nats)"),
     Claim("decoder_only", "lm_valid_rise", "<", 0.01, "characters: largest rise between validations"),
