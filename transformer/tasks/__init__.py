@@ -15,6 +15,11 @@ from transformer.tasks.metrics import corpus_scores
 from transformer.tasks.brackets import (BRACKET_VOCAB, is_balanced, encode_brackets, decode_brackets, random_balanced,
     near_miss, bracket_split, bracket_dataset)
 from transformer.tasks.classifier import SequenceClassifier, accuracy, classification_loss, train_classifier
+from transformer.tasks.masked_lm import (IGNORE, mask_tokens, MaskedLanguageModel, MASK_TOKEN, one_line,
+    email_tokenizer, token_windows, mlm_loss, mlm_accuracy, train_mlm, load_mlm, classifier_from_mlm, first_tokens)
+from transformer.tasks.email import (FOLDERS, LABELS, CORPUS_SHA256, corpus_folder, corpus_digest, html_to_text,
+    email_text, email_headers, Email, read_emails, duplicate_groups, split_emails)
+from transformer.tasks.baselines import words, word_vocabulary, bag_of_words, fit_logistic_regression
 from transformer.tasks.language_model import (CharVocab, random_windows, loss_by_position, evaluate_language_model,
     next_token_loss, train_language_model)
 from transformer.tasks.digits import DIGITS_SHA256, load_digits, stratified_split
@@ -74,6 +79,35 @@ __all__ = [
     'accuracy',
     'classification_loss',
     'train_classifier',
+    'IGNORE',
+    'mask_tokens',
+    'MaskedLanguageModel',
+    'MASK_TOKEN',
+    'one_line',
+    'email_tokenizer',
+    'token_windows',
+    'mlm_loss',
+    'mlm_accuracy',
+    'train_mlm',
+    'load_mlm',
+    'classifier_from_mlm',
+    'first_tokens',
+    'FOLDERS',
+    'LABELS',
+    'CORPUS_SHA256',
+    'corpus_folder',
+    'corpus_digest',
+    'html_to_text',
+    'email_text',
+    'email_headers',
+    'Email',
+    'read_emails',
+    'duplicate_groups',
+    'split_emails',
+    'words',
+    'word_vocabulary',
+    'bag_of_words',
+    'fit_logistic_regression',
     'CharVocab',
     'random_windows',
     'loss_by_position',
