@@ -17,8 +17,8 @@ from transformer.tasks.brackets import (BRACKET_VOCAB, is_balanced, encode_brack
 from transformer.tasks.classifier import SequenceClassifier, accuracy, classification_loss, train_classifier
 from transformer.tasks.masked_lm import (IGNORE, mask_tokens, MaskedLanguageModel, MASK_TOKEN, one_line,
     email_tokenizer, token_windows, mlm_loss, mlm_accuracy, train_mlm, load_mlm, classifier_from_mlm, first_tokens)
-from transformer.tasks.email import (FOLDERS, LABELS, CORPUS_SHA256, corpus_folder, corpus_digest, html_to_text,
-    email_text, email_headers, Email, read_emails, duplicate_groups, split_emails)
+from transformer.tasks.email import (write_spam_jsonl, FOLDERS, CORPUS_SHA256, corpus_folder, corpus_digest,
+    html_to_text, email_text, email_headers, Email, read_emails, duplicate_groups, split_emails)
 from transformer.tasks.baselines import words, word_vocabulary, bag_of_words, fit_logistic_regression
 from transformer.tasks.language_model import (CharVocab, random_windows, loss_by_position, evaluate_language_model,
     next_token_loss, train_language_model)
@@ -92,8 +92,8 @@ __all__ = [
     'load_mlm',
     'classifier_from_mlm',
     'first_tokens',
+    'write_spam_jsonl',
     'FOLDERS',
-    'LABELS',
     'CORPUS_SHA256',
     'corpus_folder',
     'corpus_digest',

@@ -61,10 +61,7 @@ def mask_tokens(tokens: Tensor, mask_id: int, first_id: int, vocab_size: int, pa
 class MaskedLanguageModel(nn.Module):
     """An encoder with a head that scores the vocabulary at every position (BERT's masked LM).
 
-    Args:
-        vocab_size, d_model, num_heads, d_ff, num_layers, dropout, max_len, pad_id, norm_first: as for
-            ``SequenceClassifier``, whose ``embed``, ``positional_encoding`` and ``encoder`` this
-            model's parts match, name for name.
+    Args: as ``SequenceClassifier``'s, whose ``embed``, ``positional_encoding`` and ``encoder`` it has.
 
     Shape:
         tokens (B, S) -> logits (B, S, vocab_size).
