@@ -1,0 +1,119 @@
+"""Tests for transformer/cli/classify.py (chapters/24_classify_command.md): ``transformer train --task
+classify``, ``transformer classify`` and the committed spam classifier, models/spam-classifier."""
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer.__main__ import command
+from transformer.cli.classify import load_classifier, read_jsonl, what_is_read
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def write_lines(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+def toy_rows(n, seed):
+    """Texts whose label is whether the word "refund" occurs in them."""
+    rng = random.Random(seed)
+    words = "the a meeting notes lunch plan code review friday office".split()
+    rows = []
+    for _ in range(n):
+        label = rng.random() < 0.5
+        text = rng.choices(words, k=8) + (["refund"] if label else [])
+        rng.shuffle(text)
+        rows.append({"text": " ".join(text), "label": "yes" if label else "no"})
+    return rows
+
+
+def test_read_jsonl_reads_objects_and_names_the_file_and_line_of_a_bad_one(tmp_path):
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"text": "a", "label": 1}\n\n{"text": "b", "label": "x", "more": 2}\n', encoding="utf-8")
+    assert read_jsonl(good, ("text", "label")) == [{"text": "a", "label": "1"}, {"text": "b", "label": "x", "more": 2}]
+    cases = {'{"text": "a"}\n': "line 1: expected a JSON object", '{"text": "a", "label": "b"}\nnot json\n': "line 2: not JSON",
+             '{"text": 3, "label": "b"}\n': "field 'text' must be a string", "\n": "no examples", "[1]\n": "line 1: expected"}
+    for i, (content, message) in enumerate(cases.items()):
+        path = tmp_path / f"bad{i}.jsonl"
+        path.write_text(content, encoding="utf-8")
+        with pytest.raises(ValueError, match=message) as error:
+            read_jsonl(path, ("text", "label"))
+        assert str(path) in str(error.value)
+    (tmp_path / "latin.jsonl").write_bytes(b'{"text": "caf\xe9", "label": "a"}\n')
+    with pytest.raises(ValueError, match="not UTF-8"):
+        read_jsonl(tmp_path / "latin.jsonl", ("text",))
+    with pytest.raises(FileNotFoundError, match="a directory"):
+        read_jsonl(tmp_path, ("text",))
+
+
+def test_a_raw_email_is_read_as_a_reader_reads_it():
+    raw = "Subject: Cheap\nX-Spam-Status: Yes\nContent-Type: text/plain\n\nBuy now\n"
+    assert what_is_read(raw, "email") == "Cheap\nBuy now"
+    assert what_is_read(raw, "text") == raw
+    undecodable = b"Subject: x\n\ncaf\xe9\n".decode("utf-8", "surrogateescape")  # Latin-1 bytes carried through JSON
+    assert what_is_read(json.loads(json.dumps(undecodable)), "email").startswith("x\ncaf")
+
+
+@pytest.mark.slow
+def test_train_then_classify_learns_a_toy_task_and_keeps_the_order(tmp_path, capsys):
+    train = write_lines(tmp_path / "train.jsonl", toy_rows(256, 0))
+    valid = write_lines(tmp_path / "valid.jsonl", toy_rows(64, 1))
+    test_rows = toy_rows(64, 2)
+    test = write_lines(tmp_path / "test.jsonl", test_rows)
+    out = tmp_path / "run"
+    assert command(["train", "--task", "classify", "--train", str(train), "--valid", str(valid), "--steps", "150",
+                    "--vocab-size", "60", "--length", "16", "--lr", "3e-3", "--checkpoint-dir", str(out)]) == 0
+    assert f"checkpoint written to {out / 'classifier.pt'}" in capsys.readouterr().out
+    assert command(["classify", "--checkpoint", str(out / "classifier.pt"), "--input", str(test)]) == 0
+    answers = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(answers) == len(test_rows) and all(set(a) == {"label", "score"} for a in answers)
+    right = sum(a["label"] == row["label"] for a, row in zip(answers, test_rows))
+    assert right / len(test_rows) > 0.9  # in order: each answer is its own line's
+    model, tokenizer, checkpoint = load_classifier(out / "classifier.pt")
+    assert checkpoint["labels"] == ["no", "yes"] and checkpoint["reads"] == "text"
+    assert not list(out.glob(".*tmp"))  # no temporary file left
+
+
+def test_bad_files_are_refused_with_one_line_and_status_2(tmp_path, capsys):
+    good = write_lines(tmp_path / "good.jsonl", toy_rows(8, 0))
+    one_label = write_lines(tmp_path / "one.jsonl", [{"text": "a", "label": "x"}] * 3)
+    not_a_checkpoint = tmp_path / "model.pt"
+    torch.save({"task": "multi30k", "weights": 1}, not_a_checkpoint)
+    cases = [
+        (["classify", "--checkpoint", str(tmp_path / "none.pt"), "--input", str(good)], "none.pt: no such checkpoint"),
+        (["classify", "--checkpoint", str(good), "--input", str(good)], "not a checkpoint that can be read"),
+        (["classify", "--checkpoint", str(not_a_checkpoint), "--input", str(good)], "its task: multi30k"),
+        (["train", "--task", "classify", "--train", str(tmp_path / "x.jsonl"), "--valid", str(good)], "x.jsonl: no such file"),
+        (["train", "--task", "classify", "--train", str(one_label), "--valid", str(good)], "two or more"),
+    ]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as exit_:
+            command(argv + ["--checkpoint-dir", str(tmp_path / "never")] if argv[0] == "train" else argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        # the usage (CommandParser, on main later, keeps its first line), then one line naming the file
+        assert exit_.value.code == 2 and message in err[-1] and err[-1].startswith("transformer"), (argv, err)
+        assert err[0].startswith("usage:") and not any("Traceback" in line for line in err)
+    assert not (tmp_path / "never").exists()  # a refused run leaves no folder
+
+
+def test_the_committed_spam_classifier_reproduces_its_figures(tmp_path, capsys):
+    from transformer.tasks.email import write_spam_jsonl
+
+    folder = ROOT / "models" / "spam-classifier"
+    recorded = json.loads((folder / "results.json").read_text())
+    files = write_spam_jsonl(tmp_path)
+    assert command(["classify", "--checkpoint", str(folder / "classifier.pt"), "--input", str(files["test"])]) == 0
+    answers = [json.loads(line)["label"] for line in capsys.readouterr().out.splitlines()]
+    truth = [json.loads(line)["label"] for line in files["test"].open()]
+    tp = sum(a == t == "spam" for a, t in zip(answers, truth))
+    fp = sum(a == "spam" != t for a, t in zip(answers, truth))
+    fn = sum(t == "spam" != a for a, t in zip(answers, truth))
+    assert sum(a == t for a, t in zip(answers, truth)) / len(truth) == pytest.approx(recorded["test_accuracy"], abs=1e-9)
+    assert 2 * tp / (2 * tp + fp + fn) == pytest.approx(recorded["test_spam_f1"], abs=1e-9)
+    assert recorded["test_accuracy"] >= 0.95

@@ -1,0 +1,111 @@
+"""Tests for transformer/tasks/masked_lm.py (chapters/24_pretraining.md) and its committed model, models/spam-mlm."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer.tasks.classifier import SequenceClassifier
+from transformer.tasks.masked_lm import (IGNORE, MASK_TOKEN, MaskedLanguageModel, classifier_from_mlm, first_tokens,
+                                         load_mlm, mask_tokens, mlm_accuracy, mlm_loss, token_windows, train_mlm)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+ROOT = Path(__file__).resolve().parent.parent
+MASK, FIRST, V = 3, 4, 50
+
+
+def small_mlm(seed=0, vocab_size=V):
+    torch.manual_seed(seed)
+    return MaskedLanguageModel(vocab_size, d_model=16, num_heads=2, d_ff=32, num_layers=2, dropout=0.0, max_len=32)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_masking_rule_has_the_papers_proportions(seed):
+    n = 400_000
+    tokens = torch.randint(FIRST, V, (n // 100, 100))
+    tokens[:, 90:] = 0  # padding: never chosen
+    inputs, targets = mask_tokens(tokens, MASK, FIRST, V, generator=torch.Generator().manual_seed(seed))
+    chosen = targets != IGNORE
+    real = tokens != 0
+    assert not (chosen & ~real).any() and torch.equal(inputs[~real], tokens[~real])
+    assert torch.equal(targets[chosen], tokens[chosen])  # the target is the original token
+    assert torch.equal(inputs[~chosen], tokens[~chosen])  # what is not chosen is left alone
+    k = int(chosen.sum())
+    masked = inputs[chosen] == MASK
+    kept = inputs[chosen] == tokens[chosen]
+    replaced = ~masked & ~kept
+    # binomial standard errors: sqrt(p (1 - p) / n); 5 of them is a margin a correct rule misses once in ~3 million
+    for share, p, count in [(k / int(real.sum()), 0.15, int(real.sum())), (masked.float().mean(), 0.8, k),
+                            (replaced.float().mean(), 0.1 * (1 - 1 / (V - FIRST)), k),
+                            (kept.float().mean(), 0.1 + 0.1 / (V - FIRST), k)]:
+        assert abs(float(share) - p) < 5 * (p * (1 - p) / count) ** 0.5, (share, p)
+    random_ids = inputs[chosen][replaced]
+    assert random_ids.min() >= FIRST and random_ids.max() < V  # never <pad>, never <mask>
+    # the random tokens are uniform over [FIRST, V): a chi-squared test on their counts
+    counts = torch.bincount(random_ids - FIRST, minlength=V - FIRST).double()
+    expected = counts.sum() / (V - FIRST)
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 100  # 45 degrees of freedom: P(chi2 > 100) < 1e-5
+
+
+def test_the_loss_is_taken_at_chosen_positions_only():
+    model = small_mlm().eval()
+    tokens = torch.randint(FIRST, V, (3, 12))
+    targets = torch.full_like(tokens, IGNORE)
+    targets[0, 2], targets[2, 7] = 9, 11
+    loss, metrics = mlm_loss(model, (tokens, targets))
+    logits = model(tokens)
+    expected = torch.nn.functional.cross_entropy(torch.stack([logits[0, 2], logits[2, 7]]), torch.tensor([9, 11]))
+    assert torch.allclose(loss, expected, atol=1e-6)
+    assert 0 <= float(metrics["accuracy"]) <= 1
+
+
+def test_padding_changes_no_output_and_the_model_learns_a_copy_task():
+    model = small_mlm().eval()
+    tokens = torch.randint(FIRST, V, (2, 10))
+    padded = torch.cat([tokens, torch.zeros(2, 5, dtype=torch.long)], dim=1)
+    assert torch.allclose(model(tokens), model(padded)[:, :10], atol=1e-5)
+    # each sequence repeats one token: a masked token is any other token of its row
+    rows = torch.randint(FIRST, V, (512, 1)).expand(512, 16).clone()
+    history = train_mlm(model, rows, MASK, FIRST, steps=200, batch_size=32, lr=3e-3, warmup=10)
+    assert sum(history["accuracy"][-10:]) / 10 > 0.7  # the unigram guess: 1 in 46
+    assert mlm_accuracy(model, rows[:64], MASK, FIRST) > 0.7
+
+
+def test_the_classifier_takes_the_pretrained_encoder():
+    mlm = small_mlm()
+    classifier = classifier_from_mlm(mlm, num_classes=3)
+    assert isinstance(classifier, SequenceClassifier) and classifier.pooling == "mean"
+    for name, value in mlm.state_dict().items():
+        if not name.startswith("head."):
+            assert torch.equal(classifier.state_dict()[name], value), name
+    tokens = torch.randint(FIRST, V, (2, 7))
+    h = mlm.encode(tokens)  # the mean of the pre-trained outputs, through the new head
+    assert torch.allclose(classifier.eval()(tokens), classifier.head(h.mean(dim=1)), atol=1e-5)
+
+
+def test_token_windows_and_first_tokens():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel({"<pad>": 0, "a": 1, "b": 2, "<unk>": 3}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    texts = ["a b " * 10, "b\n\na", "a " * 3]
+    windows = token_windows(texts, tokenizer, length=8, min_length=3)
+    assert windows.shape == (3 + 1, 8)  # 20 tokens -> 8, 8, 4; "b a" too short; "a a a" -> 3
+    assert windows[2].tolist() == [1, 2, 1, 2, 0, 0, 0, 0] and windows[3].tolist() == [1, 1, 1, 0, 0, 0, 0, 0]
+    assert first_tokens(texts, tokenizer, 4).tolist() == [[1, 2, 1, 2], [2, 1, 0, 0], [1, 1, 1, 0]]
+
+
+def test_the_committed_model_reproduces_its_figures():
+    from transformer.tasks.email import read_emails, split_emails
+
+    folder = ROOT / "models" / "spam-mlm"
+    recorded = json.loads((folder / "results.json").read_text())
+    model, tokenizer = load_mlm(folder)
+    mask_id = tokenizer.token_to_id(MASK_TOKEN)
+    valid = [mail.text for mail in split_emails(read_emails())["valid"]]
+    windows = token_windows(valid, tokenizer, model.settings["max_len"])
+    assert len(windows) == recorded["windows"]["valid"]
+    assert abs(mlm_accuracy(model, windows, mask_id, FIRST) - recorded["valid_mlm_accuracy"]) < 1e-3
+    assert recorded["valid_mlm_accuracy"] > 3 * recorded["valid_unigram_accuracy"]
