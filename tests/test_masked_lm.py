@@ -109,3 +109,20 @@ def test_the_committed_model_reproduces_its_figures():
     assert len(windows) == recorded["windows"]["valid"]
     assert abs(mlm_accuracy(model, windows, mask_id, FIRST) - recorded["valid_mlm_accuracy"]) < 1e-3
     assert recorded["valid_mlm_accuracy"] > 3 * recorded["valid_unigram_accuracy"]
+
+
+def test_the_learning_curves_claims_hold_in_its_committed_results():
+    results = json.loads((ROOT / "benchmarks" / "spam_curve_results.json").read_text())
+    runs = results["runs"]
+    models = ("bag of words", "encoder from scratch", "pre-trained encoder")
+    sizes = sorted({run["labels"] for run in runs})
+    assert sizes == [32, 128, 512, results["train_emails"]] and len(runs) == 4 * 3 * 3
+
+    def mean(model, size, metric):
+        values = [run[metric] for run in runs if run["model"] == model and run["labels"] == size]
+        assert len(values) == 3
+        return sum(values) / 3
+
+    for size in sizes[:2]:  # few labels: pre-training finds the most spam
+        assert mean(models[2], size, "spam_f1") > max(mean(m, size, "spam_f1") for m in models[:2]) + 0.05
+    assert max(mean(m, sizes[-1], "accuracy") for m in models) >= 0.95
