@@ -279,13 +279,7 @@ def damaged_files(folder: Path, rng: random.Random) -> list[Path]:
     return paths + [folder / "a-folder.pt", folder / "nothing-here.pt"]
 
 
-# Until the checkpoint readers say in one line what a file is (issue 32 item 3, helper A1's part): the
-# loaders pass torch's errors and its "weights_only" advice through. Remove the mark when they do.
-A1 = pytest.mark.xfail(reason="issue 32 item 3: the checkpoint readers' one-line errors (helper A1)", strict=False)
-
-
-@pytest.mark.parametrize("loader", [pytest.param(name, marks=A1) for name in
-                                    ("read_checkpoint", "load_checkpoint", "load_translator", "train --resume")])
+@pytest.mark.parametrize("loader", ["read_checkpoint", "load_checkpoint", "load_translator", "train --resume"])
 def test_loaders_refuse_damaged_files_with_one_clear_error(tmp_path, monkeypatch, loader):
     from transformer.tasks.translation import load_translator
     from transformer.training.checkpoint import load_checkpoint, read_checkpoint
