@@ -14,16 +14,15 @@ __all__ = ['read_jsonl', 'what_is_read', 'TASK', 'save_classifier', 'load_classi
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from transformer.cli.options import positive_int
+from transformer.cli.options import CommandParser, positive_int
+from transformer.files import read_lines, read_torch_file, save_torch_file
 from transformer.tasks.classifier import SequenceClassifier, accuracy, train_classifier
 from transformer.tasks.email import email_text
 from transformer.tasks.masked_lm import classifier_from_mlm, email_tokenizer, first_tokens, load_mlm
@@ -31,20 +30,16 @@ from transformer.tasks.masked_lm import classifier_from_mlm, email_tokenizer, fi
 
 # chapters/24_classify_command.md: Reading the files
 def read_jsonl(path: str | Path, fields: Sequence[str]) -> list[dict[str, Any]]:
-    """The JSON objects of a JSON-lines file (UTF-8, blank lines skipped), each with string ``fields``
-    (a ``"label"`` may also be an integer: it is read as its text).
+    """The JSON objects of a JSON-lines file (UTF-8, read by ``read_lines``; blank lines skipped), each
+    with string ``fields`` (a ``"label"`` may also be an integer: it is read as its text).
 
     Raises FileNotFoundError, or ValueError naming the file and the line, for a file that cannot be used.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file" + (" (a directory)" if path.is_dir() else ""))
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as error:
-        raise ValueError(f"{path}: not UTF-8 text (byte {error.start}: {error.object[error.start:error.start + 1]!r})") from None
     rows = []
-    for number, line in enumerate(lines, 1):
+    for number, line in enumerate(read_lines(path, what=str(path)), 1):
         if not line.strip():
             continue
         try:
@@ -80,16 +75,7 @@ def save_classifier(path: Path, model: SequenceClassifier, settings: dict, token
     """Write the classifier's checkpoint to ``path`` atomically (temporary file, fsync, rename)."""
     checkpoint = {"task": TASK, "settings": settings, "state_dict": model.state_dict(), "labels": labels,
                   "tokenizer": tokenizer.to_str(), "length": length, "reads": reads}
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            torch.save(checkpoint, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)
+    save_torch_file(checkpoint, path)
 
 
 def load_classifier(path: str | Path) -> tuple[SequenceClassifier, Any, dict]:
@@ -100,12 +86,7 @@ def load_classifier(path: str | Path) -> tuple[SequenceClassifier, Any, dict]:
     from tokenizers import Tokenizer
 
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such checkpoint" + (" (a directory)" if path.is_dir() else ""))
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # truncated, not a torch file, or unsafe pickle: one line, not torch's advice
-        raise ValueError(f"{path}: not a checkpoint that can be read ({type(error).__name__})") from None
+    checkpoint = read_torch_file(path, "checkpoint")  # a missing, truncated or unsafe file: one line naming it
     if not isinstance(checkpoint, dict) or checkpoint.get("task") != TASK:
         task = checkpoint.get("task", "unknown") if isinstance(checkpoint, dict) else "unknown"
         raise ValueError(f"{path}: not a classifier checkpoint (its task: {task}); "
@@ -118,7 +99,7 @@ def load_classifier(path: str | Path) -> tuple[SequenceClassifier, Any, dict]:
 # chapters/24_classify_command.md: Training: `transformer train --task classify`
 def build_train_parser(prog: str) -> argparse.ArgumentParser:
     """The options of ``transformer train --task classify``."""
-    parser = argparse.ArgumentParser(prog=f"{prog} --task classify",
+    parser = CommandParser(prog=f"{prog} --task classify",
                                      description="Train a text classifier on JSON lines of {\"text\", \"label\"}.")
     parser.add_argument("--task", choices=(TASK,), default=TASK, help="what to learn")
     parser.add_argument("--train", required=True, help="training examples, JSON lines with \"text\" and \"label\"")
@@ -175,7 +156,7 @@ def train_main(argv: Sequence[str] | None = None, prog: str = "transformer train
 def main(argv: Sequence[str] | None = None, prog: str = "transformer classify") -> int:
     """``transformer classify --checkpoint PATH --input FILE``: one JSON line ``{"label", "score"}``
     per input line's ``"text"``, in order, on stdout; ``score`` is the label's probability."""
-    parser = argparse.ArgumentParser(prog=prog, description="Label each \"text\" of a JSON-lines file with a trained classifier.")
+    parser = CommandParser(prog=prog, description="Label each \"text\" of a JSON-lines file with a trained classifier.")
     parser.add_argument("--checkpoint", required=True, help="a classifier.pt of `transformer train --task classify`")
     parser.add_argument("--input", required=True, help="JSON lines, each with a \"text\"")
     parser.add_argument("--batch-size", type=positive_int, default=64)
