@@ -33,7 +33,12 @@ ARITHMETIC_CHAPTERS = (
     "18_reading_attention",  # the committed translator's attention
     "21_long_runs",  # averaged checkpoints, the commands' runs
     "22_scaling_out",  # data-parallel runs equal to one process
+    "22_when_runs_fail",  # a killed run resumed to the unbroken run's weights
+    "24_classify_command",  # the committed spam classifier's figures, a classifier trained by the command
     "24_encoder_only",  # classifiers trained
+    "24_pretrained_encoder",  # MiniLM's hidden states against BertModel, its sentence similarities
+    "24_pretraining",  # a masked language model pre-trained, classifiers fine-tuned on email
+    "24_tagging",  # a tagger trained, scored against baselines
     "25_decoder_only",  # language models trained
     "26_sampling",  # a trained language model sampled
     "28_train_short_test_long",  # positions trained short, tested long
