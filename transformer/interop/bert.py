@@ -118,7 +118,8 @@ def load_bert(folder: str | os.PathLike) -> TextEncoder:
 
 
 def minilm_folder() -> Path:
-    """``<book root>/models/minilm``, where ``make setup`` unzips all-MiniLM-L6-v2 (models/README.md)."""
+    """``<book root>/models/minilm``, where ``make setup`` unzips all-MiniLM-L6-v2 (models/README.md);
+    outside the book, ``models/minilm`` under the working directory. FileNotFoundError if it is not there."""
     root = book_root()
     folder = (root if root is not None else Path.cwd()) / "models" / "minilm"
     if not (folder / "model.safetensors").is_file():
