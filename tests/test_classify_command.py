@@ -86,8 +86,8 @@ def test_bad_files_are_refused_with_one_line_and_status_2(tmp_path, capsys):
     not_a_checkpoint = tmp_path / "model.pt"
     torch.save({"task": "multi30k", "weights": 1}, not_a_checkpoint)
     cases = [
-        (["classify", "--checkpoint", str(tmp_path / "none.pt"), "--input", str(good)], "none.pt: no such checkpoint"),
-        (["classify", "--checkpoint", str(good), "--input", str(good)], "not a checkpoint that can be read"),
+        (["classify", "--checkpoint", str(tmp_path / "none.pt"), "--input", str(good)], "no checkpoint at " + str(tmp_path / "none.pt")),
+        (["classify", "--checkpoint", str(good), "--input", str(good)], "good.jsonl cannot be read as a torch checkpoint: it is not a torch file"),
         (["classify", "--checkpoint", str(not_a_checkpoint), "--input", str(good)], "its task: multi30k"),
         (["train", "--task", "classify", "--train", str(tmp_path / "x.jsonl"), "--valid", str(good)], "x.jsonl: no such file"),
         (["train", "--task", "classify", "--train", str(one_label), "--valid", str(good)], "two or more"),
@@ -96,7 +96,7 @@ def test_bad_files_are_refused_with_one_line_and_status_2(tmp_path, capsys):
         with pytest.raises(SystemExit) as exit_:
             command(argv + ["--checkpoint-dir", str(tmp_path / "never")] if argv[0] == "train" else argv)
         err = capsys.readouterr().err.strip().splitlines()
-        # the usage (CommandParser, on main later, keeps its first line), then one line naming the file
+        # the usage's first line (CommandParser), then one line naming the file
         assert exit_.value.code == 2 and message in err[-1] and err[-1].startswith("transformer"), (argv, err)
         assert err[0].startswith("usage:") and not any("Traceback" in line for line in err)
     assert not (tmp_path / "never").exists()  # a refused run leaves no folder
