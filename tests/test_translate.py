@@ -725,7 +725,7 @@ def test_train_command_help_of_the_translation_task(capsys):
     with pytest.raises(SystemExit):
         train_cli(["--help"])  # the number-words task has none of them
     out = capsys.readouterr().out
-    assert "--task {numbers,multi30k,translation}" in out and "--batch-tokens" not in out
+    assert "--task {numbers,multi30k,translation,classify}" in out and "--batch-tokens" not in out
 
 
 def test_train_parser_defaults_are_the_translation_config():
