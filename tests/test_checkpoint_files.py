@@ -115,11 +115,14 @@ def test_a_save_removes_the_partial_files_of_killed_saves_but_not_those_of_runni
 def test_a_save_killed_before_its_rename_leaves_the_last_checkpoint_whole(tmp_path):
     path = _numbers_checkpoint(tmp_path / "checkpoint.pt", step=1)
     before = path.read_bytes()
+    # Built here: a forked child must not run torch's operations, whose thread pool (started by earlier
+    # tests in this process) does not survive a fork and would hang it before it saves.
+    model = make_model(SMALL, source_vocab(), target_vocab())
     pid = os.fork()
     if pid == 0:  # the child: its save hangs where a kill is most likely to hurt, after the bytes, before the rename
         os.fsync = lambda fd: time.sleep(600)
         try:
-            _numbers_checkpoint(path, step=2)
+            save_checkpoint(path, model, None, None, 2, config=SMALL, src_vocab=source_vocab(), tgt_vocab=target_vocab())
         finally:
             os._exit(1)
     partial = tmp_path / f".checkpoint.pt.{pid}.partial"

@@ -678,7 +678,8 @@ def test_train_command_saves_averages_and_resumes(tmp_path, monkeypatch, capsys)
                                                          "step-000006.pt"]
     assert "validation BLEU, greedy, last model: " in first.stdout
     assert "validation BLEU, greedy, average of the last 2 checkpoints: " in first.stdout
-    assert first.stdout.splitlines()[-1] == f"checkpoints written to {folder}: checkpoint.pt (to resume), averaged.pt"
+    assert first.stdout.splitlines()[-1] == (f"checkpoints written to {folder}: checkpoint.pt (to resume), averaged.pt "
+                                            "(to translate with)")
     checkpoint = torch.load(folder / "checkpoint.pt", weights_only=True)
     assert checkpoint["step"] == 6 and checkpoint["history"]["step"] == list(range(1, 7))
     config = TranslationConfig(**checkpoint["config"])
