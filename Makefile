@@ -1,6 +1,6 @@
 # The two commands of the README:
 #   make book   set up .venv, export the package, execute every chapter, build _build/html
-#   make test   set up .venv, check the export, run ruff, mypy, pytest, nbval, the strict book build and a browser test
+#   make test   set up .venv, check the export, run ruff, mypy, pytest, then nbval beside the strict book build, then a browser test
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -34,7 +34,14 @@ export JUPYTER_PATH := $(CURDIR)/tools/jupyter
 
 book: setup export html
 
-test: setup export-check lint typecheck unit nbval html browser
+# nbval and the strict build each execute notebooks on one core (most cells run on one thread), so
+# they run side by side, one thread each (OMP_NUM_THREADS=1, which free_cores() honours), their output
+# printed as each ends; on a one-core machine, one after the other.
+TEST_JOBS := $(shell [ "$$(nproc)" -ge 2 ] && echo 2 || echo 1)
+test: setup export-check lint typecheck unit
+	@echo "nbval and the strict book build, $(TEST_JOBS) at a time (each prints when it ends)"
+	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory -j$(TEST_JOBS) --output-sync=target nbval html
+	$(MAKE) --no-print-directory browser
 
 # Create the environment once; reinstall when the requirements change.
 setup: $(STAMP) $(MATHJAX) $(MINILM)

@@ -633,8 +633,20 @@ def test_translate_command_runs_on_the_free_cores_unless_told(committed, monkeyp
 def test_free_cores_are_the_cores_minus_the_load_average(monkeypatch, cores, load, free):
     from transformer.training.loop import free_cores
 
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cores)
     monkeypatch.setattr(os, "getloadavg", lambda: (load, 0.0, 0.0))
+    assert free_cores() == free
+
+
+@pytest.mark.parametrize("limit, free", [("1", 1), ("3", 3), ("16", 6), ("", 6), ("0", 6), ("two", 6)])
+def test_free_cores_take_no_more_than_omp_num_threads(monkeypatch, limit, free):
+    """Two builds side by side (``make test``) each set OMP_NUM_THREADS=1; unset or not a count, no limit."""
+    from transformer.training.loop import free_cores
+
+    monkeypatch.setenv("OMP_NUM_THREADS", limit)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(os, "getloadavg", lambda: (2.4, 0.0, 0.0))
     assert free_cores() == free
 
 

@@ -107,8 +107,9 @@ def run_settings(seed: int, num_threads: int | None) -> Iterator[None]:
 
 
 def free_cores() -> int:
-    """The CPU cores this process may use that the last minute's load average leaves idle, at least 1:
-    the threads of the commands and of larger training runs, which must not spin for taken cores."""
+    """The cores the last minute's load leaves idle, at least 1 and at most ``OMP_NUM_THREADS`` if set:
+    the threads of the commands and larger training runs, which must not spin for taken cores."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     busy = round(os.getloadavg()[0]) if hasattr(os, "getloadavg") else 0
-    return max(1, min(cores, cores - busy))
+    limit = os.environ.get("OMP_NUM_THREADS", "")
+    return max(1, min(cores, cores - busy, int(limit) if limit.isdigit() and int(limit) > 0 else cores))
