@@ -7,10 +7,12 @@ and "Training the model" (chapters/14_training_run.md).
 """
 
 
-__all__ = ['book_root', 'data_file', 'model_cache_dir']
+__all__ = ['book_root', 'data_file', 'model_cache_dir', 'seed_spread']
 
 
 from pathlib import Path
+import json
+import statistics
 import tempfile
 
 
@@ -45,3 +47,14 @@ def model_cache_dir() -> Path:
     """``<book root>/_build/models``; outside the book, a folder in the system's temporary directory."""
     root = book_root()
     return root / "_build" / "models" if root is not None else Path(tempfile.gettempdir()) / "transformer-book-models"
+
+
+# chapters/14_training_run.md: Training the model
+def seed_spread(chapter: str, name: str) -> dict[str, float]:
+    """Min, median, max and count of a number glued by a chapter, over the book's recorded robustness runs."""
+    path = (book_root() or Path.cwd()) / "benchmarks" / "robustness_results.json"
+    runs = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+    values = [float(run["glued"][name]) for run in runs if run["chapter"] == chapter and name in run["glued"]]
+    if not values:
+        raise ValueError(f"{path} records no run of chapter {chapter!r} with a number {name!r}")
+    return {"min": min(values), "median": statistics.median(values), "max": max(values), "runs": len(values)}

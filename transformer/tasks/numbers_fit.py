@@ -95,8 +95,8 @@ def evaluate_loss(model: nn.Module, numbers: Sequence[int], src_vocab: Vocab, tg
 
 # chapters/14_training_run.md: The training loop
 def _new_history() -> dict[str, list]:
-    return {"step": [], "loss": [], "accuracy": [], "lr": [], "grad_norm": [],
-            "valid_step": [], "valid_loss": [], "valid_accuracy": []}
+    return {name: [] for name in ("step", "loss", "accuracy", "lr", "grad_norm", "valid_step", "valid_loss",
+                                  "valid_accuracy")}
 
 
 def _record_validation(history: dict[str, list], model: Transformer, step: int, valid_numbers: Sequence[int],

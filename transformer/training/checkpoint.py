@@ -37,8 +37,7 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.
     model, and ``load_checkpoint(path)`` can rebuild it from the file alone. ``extra`` adds entries
     of plain types (e.g. a tokenizer as a JSON string) that a task needs to rebuild its model.
     """
-    clash = sorted(set(extra or {}) & {"model", "optimizer", "scheduler", "step", "rng_state", "history",
-                                          "config", "vocabs"})
+    clash = sorted(set(extra or {}) & {"model", "optimizer", "scheduler", "step", "rng_state", "history", "config", "vocabs"})
     if clash:
         raise ValueError(f"extra must not replace the checkpoint's own entries, got {clash}")
     checkpoint = {
@@ -71,7 +70,6 @@ def _check_model_state(state: dict, model: nn.Module) -> None:
                              f"but the model's has shape {tuple(expected[name].shape)}")
 
 
-# chapters/14_training_run.md: Checkpoints
 def read_checkpoint(path: str | os.PathLike) -> dict:
     """The checkpoint dictionary, loaded safely (weights_only) onto the CPU.
 
