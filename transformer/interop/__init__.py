@@ -3,7 +3,7 @@
 """
 
 from transformer.interop.bert import (BERT_LAYER_NAMES, BERT_EMBEDDING_NAMES, bert_names, text_encoder_from_bert,
-    MINILM_SHA256, MINILM_MAX_TOKENS, load_bert, minilm_folder, load_minilm, mean_pool, embed_sentences)
+    MINILM_SHA256, MINILM_MAX_TOKENS, load_bert, minilm_folder, file_sha256, load_minilm, mean_pool, embed_sentences)
 from transformer.interop.huggingface_in import (import_transformers, marian_permutation, HF_ACTIVATIONS,
     from_huggingface, load_pretrained)
 from transformer.interop.huggingface_out import (marian_config, marian_state_dict, to_huggingface, hf_greedy,
@@ -19,6 +19,7 @@ __all__ = [
     'MINILM_MAX_TOKENS',
     'load_bert',
     'minilm_folder',
+    'file_sha256',
     'load_minilm',
     'mean_pool',
     'embed_sentences',

@@ -10,7 +10,7 @@ Defined in the book's chapter "A pretrained encoder: MiniLM" (chapters/24_pretra
 """
 
 
-__all__ = ['BERT_LAYER_NAMES', 'BERT_EMBEDDING_NAMES', 'bert_names', 'text_encoder_from_bert', 'MINILM_SHA256', 'MINILM_MAX_TOKENS', 'load_bert', 'minilm_folder', 'load_minilm', 'mean_pool', 'embed_sentences']
+__all__ = ['BERT_LAYER_NAMES', 'BERT_EMBEDDING_NAMES', 'bert_names', 'text_encoder_from_bert', 'MINILM_SHA256', 'MINILM_MAX_TOKENS', 'load_bert', 'minilm_folder', 'file_sha256', 'load_minilm', 'mean_pool', 'embed_sentences']
 
 
 import hashlib
@@ -128,7 +128,8 @@ def minilm_folder() -> Path:
     return folder
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The hex SHA-256 of a file, read in blocks (the weights are 90 MB): set-up's check and the loader's."""
     digest = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -150,7 +151,7 @@ def load_minilm(folder: str | os.PathLike | None = None) -> tuple[TextEncoder, A
     from tokenizers import Tokenizer
 
     folder = minilm_folder() if folder is None else Path(folder)
-    if _sha256(folder / "model.safetensors") != MINILM_SHA256:
+    if file_sha256(folder / "model.safetensors") != MINILM_SHA256:
         raise ValueError(f"{folder / 'model.safetensors'} is not all-MiniLM-L6-v2's (SHA-256 differs from "
                          f"{MINILM_SHA256}): run `make setup` again")
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
