@@ -4,13 +4,14 @@ import pytest
 import torch
 from torch import nn
 
+from transformer.interop.torch_nn import torch_names
 from transformer.nn.attention import causal_mask, padding_mask
 from transformer.nn.decoder import Decoder, DecoderLayer
 from transformer.nn.feedforward import PositionwiseFeedForward
 from transformer.nn.multihead import MultiHeadAttention
 from transformer.nn.residual import LayerNorm
 from factories import D_FF, D_MODEL, NUM_HEADS, random_module
-from torch_reference import assert_same_values_and_grads, torch_counterpart, torch_names
+from torch_reference import assert_same_values_and_grads, torch_counterpart
 
 B, T, S = 2, 5, 6
 

@@ -5,26 +5,7 @@ import torch
 from torch import nn
 
 from transformer import Decoder, DecoderLayer, Encoder, EncoderLayer
-
-# Our parameter names -> torch.nn's (beyond the stacked in_proj of W_q, W_k, W_v).
-RENAMES = {"cross_attn": "multihead_attn", "feed_forward.w_1": "linear1",
-           "feed_forward.w_2": "linear2", "w_o": "out_proj"}
-
-
-def torch_names(tensors):
-    """Our parameter names -> torch.nn's: W_q, W_k, W_v rows stacked into in_proj_*, the rest renamed."""
-    renamed = {}
-    for name, tensor in tensors.items():
-        if ".w_k." in name or ".w_v." in name:
-            continue
-        if ".w_q." in name:
-            prefix, kind = name.split(".w_q.")
-            tensor = torch.cat([tensors[f"{prefix}.w_{p}.{kind}"] for p in "qkv"])
-            name = f"{prefix}.in_proj_{kind}"
-        for ours, theirs in RENAMES.items():
-            name = name.replace(ours, theirs)
-        renamed[name] = tensor
-    return renamed
+from transformer.interop.torch_nn import torch_names
 
 
 def randomise(module):

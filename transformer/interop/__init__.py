@@ -2,6 +2,7 @@
 """Other libraries' formats, in and out: Hugging Face, ONNX and CTranslate2.
 """
 
+from transformer.interop.torch_nn import TORCH_NN_RENAMES, torch_names
 from transformer.interop.bert import (BERT_LAYER_NAMES, BERT_EMBEDDING_NAMES, bert_names, text_encoder_from_bert,
     MINILM_SHA256, MINILM_MAX_TOKENS, load_bert, minilm_folder, file_sha256, load_minilm, mean_pool, embed_sentences)
 from transformer.interop.huggingface_in import (import_transformers, marian_permutation, HF_ACTIVATIONS,
@@ -11,6 +12,8 @@ from transformer.interop.huggingface_out import (marian_config, marian_state_dic
 from transformer.interop.onnx import EncoderGraph, DecoderStepGraph, export_onnx, onnx_sessions, onnx_greedy
 
 __all__ = [
+    'TORCH_NN_RENAMES',
+    'torch_names',
     'BERT_LAYER_NAMES',
     'BERT_EMBEDDING_NAMES',
     'bert_names',

@@ -23,7 +23,8 @@ class TokenEmbedding(nn.Module):
     """Token ids to vectors: a learned lookup table scaled by sqrt(d_model).
 
     Implements x_t = sqrt(d_model) * E[t] (the paper, section 3.4). The table ``weight``
-    is initialised from S(0, 1/d_model), so the scaled vectors have unit-variance entries.
+    is drawn from the normal distribution N(0, 1/d_model), so the scaled vectors have
+    unit-variance entries.
 
     Args:
         vocab_size: number of token ids V; every id must lie in [0, V).
@@ -51,7 +52,7 @@ class TokenEmbedding(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Draw E from S(0, 1/d_model); zero the padding row."""
+        """Draw E from the normal distribution N(0, 1/d_model); zero the padding row."""
         nn.init.normal_(self.weight, mean=0.0, std=self.d_model**-0.5)
         if self.padding_idx is not None:
             with torch.no_grad():

@@ -116,7 +116,8 @@ def _refill_table(module: SinusoidalPositionalEncoding, incompatible_keys: objec
 class LearnedPositionalEncoding(_AddPositionTable):
     """Adds a learned table of position vectors to token embeddings, then applies dropout.
 
-    The table is a parameter initialised from S(0, 0.02**2), as in BERT and GPT-2. Unlike the
+    The table is a parameter drawn from the normal distribution N(0, 0.02**2), as Hugging Face's
+    BERT and GPT-2 models initialise theirs. Unlike the
     sinusoidal table it has no rows beyond ``max_len``: longer inputs are refused.
 
     Args:
