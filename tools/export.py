@@ -82,7 +82,7 @@ SUBPACKAGES = {
     "tasks": "The tasks the book trains on, each with its data: number words, German-English translation "
              "(Multi30k and subwords), brackets, classification, tagging, language modelling, digit images, "
              "captions and drawings.",
-    "interop": "Other libraries' formats, in and out: Hugging Face, ONNX and CTranslate2.",
+    "interop": "Other libraries' formats and names, in and out: torch.nn, Hugging Face (BERT included), ONNX and CTranslate2.",
     "cli": "The ``transformer`` command: its options and its ``train``, ``translate`` and ``export`` commands.",
     "book": "Helpers for the book's own measurements and figures; not part of the package's public face.",
 }
