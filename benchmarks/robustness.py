@@ -120,6 +120,16 @@ CLAIMS = [
     Claim("translation", "tr_live_last_loss", "<", 5.5, "Multi30k live run: mean loss of the last 10 steps"),
     Claim("translation", "tr_live_bleu", ">", 3.0, "Multi30k live run: validation BLEU, 100 sentences"),
     Claim("translation", "tr_test_bleu", ">=", 36.0, "committed model: test2016 BLEU, beam 4, on this CPU"),
+    Claim("why_dot_product", "wdp_time_ratio", ">", 1.0, "additive / dot-product time, one thread, fastest size"),
+    Claim("why_dot_product", "wdp_memory_ratio", ">", 10.0, "additive / dot-product bytes kept for backward, n = 256"),
+    Claim("why_dot_product", "wdp_small_unscaled_vs_scaled", ">", 0.85, "lookup, d_k = 8: unscaled / scaled mean loss, lower"),
+    Claim("why_dot_product", "wdp_small_unscaled_vs_scaled", "<", 1.15, "lookup, d_k = 8: unscaled / scaled mean loss, upper"),
+    Claim("why_dot_product", "wdp_small_additive_vs_dot", ">", 1.3, "lookup, d_k = 8: additive / unscaled dot mean loss"),
+    Claim("why_dot_product", "wdp_small_accuracy_gap", ">", 0.0, "lookup, d_k = 8: dot minus additive held-out accuracy"),
+    Claim("why_dot_product", "wdp_large_unscaled_vs_additive", ">", 1.05, "lookup, d_k = 1024: unscaled dot / additive mean loss"),
+    Claim("why_dot_product", "wdp_large_unscaled_vs_scaled", ">", 1.5, "lookup, d_k = 1024: unscaled / scaled mean loss"),
+    Claim("why_dot_product", "wdp_large_additive_vs_scaled", ">", 1.2, "lookup, d_k = 1024: additive / scaled dot mean loss"),
+    Claim("why_dot_product", "wdp_worst_scaled_accuracy", ">", 0.95, "lookup: scaled dot, worst held-out accuracy"),
 ]
 
 

@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: By file name, in reading order. Each trains a model, or loads a trained or pretrained one, and
 #: states something about the result.
 ARITHMETIC_CHAPTERS = (
+    "04_why_dot_product",  # a lookup trained with additive and dot-product attention
     "05_multihead_attention",  # two attention lookups trained: one head against two
     "07_add_and_norm",  # deep stacks trained, post-norm against pre-norm
     "10_model",  # the whole model takes optimiser steps; saved and loaded
