@@ -11,6 +11,8 @@ attends to" (chapters/18_reading_attention.md) reads the translator with it.
 __all__ = ['ATTENTION_KINDS', 'attention_maps']
 
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -27,8 +29,8 @@ def attention_maps(model: nn.Module, src: Tensor, tgt: Tensor, src_mask: Tensor 
     calls, hooks = {}, []
     for kind, (stack, name) in ATTENTION_KINDS.items():
         for i, layer in enumerate(getattr(model, stack).layers):
-            def record(module, args, kwargs, out, key=(kind, i)):  # keep the call, change nothing
-                calls[key] = (module, args, kwargs, out)
+            def record(module: nn.Module, args: tuple, kwargs: dict, out: Any, key: tuple = (kind, i)) -> None:
+                calls[key] = (module, args, kwargs, out)  # keep the call, change nothing
             hooks.append(getattr(layer, name).register_forward_hook(record, with_kwargs=True))
     try:
         with torch.no_grad():
