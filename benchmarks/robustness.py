@@ -66,6 +66,9 @@ CLAIMS = [
     Claim("add_and_norm", "warmup_stalled", ">", 0.5, "post-LN, constant peak rate: final loss / var(y)"),
     Claim("add_and_norm", "warmup_worst_trained", "<", 0.1, "the four other settings: worst final loss / stalled"),
     Claim("training_run", "test_exact_match", ">=", 0.98, "number words: exact match, 5,000 test numbers"),
+    Claim("training_run", "tf_lag_100", ">", 0.2, "number words, step 100: token accuracy above exact match"),
+    Claim("training_run", "short_error_excess", ">", 0.0, "number words: short numbers' error rate above six digits'"),
+    Claim("training_run", "tf_underconfidence", ">", 0.05, "number words: token accuracy above mean confidence"),
     Claim("generation", "gen_close_runner_up", "<", 0.05, "share of digits whose runner-up is above 0.1"),
     Claim("generation", "gen_last_layer_in_order", ">", 0.8, "last layer: steps that do not go back"),
     Claim("generation", "gen_last_layer_sharper", ">", 0.0, "last layer sharper than the first (weight)"),
@@ -130,6 +133,10 @@ CLAIMS = [
     Claim("why_dot_product", "wdp_large_unscaled_vs_scaled", ">", 1.5, "lookup, d_k = 1024: unscaled / scaled mean loss"),
     Claim("why_dot_product", "wdp_large_additive_vs_scaled", ">", 1.2, "lookup, d_k = 1024: additive / scaled dot mean loss"),
     Claim("why_dot_product", "wdp_worst_scaled_accuracy", ">", 0.95, "lookup: scaled dot, worst held-out accuracy"),
+    Claim("model", "mask_loss_forgotten", "<", 0.05, "reversal, causal mask forgotten: teacher-forced loss"),
+    Claim("model", "mask_exact_forgotten", "<", 0.05, "reversal, causal mask forgotten: greedy exact match"),
+    Claim("model", "mask_loss_kept", "<", 0.1, "reversal, causal mask kept: teacher-forced loss"),
+    Claim("model", "mask_exact_kept", ">", 0.9, "reversal, causal mask kept: greedy exact match"),
 ]
 
 

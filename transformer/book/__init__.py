@@ -2,11 +2,14 @@
 """Helpers for the book's own measurements and figures; not part of the package's public face.
 """
 
+from transformer.book.reading import ATTENTION_KINDS, attention_maps
 from transformer.book.complexity import (self_attention_macs, recurrent_macs, convolution_macs,
     restricted_attention_macs, flops, cpu_times, loglog_slope, loglog_plot, autograd_depth, layers_to_connect,
     band_mask, banded_attention, saved_tensor_bytes)
 
 __all__ = [
+    'ATTENTION_KINDS',
+    'attention_maps',
     'self_attention_macs',
     'recurrent_macs',
     'convolution_macs',
