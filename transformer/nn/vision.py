@@ -221,13 +221,13 @@ class VisionTransformer(nn.Module):
         self.d_model, self.positions = d_model, positions
 
     def encoder_inputs(self, images: Tensor) -> Tensor:
-        """z_0 of eq. vit-input: the class token and the projected patches, with positions (B, 1 + N, d_model)."""
-        z = self.patch_embed(images)  # (B, C, H, W) -> (B, N, d_model)
-        z = torch.cat([self.cls_token.to(z.dtype).expand(z.shape[0], 1, -1), z], dim=1)  # (B, 1 + N, d_model)
+        """z_0 of eq. vit-input: the class token and the projected patches, with positions (B, 1 + S, d_model)."""
+        z = self.patch_embed(images)  # (B, C, H, W) -> (B, S, d_model), S patches
+        z = torch.cat([self.cls_token.to(z.dtype).expand(z.shape[0], 1, -1), z], dim=1)  # (B, 1 + S, d_model)
         if self.pos_embed is not None:
-            z = z + self.pos_embed  # (B, 1 + N, d_model) + (1 + N, d_model)
+            z = z + self.pos_embed  # (B, 1 + S, d_model) + (1 + S, d_model)
         elif self.positions == "sinusoidal":
-            table = sinusoidal_encoding_2d(self.patch_embed.grid_size, self.d_model).to(z)  # (N, d_model)
+            table = sinusoidal_encoding_2d(self.patch_embed.grid_size, self.d_model).to(z)  # (S, d_model)
             z = z + torch.cat([table.new_zeros(1, self.d_model), table])  # the class token gets no position
         return self.dropout(z)
 
@@ -240,5 +240,5 @@ class VisionTransformer(nn.Module):
         Returns:
             The logits ``(B, num_classes)``.
         """
-        h = self.encoder(self.encoder_inputs(images))  # (B, 1 + N, d_model)
+        h = self.encoder(self.encoder_inputs(images))  # (B, 1 + S, d_model)
         return self.head(h[:, 0])  # the output at the class token: (B, d_model) -> (B, num_classes)
