@@ -33,7 +33,7 @@ def patches(images: Tensor, patch_size: int) -> Tensor:
     channel by channel, then row by row, the order of a convolution kernel's weights (C, P, P).
 
     Shape:
-        (B, C, H, W) -> (B, N, C * P * P) with N = (H / P) * (W / P).
+        (B, C, H, W) -> (B, S, C * P * P) with S = (H / P) * (W / P) patches.
     """
     check_tensor("images", images)
     check_positive_int("patch_size", patch_size)
@@ -45,7 +45,7 @@ def patches(images: Tensor, patch_size: int) -> Tensor:
                          f"{patch_size}x{patch_size}: patch_size must divide the height and the width")
     grid = images.unfold(2, patch_size, patch_size).unfold(3, patch_size, patch_size)  # (B, C, H/P, W/P, P, P)
     grid = grid.permute(0, 2, 3, 1, 4, 5)  # (B, H/P, W/P, C, P, P)
-    return grid.reshape(B, (H // patch_size) * (W // patch_size), C * patch_size * patch_size)  # (B, N, C*P*P)
+    return grid.reshape(B, (H // patch_size) * (W // patch_size), C * patch_size * patch_size)  # (B, S, C*P*P)
 
 
 # chapters/29_images.md: The projection is a convolution
@@ -60,10 +60,10 @@ class PatchEmbedding(nn.Module):
 
     Attributes:
         proj: the ``nn.Linear(C * P * P, d_model)``: E and its bias.
-        num_patches: N = (image_size / P) ** 2.
+        num_patches: S = (image_size / P) ** 2, the patches of an image.
 
     Shape:
-        images (B, C, H, W) -> tokens (B, N, d_model).
+        images (B, C, H, W) -> tokens (B, S, d_model).
     """
 
     def __init__(self, image_size: int, patch_size: int, in_channels: int, d_model: int):
@@ -80,7 +80,7 @@ class PatchEmbedding(nn.Module):
         self.proj = nn.Linear(in_channels * patch_size * patch_size, d_model)
 
     def forward(self, images: Tensor) -> Tensor:
-        """The patches of ``images`` (B, C, H, W), projected: (B, N, d_model)."""
+        """The patches of ``images`` (B, C, H, W), projected: (B, S, d_model)."""
         check_tensor("images", images)
         expected = (self.in_channels, self.image_size, self.image_size)
         if images.dim() != 4 or tuple(images.shape[1:]) != expected:
@@ -88,7 +88,7 @@ class PatchEmbedding(nn.Module):
                              f"got {tuple(images.shape)}")
         if not images.is_floating_point():
             raise TypeError(f"images must be a floating-point tensor, got dtype {images.dtype}")
-        return self.proj(patches(images, self.patch_size))  # (B, N, C*P*P) -> (B, N, d_model)
+        return self.proj(patches(images, self.patch_size))  # (B, S, C*P*P) -> (B, S, d_model)
 
 
 # chapters/29_images.md: Where is a patch?
@@ -128,12 +128,12 @@ def grid_relations(grid_size: int, max_distance: int, num_prefix: int = 1,
     if isinstance(num_prefix, bool) or not isinstance(num_prefix, numbers.Integral) or num_prefix < 0:
         raise ValueError(f"num_prefix must be an int >= 0, got {num_prefix!r}")
     n = torch.arange(grid_size ** 2, device=device)
-    row, column = n // grid_size, n % grid_size  # (P,) each
-    dr = (row.unsqueeze(0) - row.unsqueeze(1)).clamp(-k, k) + k  # (P, P): key row - query row
-    dc = (column.unsqueeze(0) - column.unsqueeze(1)).clamp(-k, k) + k  # (P, P)
+    row, column = n // grid_size, n % grid_size  # (S,) each, S = grid_size ** 2 patches
+    dr = (row.unsqueeze(0) - row.unsqueeze(1)).clamp(-k, k) + k  # (S, S): key row - query row
+    dc = (column.unsqueeze(0) - column.unsqueeze(1)).clamp(-k, k) + k  # (S, S)
     size = num_prefix + grid_size ** 2
     index = torch.full((size, size), (2 * k + 1) ** 2, dtype=torch.long, device=device)  # prefix pairs
-    index[num_prefix:, num_prefix:] = dr * (2 * k + 1) + dc  # (P, P)
+    index[num_prefix:, num_prefix:] = dr * (2 * k + 1) + dc  # (S, S)
     return index
 
 
@@ -221,13 +221,13 @@ class VisionTransformer(nn.Module):
         self.d_model, self.positions = d_model, positions
 
     def encoder_inputs(self, images: Tensor) -> Tensor:
-        """z_0 of eq. vit-input: the class token and the projected patches, with positions (B, 1 + N, d_model)."""
-        z = self.patch_embed(images)  # (B, C, H, W) -> (B, N, d_model)
-        z = torch.cat([self.cls_token.to(z.dtype).expand(z.shape[0], 1, -1), z], dim=1)  # (B, 1 + N, d_model)
+        """z_0 of eq. vit-input: the class token and the projected patches, with positions (B, 1 + S, d_model)."""
+        z = self.patch_embed(images)  # (B, C, H, W) -> (B, S, d_model), S patches
+        z = torch.cat([self.cls_token.to(z.dtype).expand(z.shape[0], 1, -1), z], dim=1)  # (B, 1 + S, d_model)
         if self.pos_embed is not None:
-            z = z + self.pos_embed  # (B, 1 + N, d_model) + (1 + N, d_model)
+            z = z + self.pos_embed  # (B, 1 + S, d_model) + (1 + S, d_model)
         elif self.positions == "sinusoidal":
-            table = sinusoidal_encoding_2d(self.patch_embed.grid_size, self.d_model).to(z)  # (N, d_model)
+            table = sinusoidal_encoding_2d(self.patch_embed.grid_size, self.d_model).to(z)  # (S, d_model)
             z = z + torch.cat([table.new_zeros(1, self.d_model), table])  # the class token gets no position
         return self.dropout(z)
 
@@ -240,5 +240,5 @@ class VisionTransformer(nn.Module):
         Returns:
             The logits ``(B, num_classes)``.
         """
-        h = self.encoder(self.encoder_inputs(images))  # (B, 1 + N, d_model)
+        h = self.encoder(self.encoder_inputs(images))  # (B, 1 + S, d_model)
         return self.head(h[:, 0])  # the output at the class token: (B, d_model) -> (B, num_classes)

@@ -35,10 +35,10 @@ class PatchFrontEnd(nn.Module):
         dropout: on the patches with their positions.
 
     Attributes:
-        vocab_size: ``PIXEL_LEVELS``, the ids the front-end reads; patch_embed; pos_embed (N, d_model).
+        vocab_size: ``PIXEL_LEVELS``, the ids the front-end reads; patch_embed; pos_embed (S, d_model).
 
     Shape:
-        ids (B, image_size ** 2), grey levels row by row -> (B, N, d_model), N = (image_size / P) ** 2.
+        ids (B, image_size ** 2), grey levels row by row -> (B, S, d_model), S = (image_size / P) ** 2 patches.
     """
 
     def __init__(self, image_size: int, patch_size: int, d_model: int, dropout: float = 0.1):
@@ -58,7 +58,7 @@ class PatchFrontEnd(nn.Module):
             raise ValueError(f"src must hold {self.image_size}x{self.image_size} = {self.image_size ** 2} "
                              f"pixel tokens per image, got shape {tuple(ids.shape)}")
         images = ids.float().div(self.vocab_size - 1).view(-1, 1, self.image_size, self.image_size)  # (B, 1, H, W)
-        return self.dropout(self.patch_embed(images) + self.pos_embed)  # (B, N, d_model)
+        return self.dropout(self.patch_embed(images) + self.pos_embed)  # (B, S, d_model)
 
 
 # chapters/31_captioning.md: One encoder–decoder, another front-end
@@ -72,7 +72,7 @@ class ImageCaptioner(Transformer):
 
     Shape:
         src (B, image_size ** 2) grey levels, tgt (B, T) -> logits (B, T, vocab_size); the memory
-        has one vector per patch, so a ``src_mask`` broadcasts to (B, H, T, N).
+        has one vector per patch, so a ``src_mask`` broadcasts to (B, H, T, S).
     """
 
     def __init__(self, vocab_size: int, image_size: int = CANVAS_SIZE, patch_size: int = 4, d_model: int = 64,
@@ -84,10 +84,10 @@ class ImageCaptioner(Transformer):
         self.num_heads = num_heads
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
-        """Read the image: grey levels (B, H * W) -> memory (B, N, d_model), one vector per patch."""
-        x = self.src_embed(src)  # (B, H * W) -> (B, N, d_model)
+        """Read the image: grey levels (B, H * W) -> memory (B, S, d_model), one vector per patch."""
+        x = self.src_embed(src)  # (B, H * W) -> (B, S, d_model)
         check_attention_mask(src_mask, (x.shape[0], self.num_heads, x.shape[1], x.shape[1]), name="src_mask")
-        return self.encoder(x, mask=src_mask)  # (B, N, d_model)
+        return self.encoder(x, mask=src_mask)  # (B, S, d_model)
 
 
 # chapters/31_captioning.md: Training with the one loop
