@@ -9,7 +9,7 @@ median time of each and the ratio ours / torch (< 1 means ours is faster).
 
 Targets: ratio <= 1.05 for the training step, <= 1.10 for inference.
 
-    python benchmarks/speed.py                    # B=8, N=128, d_model=256, 4 heads, 2 layers
+    python benchmarks/speed.py                    # B=8, S=T=128, d_model=256, 4 heads, 2 layers
     python benchmarks/speed.py --threads 2 --repeats 30
     python benchmarks/speed.py --profile          # also the top operators of each side
 """
@@ -47,10 +47,10 @@ def build(kind: str, args) -> tuple[nn.Module, nn.Module]:
 
 def workloads(kind: str, mode: str, ours: nn.Module, ref: nn.Module, args):
     """Two functions of no arguments, one step of ours and one of torch's, and a check that they agree."""
-    B, N, d = args.batch, args.length, args.d_model
-    x = torch.randn(B, N, d)
-    memory = torch.randn(B, N, d)
-    causal = nn.Transformer.generate_square_subsequent_mask(N, dtype=torch.bool)  # True = masked
+    B, S, d = args.batch, args.length, args.d_model
+    x = torch.randn(B, S, d)
+    memory = torch.randn(B, S, d)
+    causal = nn.Transformer.generate_square_subsequent_mask(S, dtype=torch.bool)  # True = masked
     if kind == "encoder":
         run_ours = lambda: ours(x)  # noqa: E731
         run_ref = lambda: ref(x)  # noqa: E731
@@ -107,7 +107,7 @@ def profile(name: str, step, rows: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--length", type=int, default=128, help="source and target length N")
+    parser.add_argument("--length", type=int, default=128, help="source and target length (S = T)")
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--layers", type=int, default=2)
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs, {torch.get_num_threads()} threads, "
           f"load average {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
-    print(f"B={args.batch}, N={args.length}, d_model={args.d_model}, heads={args.heads}, "
+    print(f"B={args.batch}, S=T={args.length}, d_model={args.d_model}, heads={args.heads}, "
           f"layers={args.layers}, d_ff={args.d_ff}, dropout={args.dropout}, "
           f"{'pre' if args.norm_first else 'post'}-LN, {args.repeats} interleaved repeats, "
           f"{args.clock} clock")
