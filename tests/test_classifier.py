@@ -286,6 +286,19 @@ def test_dataset_splits_are_disjoint():
     assert all(bracket_split(decode_brackets(r)) == "test" for r in test[:200])
 
 
+def test_dataset_distinct_draws_every_sequence_once():
+    tokens, labels = bracket_dataset(600, max_len=16, seed=2, split="test", min_len=8, distinct=True)
+    texts = [decode_brackets(row) for row in tokens]
+    assert len(set(texts)) == 600 and labels.sum().item() == 300
+    assert all(bracket_split(t) == "test" and reference_balanced(t) == bool(y) for t, y in zip(texts, labels.tolist()))
+    plain, _ = bracket_dataset(600, max_len=16, seed=2, split="test", min_len=8)
+    assert len({tuple(r) for r in plain.tolist()}) < 600  # without it, short sequences repeat
+    with pytest.raises(ValueError, match="no new near-miss sequence of length 6 found in the 'test' split"):
+        bracket_dataset(10, max_len=6, min_len=6, split="test", distinct=True)  # 1 near miss of length 6 is there
+    with pytest.raises(TypeError, match="distinct must be a bool"):
+        bracket_dataset(10, distinct=1)
+
+
 def test_dataset_is_seeded():
     a = bracket_dataset(100, max_len=16, seed=5)
     b = bracket_dataset(100, max_len=16, seed=5)

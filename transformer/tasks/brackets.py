@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from transformer.checks import check_positive_int, check_token_ids
+from transformer.checks import check_bool, check_positive_int, check_token_ids
 
 
 # chapters/23_brackets.md: Balanced brackets
@@ -107,28 +107,35 @@ def bracket_split(text: str, test_fraction: float = 0.2) -> str:
 
 # chapters/23_brackets.md: A data set with disjoint splits
 def bracket_dataset(num_examples: int, max_len: int = 24, seed: int = 0, split: str = "train",
-                    min_len: int = 12, test_fraction: float = 0.2) -> tuple[Tensor, Tensor]:
+                    min_len: int = 12, test_fraction: float = 0.2, distinct: bool = False) -> tuple[Tensor, Tensor]:
     """Balanced sequences (label 1) and near misses (label 0), half each, in a seeded order.
 
     Each example's length is drawn uniformly from the even numbers in [min_len, max_len], the same
-    way for both classes; sequences whose ``bracket_split`` is not ``split`` are drawn again.
+    way for both classes; sequences whose ``bracket_split`` is not ``split`` are drawn again. With
+    ``distinct=True`` a sequence already drawn is drawn again too, its length included, so that no
+    sequence appears twice (the short lengths, which hold few sequences, then come up less often).
 
     Returns:
         tokens ``(num_examples, max_len)``, ids of ``BRACKET_VOCAB`` padded with 0 at the end, and
         labels ``(num_examples,)``, 1 for balanced; both long.
     """
     _check_dataset_args(num_examples, max_len, min_len, split, test_fraction)
-    rng = random.Random(seed)
+    check_bool("distinct", distinct)
+    rng, seen = random.Random(seed), set()
     rows, labels = [], [1, 0] * (num_examples // 2)
     for label in labels:
         n = rng.randrange(math.ceil(min_len / 2), max_len // 2 + 1)  # pairs: length 2n
         for _ in range(10_000):
             text = random_balanced(n, rng) if label else near_miss(n, rng)
-            if bracket_split(text, test_fraction) == split:
+            if bracket_split(text, test_fraction) == split and not (distinct and text in seen):
                 break
+            if distinct and text in seen:
+                n = rng.randrange(math.ceil(min_len / 2), max_len // 2 + 1)  # this length may be used up
         else:
-            raise ValueError(f"no {'balanced' if label else 'near-miss'} sequence of length {2 * n} found in "
-                             f"the {split!r} split; raise min_len={min_len} or change test_fraction")
+            raise ValueError(f"no {'new ' if distinct else ''}{'balanced' if label else 'near-miss'} sequence of "
+                             f"length {2 * n} found in the {split!r} split; raise min_len={min_len} or change "
+                             "test_fraction")
+        seen.add(text)
         rows.append(encode_brackets(text, max_len))
     order = torch.randperm(num_examples, generator=torch.Generator().manual_seed(seed))
     return torch.stack(rows)[order], torch.tensor(labels)[order]
