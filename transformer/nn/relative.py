@@ -83,7 +83,7 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
         self.rel_k = nn.Embedding(self.num_relations(), self.d_k)  # w^K_{-k} .. w^K_k
         self.rel_v = nn.Embedding(self.num_relations(), self.d_k)  # w^V_{-k} .. w^V_k
         for table in (self.rel_k, self.rel_v):
-            nn.init.xavier_uniform_(table.weight)  # like the projections (nn.Embedding's S(0, 1) is larger)
+            nn.init.xavier_uniform_(table.weight)  # like the projections (nn.Embedding's N(0, 1) is larger)
 
     def num_relations(self) -> int:
         """The number of rows of each table: one per clipped distance, 2k + 1."""
