@@ -120,6 +120,7 @@ CLAIMS = [
     Claim("translation", "tr_live_last_loss", "<", 5.5, "Multi30k live run: mean loss of the last 10 steps"),
     Claim("translation", "tr_live_bleu", ">", 3.0, "Multi30k live run: validation BLEU, 100 sentences"),
     Claim("translation", "tr_test_bleu", ">=", 36.0, "committed model: test2016 BLEU, beam 4, on this CPU"),
+    Claim("translation", "tr_beam_same", ">", 45, "committed model: test sentences beam 4 = greedy (%)"),
 ]
 
 
