@@ -141,6 +141,7 @@ CLAIMS = [
     Claim("model", "mask_exact_forgotten", "<", 0.05, "reversal, causal mask forgotten: greedy exact match"),
     Claim("model", "mask_loss_kept", "<", 0.1, "reversal, causal mask kept: teacher-forced loss"),
     Claim("model", "mask_exact_kept", ">", 0.9, "reversal, causal mask kept: greedy exact match"),
+    Claim("translation", "tr_beam_same", ">", 45, "committed model: test sentences beam 4 = greedy (%)"),
 ]
 
 
