@@ -5,7 +5,7 @@
 from transformer.generation.decoding import output_limits, DecoderState, greedy_decode, generated_ids, beam_search
 from transformer.generation.quantize import quantize_int8
 from transformer.generation.compiled import static_cache, decode_step, compile_step, static_greedy_decode
-from transformer.generation.sampling import top_k_filter, sample
+from transformer.generation.sampling import top_k_filter, top_p_filter, sample
 
 __all__ = [
     'output_limits',
@@ -19,5 +19,6 @@ __all__ = [
     'compile_step',
     'static_greedy_decode',
     'top_k_filter',
+    'top_p_filter',
     'sample',
 ]

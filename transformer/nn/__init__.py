@@ -18,6 +18,7 @@ from transformer.nn.cache import KVCache, DecoderLayerCache, DecoderCache, Fixed
 from transformer.nn.text_encoder import TextEncoder
 from transformer.nn.decoder_only import DecoderOnlyLM
 from transformer.nn.relative import relative_positions, RelativeMultiHeadAttention, rotary, RotaryMultiHeadAttention
+from transformer.nn.alibi import alibi_slopes, ALiBiMultiHeadAttention
 from transformer.nn.vision import (patches, PatchEmbedding, sinusoidal_encoding_2d, grid_relations,
     GridRelativeMultiHeadAttention, VisionTransformer)
 
@@ -53,6 +54,8 @@ __all__ = [
     'RelativeMultiHeadAttention',
     'rotary',
     'RotaryMultiHeadAttention',
+    'alibi_slopes',
+    'ALiBiMultiHeadAttention',
     'patches',
     'PatchEmbedding',
     'sinusoidal_encoding_2d',
