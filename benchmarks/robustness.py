@@ -151,6 +151,20 @@ CLAIMS = [
     Claim("model", "mask_loss_kept", "<", 0.1, "reversal, causal mask kept: teacher-forced loss"),
     Claim("model", "mask_exact_kept", ">", 0.9, "reversal, causal mask kept: greedy exact match"),
     Claim("translation", "tr_beam_same", ">", 45, "committed model: test sentences beam 4 = greedy (%)"),
+    Claim("pretraining", "spam_header_accuracy", ">", 99, "email: bag of words on the headers, test accuracy (%)"),
+    Claim("pretraining", "spam_bow_accuracy", ">", 95, "email: bag of words on subject and body, test accuracy (%)"),
+    Claim("pretraining", "spam_header_gap", ">", 0.0, "email: headers' accuracy above subject and body's (points)"),
+    Claim("pretraining", "mlm_loss_drop", ">", 1.0, "email MLM, short run: loss fall, first to last 20 steps (nats)"),
+    Claim("pretraining", "mlm_committed_gap", "<", 1e-3, "email MLM, committed: |accuracy - recorded|"),
+    Claim("pretraining", "mlm_committed_ratio", ">", 3.0, "email MLM, committed: accuracy / unigram baseline's"),
+    Claim("classify_command", "cc_short_run_accuracy", ">", 0.88, "spam command, 100 steps: test accuracy"),
+    Claim("classify_command", "cc_committed_accuracy", ">=", 0.95, "committed spam classifier: test accuracy"),
+    Claim("classify_command", "cc_committed_gap", "<", 1e-9, "committed spam classifier: |accuracy - recorded|"),
+    Claim("classify_command", "curve_f1_margin_32", ">", 0.05, "spam curve, 32 labels: pre-trained F1 above (a), (b)"),
+    Claim("classify_command", "curve_f1_margin_128", ">", 0.05, "spam curve, 128 labels: pre-trained F1 above (a), (b)"),
+    Claim("classify_command", "curve_best_accuracy", ">=", 95, "spam curve, all labels: best mean accuracy (%)"),
+    Claim("classify_command", "curve_minilm_behind", ">", 0.05, "spam curve: (c) F1 above frozen MiniLM's, every size"),
+    Claim("classify_command", "curve_minilm_last", ">", 0.5, "spam curve, all labels: (d) below (a), (b), (c) (points)"),
 ]
 
 

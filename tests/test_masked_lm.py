@@ -114,15 +114,55 @@ def test_the_committed_model_reproduces_its_figures():
 def test_the_learning_curves_claims_hold_in_its_committed_results():
     results = json.loads((ROOT / "benchmarks" / "spam_curve_results.json").read_text())
     runs = results["runs"]
-    models = ("bag of words", "encoder from scratch", "pre-trained encoder")
+    models = ("bag of words", "encoder from scratch", "pre-trained encoder", "frozen MiniLM + linear")
     sizes = sorted({run["labels"] for run in runs})
-    assert sizes == [32, 128, 512, results["train_emails"]] and len(runs) == 4 * 3 * 3
+    assert sizes == [32, 128, 512, results["train_emails"]] and len(runs) == 4 * 4 * 3
+    assert sorted(m for record in results["records"] for m in record["models"]) == sorted(models)
 
     def mean(model, size, metric):
         values = [run[metric] for run in runs if run["model"] == model and run["labels"] == size]
         assert len(values) == 3
         return sum(values) / 3
 
-    for size in sizes[:2]:  # few labels: pre-training finds the most spam
+    for size in sizes[:2]:  # few labels: pre-training finds more spam than no pre-training
         assert mean(models[2], size, "spam_f1") > max(mean(m, size, "spam_f1") for m in models[:2]) + 0.05
     assert max(mean(m, sizes[-1], "accuracy") for m in models) >= 0.95
+    for size in sizes:  # the frozen MiniLM with a linear head finds less spam than the fine-tuned encoder
+        assert mean(models[2], size, "spam_f1") > mean(models[3], size, "spam_f1") + 0.05
+    assert min(mean(m, sizes[-1], "accuracy") for m in models[:3]) > mean(models[3], sizes[-1], "accuracy") + 0.005
+
+
+@pytest.mark.slow  # MiniLM reads 363 emails (about half a minute on one thread)
+def test_a_point_of_the_frozen_minilm_curve_is_reproduced():
+    """The (d) point at 32 labels, seed 0, computed again: MiniLM's embeddings of the sampled training
+    emails and of every test email, and a logistic regression on them; and that regression's predictions
+    against a hand-written one (plain gradient descent on the same loss) on the same fixed features."""
+    from benchmarks.spam_curve import minilm_features, sample, scores
+    from transformer.tasks.baselines import fit_logistic_regression
+    from transformer.tasks.email import read_emails, split_emails
+
+    results = json.loads((ROOT / "benchmarks" / "spam_curve_results.json").read_text())
+    (record,) = [r for r in results["records"] if "frozen MiniLM + linear" in r["models"]]
+    (recorded,) = [run for run in results["runs"]
+                   if run["model"] == "frozen MiniLM + linear" and run["labels"] == 32 and run["seed"] == 0]
+    splits = split_emails(read_emails())
+    train_y = torch.tensor([m.label for m in splits["train"]])
+    test_y = torch.tensor([m.label for m in splits["test"]])
+    rows = sample(train_y, 32, 0)
+    x = minilm_features([splits["train"][i].text for i in rows], record["minilm_tokens"])  # (32, 384)
+    test_x = minilm_features([m.text for m in splits["test"]], record["minilm_tokens"])  # (331, 384)
+    head = fit_logistic_regression(x, train_y[rows])
+    with torch.no_grad():
+        predicted = head(test_x).argmax(dim=-1)
+    got = scores(predicted, test_y)
+    assert abs(got["accuracy"] - recorded["accuracy"]) <= 1 / len(test_y) + 1e-6  # one email may flip on another CPU
+    assert abs(got["spam_f1"] - recorded["spam_f1"]) < 0.05
+    # the hand-written reference: mean cross-entropy + 1e-3 / 2 |W|^2, by gradient descent from zero
+    w, b, y = torch.zeros(384, 2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64), train_y[rows]
+    xd, onehot = x.double(), torch.nn.functional.one_hot(y, 2).double()
+    for _ in range(3000):
+        p = torch.softmax(xd @ w + b, dim=-1)
+        w -= 2.0 * (xd.T @ (p - onehot) / len(y) + 1e-3 * w)
+        b -= 2.0 * (p - onehot).mean(dim=0)
+    reference = (test_x.double() @ w + b).argmax(dim=-1)
+    assert (reference == predicted).float().mean() >= 0.99
