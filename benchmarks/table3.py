@@ -106,16 +106,22 @@ def build_model(config: TrainConfig, src_vocab: Vocab, tgt_vocab: Vocab, d_k: in
     return model
 
 
-def run(variant: str, seed: int) -> dict:
-    """Train one variant with one seed on this process's arithmetic path; its row of the table."""
+def variant_config(variant: str, seed: int) -> tuple[TrainConfig, dict]:
+    """The ``TrainConfig`` of a variant's run, and the options of ``build_model`` it needs besides."""
     options = VARIANTS[variant]
     config = TrainConfig(**BASE, seed=seed, **{k: v for k, v in options.items() if k not in MODEL_OPTIONS})
+    return config, {k: v for k, v in options.items() if k in MODEL_OPTIONS}
+
+
+def run(variant: str, seed: int) -> dict:
+    """Train one variant with one seed on this process's arithmetic path; its row of the table."""
+    config, options = variant_config(variant, seed)
     src_vocab, tgt_vocab = source_vocab(), target_vocab()
     train_numbers, _, test_numbers = split_numbers(200_000, 1_000, 5_000, seed=0)  # chapter 14's split
     test_numbers = test_numbers[:TEST_SIZE]
     start = time.process_time()
     with run_settings(config.seed, config.num_threads):
-        model = build_model(config, src_vocab, tgt_vocab, **{k: v for k, v in options.items() if k in MODEL_OPTIONS})
+        model = build_model(config, src_vocab, tgt_vocab, **options)
         optimizer, scheduler = make_optimizer(config, model)
         stream = training_batches(train_numbers, config.batch_size, src_vocab, tgt_vocab, config.seed)
         history: dict[str, list] = {}
