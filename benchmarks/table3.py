@@ -142,7 +142,8 @@ def run(variant: str, seed: int) -> dict:
     return {"variant": variant, "seed": seed, "path": os.environ.get("TABLE3_PATH", "native"),
             "capability": torch.backends.cpu.get_cpu_capability(), "steps": config.steps,
             "parameters": sum(p.numel() for p in model.parameters()),
-            "train_loss": sum(history["loss"][-10:]) / 10, "test_nll": nll, "test_perplexity": float(torch.tensor(nll).exp()),
+            "train_loss": sum(history["loss"][-10:]) / 10, "test_nll": nll,
+            "test_perplexity": float(torch.tensor(nll).exp()),
             "token_accuracy": token_accuracy,
             "exact_match": sum(a == str(n) for a, n in zip(answers, test_numbers)) / len(test_numbers),
             "test_numbers": len(test_numbers), "train_cpu_seconds": round(train_seconds, 2)}
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out == "-":
         print(json.dumps(rows, indent=1))
         return 0
-    record = {"command": "OMP_NUM_THREADS=1 python -m benchmarks.table3 " + " ".join(argv or sys.argv[1:]),
+    record = {"command": " ".join(["OMP_NUM_THREADS=1 python -m benchmarks.table3", *(argv or sys.argv[1:])]),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
               "wall_seconds": round(time.perf_counter() - wall, 1), "base": BASE, "test_numbers": TEST_SIZE,
               "variants": {name: VARIANTS[name] for name in args.variants}, "rows": rows}

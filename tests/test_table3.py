@@ -100,7 +100,8 @@ def test_a_recorded_row_reproduces():
     the recorded runs: the base's two paths, same seed, differ by up to 7 points of exact match and 4%
     of perplexity. A wrong variant or run is further away (the variants differ by 15 points and more)."""
     record = json.loads(RESULTS.read_text())
-    recorded = next(row for row in record["rows"] if (row["variant"], row["seed"], row["path"]) == ("h=1", 0, "default"))
+    recorded = next(row for row in record["rows"]
+                    if (row["variant"], row["seed"], row["path"]) == ("h=1", 0, "default"))
     (row,) = run_path("default", ["h=1"], [0])
     assert row["capability"] == "DEFAULT" and row["parameters"] == recorded["parameters"]
     same = {k: record["machine"][k] for k in ("cpu", "torch")} == {k: machine()[k] for k in ("cpu", "torch")}
