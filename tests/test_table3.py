@@ -94,6 +94,7 @@ def test_heads_at_equal_cost_have_the_base_parameter_count_and_the_others_what_t
         build_model(variant_config("base", 0)[0], src, tgt, positions="rotary")
 
 
+@pytest.mark.slow
 def test_a_recorded_row_reproduces():
     """One head, seed 0, on torch's plain kernels, trained again in a child process. On the machine that
     recorded it (same CPU, same torch) the row comes back exactly; elsewhere within what rounding moved
