@@ -46,6 +46,7 @@ class KVCache:
         self.beams = 1
         self._key: Tensor | None = None  # (B, H, capacity, d_k): the buffer, filled up to length
         self._value: Tensor | None = None
+        self._spare: tuple[Tensor, Tensor] | None = None  # reorder's second pair of buffers
         self.length = 0  # the write position: how many key positions are held, S
 
     @property
@@ -67,6 +68,7 @@ class KVCache:
             self.check_batch(key.shape[0])
             if end > self._key.shape[2]:  # past the capacity: grow by doubling, rarely
                 self._key, self._value = self._grown(self._key, end), self._grown(self._value, end)
+                self._spare = None
         self._key[:, :, self.length:end] = key  # in place, at the write position
         self._value[:, :, self.length:end] = value
         self.length = end
@@ -96,15 +98,19 @@ class KVCache:
                              f"got a batch of {batch_size}")
 
     def reorder(self, index: Tensor) -> None:
-        """Keep the batch rows ``index`` (in that order): how beam search follows its beams and
-        drops finished rows. Only the filled part is moved; the buffers keep their capacity."""
+        """Keep the batch rows ``index`` (in that order): how beam search follows its beams and drops
+        finished rows. The filled part moves once, into a spare pair of buffers that then trade places."""
         if self._key is None or self._value is None:
             return
         if self.length == self._key.shape[2] or index.shape[0] != self._key.shape[0]:
             self._key, self._value = self._key.index_select(0, index), self._value.index_select(0, index)
-        else:  # same batch size: move the filled part within the buffers
-            self._key[:, :, :self.length] = self._key[:, :, :self.length].index_select(0, index)
-            self._value[:, :, :self.length] = self._value[:, :, :self.length].index_select(0, index)
+            self._spare = None  # the spares of the new batch size are allocated at the next call
+            return
+        if self._spare is None:
+            self._spare = (torch.empty_like(self._key), torch.empty_like(self._value))
+        for held, spare in zip((self._key, self._value), self._spare):
+            torch.index_select(held[:, :, :self.length], 0, index, out=spare[:, :, :self.length])
+        self._spare, (self._key, self._value) = (self._key, self._value), self._spare
 
 
 # chapters/16_fast_generation.md: Every layer of the decoder
