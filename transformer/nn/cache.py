@@ -68,7 +68,6 @@ class KVCache:
             self.check_batch(key.shape[0])
             if end > self._key.shape[2]:  # past the capacity: grow by doubling, rarely
                 self._key, self._value = self._grown(self._key, end), self._grown(self._value, end)
-                self._spare = None
         self._key[:, :, self.length:end] = key  # in place, at the write position
         self._value[:, :, self.length:end] = value
         self.length = end
@@ -98,19 +97,20 @@ class KVCache:
                              f"got a batch of {batch_size}")
 
     def reorder(self, index: Tensor) -> None:
-        """Keep the batch rows ``index`` (in that order): how beam search follows its beams and drops
-        finished rows. The filled part moves once, into a spare pair of buffers that then trade places."""
+        """Keep the batch rows ``index`` (in that order), as beam search does. The filled part moves once,
+        into spare buffers that then trade places with these (fewer rows: the first rows of both)."""
         if self._key is None or self._value is None:
             return
-        if self.length == self._key.shape[2] or index.shape[0] != self._key.shape[0]:
+        if (rows := index.shape[0]) > self._key.shape[0]:  # more rows than held: new buffers
             self._key, self._value = self._key.index_select(0, index), self._value.index_select(0, index)
-            self._spare = None  # the spares of the new batch size are allocated at the next call
             return
-        if self._spare is None:
+        if self._spare is None or self._spare[0].shape != self._key.shape:
             self._spare = (torch.empty_like(self._key), torch.empty_like(self._value))
         for held, spare in zip((self._key, self._value), self._spare):
-            torch.index_select(held[:, :, :self.length], 0, index, out=spare[:, :, :self.length])
-        self._spare, (self._key, self._value) = (self._key, self._value), self._spare
+            torch.index_select(held[:, :, :self.length], 0, index, out=spare[:rows, :, :self.length])
+        key, value = self._spare
+        self._spare = (self._key[:rows], self._value[:rows])
+        self._key, self._value = key[:rows], value[:rows]
 
 
 # chapters/16_fast_generation.md: Every layer of the decoder
