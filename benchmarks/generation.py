@@ -218,7 +218,8 @@ def main() -> None:
                 timings = time_products(SIZES[args.size], rows, args.repeats)
                 peak = {kind: step_flop(SIZES[args.size], rows) / rows * ceiling(SIZES[args.size], rows, timings, kind)
                         for kind in KINDS}  # GFLOP/s of the step's products alone
-                achieved = {name: value * step_flop(SIZES[args.size], rows) / rows for name, value in speed.items()}
+                # tokens are counted per source, and a step writes one for each: steps/s = tokens/s / batch
+                achieved = {name: value / args.batch * step_flop(SIZES[args.size], rows) for name, value in speed.items()}
                 best_float = max(peak[kind] for kind in KINDS if kind != "int8")
                 results.append({"threads": threads, "mode": mode, "tokens_per_second": speed, "same_as_ours": same,
                                 "step_products_gflop_per_s": {kind: value / 1e9 for kind, value in peak.items()},
