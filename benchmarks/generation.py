@@ -8,16 +8,21 @@ downloaded. It is built as this package's ``Transformer``, written out with ``to
 CTranslate2 with ``ctranslate2_folder``: three engines, one set of weights. The end token's output
 bias is set to -1e9 before the export, so that no engine ever ends a sentence: every run generates
 exactly ``--new-tokens`` tokens per source (greedy) or per hypothesis (beam search), and tokens per
-second compare like with like.
+second compare like with like. Besides the package's default (``ours float32``), ``ours float32 packed``
+runs the copy that ``prepack`` gives (linear layers multiplying by weights packed once for oneDNN).
 
 For 1 and 2 threads, greedy and beam 4, the engines run alternately (the order rotates every
 repeat, so that a change of load on a shared machine hits all of them); the best of ``--repeats`` is
 kept. The script checks that the engines' outputs agree token for token and prints, with the
-machine, tokens per second and the ratios of the issue's targets (issue 25):
+machine, tokens per second and the ratios of the issue's targets (issue 35):
 
-- beam 4: ours >= 1.5x Hugging Face and >= 0.8x CTranslate2 float32;
-- greedy: ours >= 0.9x CTranslate2 float32;
-- int8 (``quantize_int8``): ours >= 0.7x CTranslate2 int8.
+- beam 4 and greedy: ours >= 1.0x CTranslate2 float32; beam 4: ours >= 1.5x Hugging Face;
+- int8 (``quantize_int8``): ours >= 0.9x CTranslate2 int8.
+
+It also measures the limit (``benchmarks/peak.py``): torch's own products at the step's shapes, alone,
+and prints each engine's achieved GFLOP/s (the decoder step's products, 2 · rows · in · out for
+each weight, per second; the encoder's are not counted) and its share of the best float32 (or int8)
+GFLOP/s of those products.
 
     .venv/bin/python -m benchmarks.generation                  # about 10 minutes on 2 cores
     .venv/bin/python -m benchmarks.generation --repeats 1 --batch 8 --threads 1
@@ -46,18 +51,23 @@ from transformer import Transformer, beam_search, greedy_decode
 from transformer.nn.attention import padding_mask
 from transformer.interop.huggingface_out import ctranslate2_folder, to_huggingface
 from transformer.tasks.multi30k import BOS_ID, EOS_ID, PAD_ID
+from transformer.generation.compiled import prepack
 from transformer.generation.quantize import quantize_int8
 from transformer.tasks.subwords import SPECIAL_TOKENS
+
+from benchmarks.peak import KINDS, ceiling, step_flop, time_products
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = {"opus-mt": dict(vocab=58101, d_model=512, num_heads=8, num_layers=6, d_ff=2048, max_len=512),
          "small": dict(vocab=1000, d_model=64, num_heads=4, num_layers=2, d_ff=128, max_len=128)}  # a smoke test
-TARGETS = {  # (mode, ours, reference): the least ratio of tokens per second
+TARGETS = {  # (mode, ours, reference): the least ratio of tokens per second (issue 35)
     ("beam 4", "ours float32", "Hugging Face"): 1.5,
-    ("beam 4", "ours float32", "CTranslate2 float32"): 0.8,
-    ("greedy", "ours float32", "CTranslate2 float32"): 0.9,
-    ("greedy", "ours int8", "CTranslate2 int8"): 0.7,
-    ("beam 4", "ours int8", "CTranslate2 int8"): 0.7,
+    ("beam 4", "ours float32", "CTranslate2 float32"): 1.0,
+    ("greedy", "ours float32", "CTranslate2 float32"): 1.0,
+    ("beam 4", "ours float32 packed", "CTranslate2 float32"): 1.0,
+    ("greedy", "ours float32 packed", "CTranslate2 float32"): 1.0,
+    ("greedy", "ours int8", "CTranslate2 int8"): 0.9,
+    ("beam 4", "ours int8", "CTranslate2 int8"): 0.9,
 }
 
 
@@ -119,7 +129,7 @@ def engines(model: Transformer, hf_model, tokenizer, ct2_dir: Path, src: torch.T
 
     mask = padding_mask(src, PAD_ID)
     pieces = [[tokenizer.id_to_token(int(i)) for i in row if i != PAD_ID] for row in src]
-    int8 = quantize_int8(model)
+    int8, packed = quantize_int8(model), prepack(model)
 
     def ours(net: Transformer) -> Callable[[int], list[list[int]]]:
         def run(beam: int) -> list[list[int]]:
@@ -147,8 +157,8 @@ def engines(model: Transformer, hf_model, tokenizer, ct2_dir: Path, src: torch.T
             return [[tokenizer.token_to_id(t) for t in r.hypotheses[0]] for r in results]
         return run
 
-    return {"ours float32": ours(model), "Hugging Face": hugging_face, "CTranslate2 float32": ct2("float32"),
-            "ours int8": ours(int8), "CTranslate2 int8": ct2("int8")}
+    return {"ours float32": ours(model), "ours float32 packed": ours(packed), "Hugging Face": hugging_face,
+            "CTranslate2 float32": ct2("float32"), "ours int8": ours(int8), "CTranslate2 int8": ct2("int8")}
 
 
 def measure(runs: dict[str, Callable[[int], list[list[int]]]], beam: int, repeats: int,
@@ -204,12 +214,25 @@ def main() -> None:
                 mode = "greedy" if beam == 1 else f"beam {beam}"
                 speed, outputs = measure(runs, beam, args.repeats, args.batch * args.new_tokens)
                 same = agreement(outputs, args.new_tokens)
-                results.append({"threads": threads, "mode": mode, "tokens_per_second": speed, "same_as_ours": same})
-                print(f"\n{threads} thread(s), {mode}: tokens/s (best of {args.repeats}), sources identical to ours float32")
+                rows = args.batch * beam  # the decoder's rows at every step (no source ends early)
+                timings = time_products(SIZES[args.size], rows, args.repeats)
+                peak = {kind: step_flop(SIZES[args.size], rows) / rows * ceiling(SIZES[args.size], rows, timings, kind)
+                        for kind in KINDS}  # GFLOP/s of the step's products alone
+                # tokens are counted per source, and a step writes one for each: steps/s = tokens/s / batch
+                achieved = {name: value / args.batch * step_flop(SIZES[args.size], rows) for name, value in speed.items()}
+                best_float = max(peak[kind] for kind in KINDS if kind != "int8")
+                results.append({"threads": threads, "mode": mode, "tokens_per_second": speed, "same_as_ours": same,
+                                "step_products_gflop_per_s": {kind: value / 1e9 for kind, value in peak.items()},
+                                "achieved_gflop_per_s": {name: value / 1e9 for name, value in achieved.items()}})
+                print(f"\n{threads} thread(s), {mode}: tokens/s (best of {args.repeats}), sources identical to ours "
+                      f"float32, the step's products in GFLOP/s and their share of the products alone")
                 for name, value in speed.items():
                     agree = f"{same[name]}/{args.batch}" if name in same else "-"
-                    print(f"  {name:<20} {value:8.0f}   {agree}")
-    print("\ntargets (issue 25), ours / reference in tokens per second:")
+                    limit = peak["int8"] if "int8" in name else best_float
+                    print(f"  {name:<20} {value:8.0f}   {agree:>5}   {achieved[name] / 1e9:6.1f} GFLOP/s "
+                          f"= {achieved[name] / limit:4.0%} of {limit / 1e9:.1f}")
+                print("  the step's products alone, GFLOP/s: " + ", ".join(f"{kind} {peak[kind] / 1e9:.1f}" for kind in KINDS))
+    print("\ntargets (issue 35), ours / reference in tokens per second:")
     met = []
     for row in results:
         for (mode, ours, reference), target in TARGETS.items():

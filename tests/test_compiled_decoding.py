@@ -160,3 +160,30 @@ def test_bad_input():
     model.decoder.layers[1].self_attn = RotaryMultiHeadAttention(16, 4)
     with pytest.raises(TypeError, match="the paper's attention .* got RotaryMultiHeadAttention"):
         static_greedy_decode(model, src, 5, BOS)
+
+
+def test_prepack_keeps_the_function_and_repacks_a_changed_weight():
+    """prepack (issue 35): PackedLinear gives nn.Linear's outputs to rounding at inference, nn.Linear's own
+    under gradients, packs again when the weight changes, and its model still copies."""
+    import copy
+
+    from torch import nn
+
+    from transformer.generation.compiled import PackedLinear, prepack
+
+    torch.manual_seed(0)
+    linear = nn.Linear(16, 3000)
+    packed = prepack(linear)
+    assert isinstance(packed, PackedLinear) and type(linear) is nn.Linear
+    x = torch.randn(5, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(packed(x), linear(x))
+        if torch.backends.mkldnn.is_available():
+            assert packed._packed is not None
+        packed.weight.mul_(2)  # a new version of the weight: packed again
+        torch.testing.assert_close(packed(x), torch.nn.functional.linear(x, 2 * linear.weight, linear.bias))
+    y = packed(x.requires_grad_())  # with gradients: nn.Linear.forward
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, (2 * linear.weight).sum(0).expand(5, 16), atol=1e-4, rtol=1e-4)
+    with torch.inference_mode():
+        torch.testing.assert_close(copy.deepcopy(packed)(x.detach()), packed(x.detach()))

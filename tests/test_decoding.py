@@ -655,3 +655,59 @@ def test_beam_search_shares_cross_attention_keys_by_source(src):
     assert calls == [src.shape[0]]  # projected once, for the B sources, not B * k rows
     assert torch.equal(with_cache, beam_search(model, src, 10, BOS, EOS, beam_size=3, src_mask=src_mask,
                                                use_cache=False))
+
+
+@pytest.mark.parametrize("shape, k", [((5, 3001), 4), ((2, 3, 4096), 4), ((7, 58101), 4), ((4, 1000), 3),
+                                      ((3, 300), 4), ((6, 40), 5)])
+def test_top_k_equals_topk(shape, k):
+    """Beam search's top-k (block maxima first, issue 35) gives what ``topk`` gives: the same values,
+    best first, and the same indices (no equal values here), also where the last block is short and
+    where a short axis takes ``topk`` itself."""
+    from transformer.generation.decoding import _top_k
+
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(0)) * 4
+    x[..., -1] = x.amax(dim=-1) + 1  # the best value in the short last block
+    values, indices = _top_k(x, k)
+    expected = x.topk(k, dim=-1)
+    assert torch.equal(values, expected.values) and torch.equal(indices, expected.indices)
+
+
+def test_new_scoring_equals_the_old_formula():
+    """Issue 35: beam search normalises the logits in place and ranks with ``_top_k``; its tokens equal
+    those of the old formula, a ``log_softmax`` written out and ``topk`` over it, on a vocabulary long
+    enough for the block search (the other tests' vocabularies take ``topk`` itself)."""
+    from transformer.generation import decoding
+
+    model = small_transformer(tgt_vocab_size=3000, seed=2)
+    src = torch.randint(3, SRC_VOCAB, (3, 6), generator=torch.Generator().manual_seed(4))
+    src[1, 4:] = PAD
+    logits = torch.randn(6, 3000, generator=torch.Generator().manual_seed(5)) * 3
+    values, indices = decoding._top_k(torch.log_softmax(logits.clone(), -1, out=logits.clone()), 4)
+    old = logits.log_softmax(-1).topk(4, dim=-1)
+    assert torch.equal(values, old.values) and torch.equal(indices, old.indices)
+    found = beam_search(model, src, 12, BOS, EOS, beam_size=4, src_mask=padding_mask(src, PAD))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(decoding, "_top_k", lambda x, k: x.topk(k, dim=-1))  # the old formula
+        patch.setattr(torch, "log_softmax", lambda x, dim, out=None: x.log_softmax(dim))
+        expected = beam_search(model, src, 12, BOS, EOS, beam_size=4, src_mask=padding_mask(src, PAD))
+    assert torch.equal(found, expected)
+
+
+def test_reorder_through_spare_buffers_equals_indexing():
+    """KVCache.reorder gathers into a spare pair of buffers that trade places (issue 35): many reorders,
+    writes in between, growth past the capacity and a smaller batch all equal plain indexing."""
+    cache, g = KVCache(capacity=4), torch.Generator().manual_seed(0)
+    keys = values = None
+    for step in range(7):
+        key, value = torch.randn(6, 2, 1, 3, generator=g), torch.randn(6, 2, 1, 3, generator=g)
+        cache.update(key, value)  # the 5th write grows the buffers past the capacity
+        keys = key if keys is None else torch.cat([keys, key], dim=2)
+        values = value if values is None else torch.cat([values, value], dim=2)
+        index = torch.randint(0, 6, (6,), generator=g)
+        cache.reorder(index)
+        keys, values = keys[index], values[index]
+        assert torch.equal(cache.key, keys) and torch.equal(cache.value, values)
+    cache.reorder(torch.tensor([4, 1]))  # rows leave: a batch of 2
+    cache.update(torch.zeros(2, 2, 1, 3), torch.ones(2, 2, 1, 3))
+    cache.reorder(torch.tensor([1, 1]))
+    assert torch.equal(cache.key[:, :, :-1], keys[[4, 1]][[1, 1]]) and torch.equal(cache.value[:, :, -1:], torch.ones(2, 2, 1, 3))

@@ -4,7 +4,8 @@
 
 from transformer.generation.decoding import output_limits, DecoderState, greedy_decode, generated_ids, beam_search
 from transformer.generation.quantize import quantize_int8
-from transformer.generation.compiled import static_cache, decode_step, compile_step, static_greedy_decode
+from transformer.generation.compiled import (static_cache, decode_step, compile_step, static_greedy_decode,
+    PackedLinear, prepack)
 from transformer.generation.sampling import top_k_filter, top_p_filter, sample
 
 __all__ = [
@@ -18,6 +19,8 @@ __all__ = [
     'decode_step',
     'compile_step',
     'static_greedy_decode',
+    'PackedLinear',
+    'prepack',
     'top_k_filter',
     'top_p_filter',
     'sample',

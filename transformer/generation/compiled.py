@@ -7,14 +7,15 @@ Defined in the book's chapter "Fixed shapes: compiled decoding" (chapters/16_fix
 """
 
 
-__all__ = ['static_cache', 'decode_step', 'compile_step', 'static_greedy_decode']
+__all__ = ['static_cache', 'decode_step', 'compile_step', 'static_greedy_decode', 'PackedLinear', 'prepack']
 
 
 from collections.abc import Callable
 from typing import Any, cast
+import copy
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from transformer.checks import check_generation, check_positive_int, check_token_id
 from transformer.generation.decoding import output_limits
@@ -90,3 +91,38 @@ def static_greedy_decode(model: Transformer, src: Tensor, max_len: int, bos_id: 
             if t % 8 == 7 and bool(done.all()):  # a wait for the device every 8 steps, not every step
                 break
     return tokens[:, :int(generated.max()) + 1]
+
+
+# chapters/16_fixed_shapes.md: Packed weights
+class PackedLinear(nn.Linear):
+    """An ``nn.Linear`` whose float32 inference on the CPU multiplies by its weight as oneDNN packed it
+    (made at the first such call, with its number of rows as the hint, and again when the weight
+    changes); training, gradients, other devices and dtypes take ``nn.Linear.forward``."""
+
+    _packed: tuple[int, int, Tensor] | None = None  # (weight version, weight address, packed weight)
+
+    def forward(self, x: Tensor) -> Tensor:
+        weight = self.weight
+        if (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad) or x.device.type != "cpu"
+                or x.dtype != torch.float32 or weight.dtype != torch.float32 or weight.is_inference()):
+            return super().forward(x)
+        key = (weight._version, weight.data_ptr())
+        if self._packed is None or self._packed[:2] != key:
+            rows = x.numel() // x.shape[-1]
+            self._packed = (*key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_size=rows))
+        return torch.ops.mkldnn._linear_pointwise(x, self._packed[2], self.bias, "none", [], "")
+
+    def __getstate__(self) -> dict[str, Any]:  # copy.deepcopy and pickle: a packed weight cannot be copied
+        return {name: value for name, value in super().__getstate__().items() if name != "_packed"}
+
+
+def prepack(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose ``nn.Linear`` layers are ``PackedLinear`` (where torch has oneDNN):
+    the same parameters, float32 products on the CPU with weights packed once."""
+    with torch.inference_mode(False):  # parameters whose changes are counted, also when called in inference mode
+        packed = copy.deepcopy(model)
+    if torch.backends.mkldnn.is_available():
+        for module in packed.modules():
+            if type(module) is nn.Linear:
+                module.__class__ = PackedLinear
+    return packed

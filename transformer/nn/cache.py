@@ -46,6 +46,7 @@ class KVCache:
         self.beams = 1
         self._key: Tensor | None = None  # (B, H, capacity, d_k): the buffer, filled up to length
         self._value: Tensor | None = None
+        self._spare: tuple[Tensor, Tensor] | None = None  # reorder's second pair of buffers
         self.length = 0  # the write position: how many key positions are held, S
 
     @property
@@ -96,15 +97,20 @@ class KVCache:
                              f"got a batch of {batch_size}")
 
     def reorder(self, index: Tensor) -> None:
-        """Keep the batch rows ``index`` (in that order): how beam search follows its beams and
-        drops finished rows. Only the filled part is moved; the buffers keep their capacity."""
+        """Keep the batch rows ``index`` (in that order), as beam search does. The filled part moves once,
+        into spare buffers that then trade places with these (fewer rows: the first rows of both)."""
         if self._key is None or self._value is None:
             return
-        if self.length == self._key.shape[2] or index.shape[0] != self._key.shape[0]:
+        if (rows := index.shape[0]) > self._key.shape[0]:  # more rows than held: new buffers
             self._key, self._value = self._key.index_select(0, index), self._value.index_select(0, index)
-        else:  # same batch size: move the filled part within the buffers
-            self._key[:, :, :self.length] = self._key[:, :, :self.length].index_select(0, index)
-            self._value[:, :, :self.length] = self._value[:, :, :self.length].index_select(0, index)
+            return
+        if self._spare is None or self._spare[0].shape != self._key.shape:
+            self._spare = (torch.empty_like(self._key), torch.empty_like(self._value))
+        for held, spare in zip((self._key, self._value), self._spare):
+            torch.index_select(held[:, :, :self.length], 0, index, out=spare[:rows, :, :self.length])
+        key, value = self._spare
+        self._spare = (self._key[:rows], self._value[:rows])
+        self._key, self._value = key[:rows], value[:rows]
 
 
 # chapters/16_fast_generation.md: Every layer of the decoder
