@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from transformer.nn.detector import DigitDetector
-from transformer.tasks.boxes import (box_area, box_cxcywh_to_xyxy, box_iou, box_xyxy_to_cxcywh, check_boxes,
-                                     generalized_box_iou, non_maximum_suppression)
-from transformer.tasks.detection import (CANVAS, MAX_DIGITS, coco_average_precision, detection_loss, hungarian_match,
-                                         make_digit_scenes, match_cost, predicted_counts, set_loss, tight_box)
+from transformer.tasks.detection import (CANVAS, MAX_DIGITS, box_cxcywh_to_xyxy, box_iou, box_xyxy_to_cxcywh,
+                                         check_boxes, coco_average_precision, detection_loss, generalized_box_iou,
+                                         hungarian_match, make_digit_scenes, match_cost, non_maximum_suppression,
+                                         predicted_set, set_loss, tight_box)
 from transformer.tasks.digits import load_digits
 
 
@@ -101,7 +101,6 @@ def test_iou_and_giou_hand_computed():
     # overlap 1 of union 7; the same box; apart: hull 4 x 2 = 8, union 5
     assert box_iou(a, b)[0].tolist() == pytest.approx([1 / 7, 1.0, 0.0])
     assert generalized_box_iou(a, b)[0].tolist() == pytest.approx([1 / 7 - 2 / 9, 1.0, 0.0 - 3 / 8])
-    assert box_area(b).tolist() == pytest.approx([4.0, 4.0, 1.0])
 
 
 def test_giou_equals_torchvisions_formula_written_out():
@@ -285,6 +284,23 @@ def test_coco_average_precision_of_the_truth_is_one_and_of_nothing_zero(scenes):
         coco_average_precision(perfect[:2], classes, boxes)
 
 
-def test_predicted_counts_counts_the_labels_that_are_not_no_object():
-    logits = torch.tensor([[[0.0, 1.0, 0.0], [0.0, 0.0, 2.0], [3.0, 0.0, 0.0]]])  # class 1, no object, class 0
-    assert predicted_counts(logits).tolist() == [2]
+def test_the_predicted_set_undoes_the_down_weighting_of_no_object():
+    probs = torch.tensor([[[0.05, 0.9, 0.05], [0.3, 0.0, 0.7], [0.85, 0.0, 0.15], [0.95, 0.0, 0.05]]])  # p(none) last
+    assert predicted_set(probs.log()).tolist() == [[True, False, False, True]]  # p(none) < 0.1 / 1.1
+    assert predicted_set(probs.log(), no_object_weight=1.0).tolist() == [[True, False, True, True]]
+
+
+def test_the_committed_detector_reproduces_its_recorded_scores():
+    """models/digit-detector/results.json, recomputed from the committed weights (a few seconds)."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parent.parent / "models" / "digit-detector"
+    spec = importlib.util.spec_from_file_location("evaluate_detector", folder / "evaluate.py")
+    evaluate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(evaluate)
+    recorded = json.loads((folder / "results.json").read_text())
+    measured = evaluate.scores(folder)
+    for key in ("AP", "AP50", "AP75", "counting"):
+        assert measured[key] == pytest.approx(recorded[key], abs=0.005), key
