@@ -217,7 +217,6 @@ def coco_average_precision(found: Sequence[tuple[Tensor, Tensor, Tensor]], class
     0.95, "AP50": at IoU 0.5, "AP75": at 0.75}."""
     import contextlib
     import io
-
     from pycocotools.coco import COCO  # the detection extra: pip install -e ".[detection]"
     from pycocotools.cocoeval import COCOeval
     if not (len(found) == len(classes) == len(boxes)) or not boxes:
