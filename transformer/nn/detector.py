@@ -35,11 +35,11 @@ class SetSelfAttention(MultiHeadAttention):
 class DigitDetector(nn.Module):
     """DETR (Carion et al., 2020) from the book's parts: patches, ``Encoder``, object queries, ``Decoder``.
 
-    Args: image_size, patch_size as for ``PatchEmbedding``; num_classes C (the class head adds "no
-    object"); num_queries Q, the most objects an image may hold; d_model, num_heads, d_ff, dropout as for
+    Args: image_size, patch_size as for ``PatchEmbedding``; num_classes (the class head adds "no
+    object"); num_queries T, the most objects an image may hold; d_model, num_heads, d_ff, dropout as for
     ``Encoder`` and ``Decoder`` (pre-LN); encoder_layers, decoder_layers, the N of each stack.
 
-    Shape: images (B, 1, H, W) -> logits (B, Q, C + 1) and boxes (B, Q, 4), (cx, cy, w, h) in (0, 1).
+    Shape: images (B, 1, H, W) -> logits (B, T, num_classes + 1) and boxes (B, T, 4), (cx, cy, w, h) in (0, 1).
     """
 
     def __init__(self, image_size: int = 32, patch_size: int = 4, num_classes: int = 10, num_queries: int = 8,
@@ -63,19 +63,19 @@ class DigitDetector(nn.Module):
         return self.encoder(self.patch_embed(check_tensor("images", images)) + self.pos_embed)  # (B, S, d_model)
 
     def decode_layers(self, memory: Tensor) -> list[Tensor]:
-        """The queries after each decoder layer, each through the stack's final LayerNorm: N x (B, Q, d_model).
+        """The queries after each decoder layer, each through the stack's final LayerNorm: N x (B, T, d_model).
         The last is ``self.decoder(queries, memory)``."""
-        x = self.queries.expand(memory.shape[0], -1, -1)  # (Q, d_model) -> (B, Q, d_model)
+        x = self.queries.expand(memory.shape[0], -1, -1)  # (T, d_model) -> (B, T, d_model)
         outputs = []
         for layer in self.decoder.layers:
-            x = layer(x, memory)  # (B, Q, d_model)
+            x = layer(x, memory)  # (B, T, d_model)
             outputs.append(x if self.decoder.norm is None else self.decoder.norm(x))
         return outputs
 
     def heads(self, h: Tensor) -> tuple[Tensor, Tensor]:
-        """Class logits (..., C + 1) and boxes (..., 4) in (0, 1) of decoder outputs (..., d_model)."""
+        """Class logits (..., num_classes + 1) and boxes (..., 4) in (0, 1) of decoder outputs (..., d_model)."""
         return self.class_head(h), self.box_head(h).sigmoid()
 
     def forward(self, images: Tensor) -> tuple[Tensor, Tensor]:
-        """The set of Q predictions for each image: logits (B, Q, C + 1) and boxes (B, Q, 4)."""
+        """The set of T predictions for each image: logits (B, T, num_classes + 1) and boxes (B, T, 4)."""
         return self.heads(self.decode_layers(self.encode(images))[-1])

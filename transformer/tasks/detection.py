@@ -86,7 +86,7 @@ DIGIT_SIZES = (7, 12)  # each digit's 8x8 image scaled to a square of 7 to 12 pi
 
 
 class DigitScenes(NamedTuple):
-    """images (M, 1, 32, 32) in [0, 1]; per scene, classes (k,) digits 0..9 and boxes (k, 4), each the tight
+    """images (M, 1, 32, 32) in [0, 1]; per scene, classes (m,) digits 0..9 and boxes (m, 4), each the tight
     box of the digit's pixels as (cx, cy, w, h) fractions of the canvas."""
 
     images: Tensor
@@ -128,7 +128,7 @@ def make_digit_scenes(images: Tensor, labels: Tensor, count: int, seed: int) -> 
             canvas[i, 0, y:y + size, x:x + size] = digit
             scene_boxes.append((tight_box(digit) + torch.tensor([x, y, x, y])) / CANVAS)  # (x0, y0, x1, y1)
         classes.append(labels[picks])
-        boxes.append(box_xyxy_to_cxcywh(torch.stack(scene_boxes)))  # (k, 4)
+        boxes.append(box_xyxy_to_cxcywh(torch.stack(scene_boxes)))  # (m, 4)
     return DigitScenes(canvas, classes, boxes)
 
 
@@ -138,17 +138,17 @@ COST_CLASS, COST_L1, COST_GIOU = 1.0, 5.0, 2.0  # the paper's weights of the thr
 
 
 def match_cost(logits: Tensor, boxes: Tensor, classes: Tensor, target_boxes: Tensor) -> Tensor:
-    """The cost (eq. match-cost) of matching each of Q predictions, logits (Q, C + 1) with "no object" last
-    and boxes (Q, 4), to each of k objects, classes (k,) and boxes (k, 4): (Q, k). Boxes as (cx, cy, w, h)."""
-    cost_class = -logits.softmax(dim=-1)[:, classes]  # (Q, k): minus the probability of the object's class
-    cost_l1 = torch.cdist(boxes, target_boxes, p=1)  # (Q, k): L1 distance of (cx, cy, w, h)
-    cost_giou = -generalized_box_iou(box_cxcywh_to_xyxy(boxes), box_cxcywh_to_xyxy(target_boxes))  # (Q, k)
+    """The cost (eq. match-cost) of matching each of T predictions, logits (T, num_classes + 1) with "no object"
+    last and boxes (T, 4), to each of m objects, classes (m,) and boxes (m, 4): (T, m). Boxes as (cx, cy, w, h)."""
+    cost_class = -logits.softmax(dim=-1)[:, classes]  # (T, m): minus the probability of the object's class
+    cost_l1 = torch.cdist(boxes, target_boxes, p=1)  # (T, m): L1 distance of (cx, cy, w, h)
+    cost_giou = -generalized_box_iou(box_cxcywh_to_xyxy(boxes), box_cxcywh_to_xyxy(target_boxes))  # (T, m)
     return COST_CLASS * cost_class + COST_L1 * cost_l1 + COST_GIOU * cost_giou
 
 
 def hungarian_match(cost: Tensor) -> tuple[Tensor, Tensor]:
-    """The one-to-one matching of least total ``cost`` (Q, k), k <= Q, by scipy's ``linear_sum_assignment``:
-    (rows, columns), long tensors (k,); prediction ``rows[i]`` is matched to object ``columns[i]``."""
+    """The one-to-one matching of least total ``cost`` (T, m), m <= T, by scipy's ``linear_sum_assignment``:
+    (rows, columns), long tensors (m,); prediction ``rows[i]`` is matched to object ``columns[i]``."""
     from scipy.optimize import linear_sum_assignment  # the detection extra: pip install -e ".[detection]"
 
     cost = check_tensor("cost", cost)
@@ -164,30 +164,30 @@ def hungarian_match(cost: Tensor) -> tuple[Tensor, Tensor]:
 # chapters/32_detection.md: The set loss
 def set_loss(logits: Tensor, boxes: Tensor, classes: Sequence[Tensor],
              target_boxes: Sequence[Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-    """The Hungarian loss (eq. hungarian-loss) of logits (B, Q, C + 1) and boxes (B, Q, 4) against, per
-    image, classes (k,) and target_boxes (k, 4) (k may be 0): the loss and its parts, the cross-entropy
+    """The Hungarian loss (eq. hungarian-loss) of logits (B, T, num_classes + 1) and boxes (B, T, 4)
+    against, per image, classes (m,) and target_boxes (m, 4) (m may be 0): the loss and its parts, the cross-entropy
     over all predictions ("no object" weighted 0.1) and the L1 and 1 - GIoU means over the objects."""
-    B, Q, num_labels = logits.shape
+    B, T, num_labels = logits.shape
     if len(classes) != B or len(target_boxes) != B:
         raise ValueError(f"classes and target_boxes must hold one entry per image, {B}, got "
                          f"{len(classes)} and {len(target_boxes)}")
     sizes = [len(c) for c in classes]
-    all_classes, all_boxes = torch.cat(list(classes)).long(), torch.cat(list(target_boxes)).to(boxes)  # (K,), (K, 4)
+    all_classes, all_boxes = torch.cat(list(classes)).long(), torch.cat(list(target_boxes)).to(boxes)  # the batch's objects
     check_boxes("target_boxes (as corners)", box_cxcywh_to_xyxy(all_boxes), unit=True)
     if len(all_classes) and not bool(((all_classes >= 0) & (all_classes < num_labels - 1)).all()):
         raise ValueError(f"classes must lie in 0..{num_labels - 2} (the last label is 'no object')")
     with torch.no_grad():  # the matching is a choice, not a function to differentiate
-        cost = match_cost(logits.flatten(0, 1), boxes.flatten(0, 1), all_classes, all_boxes).view(B, Q, -1)
+        cost = match_cost(logits.flatten(0, 1), boxes.flatten(0, 1), all_classes, all_boxes).view(B, T, -1)
     matches = []  # (image, prediction, object) of each match, the objects numbered across the batch
     for b, (block, start) in enumerate(zip(cost.split(sizes, dim=-1), itertools.accumulate([0] + sizes))):
         r, c = hungarian_match(block[b])  # image b's predictions against image b's objects
         matches.append((torch.full_like(r, b), r, c + start))
     image, row, column = (torch.cat(parts) for parts in zip(*matches))
-    target = torch.full((B, Q), num_labels - 1, dtype=torch.long, device=logits.device)  # "no object"
+    target = torch.full((B, T), num_labels - 1, dtype=torch.long, device=logits.device)  # "no object"
     target[image, row] = all_classes[column]
     weight = torch.tensor([1.0] * (num_labels - 1) + [NO_OBJECT_WEIGHT], device=logits.device, dtype=logits.dtype)
-    loss_class = F.cross_entropy(logits.transpose(1, 2), target, weight=weight)  # (B, C + 1, Q) against (B, Q)
-    matched, wanted, n = boxes[image, row], all_boxes[column], max(len(column), 1)  # (K, 4) each
+    loss_class = F.cross_entropy(logits.transpose(1, 2), target, weight=weight)  # (B, num_classes + 1, T) against (B, T)
+    matched, wanted, n = boxes[image, row], all_boxes[column], max(len(column), 1)  # (objects, 4) each
     loss_l1 = (matched - wanted).abs().sum() / n
     loss_giou = (1 - generalized_box_iou(box_cxcywh_to_xyxy(matched), box_cxcywh_to_xyxy(wanted)).diagonal()).sum() / n
     loss = COST_CLASS * loss_class + COST_L1 * loss_l1 + COST_GIOU * loss_giou
@@ -196,15 +196,15 @@ def set_loss(logits: Tensor, boxes: Tensor, classes: Sequence[Tensor],
 
 # chapters/32_detection.md: Measuring: average precision
 def detections(logits: Tensor, boxes: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
-    """Per image (scores (Q,), classes (Q,), boxes (Q, 4)): every prediction, with its likeliest object
+    """Per image (scores (T,), classes (T,), boxes (T, 4)): every prediction, with its likeliest object
     class and that class's probability as its score, as the paper ranks them for average precision."""
-    probs = logits.softmax(dim=-1)[..., :-1]  # (B, Q, C): the object classes only
-    scores, classes = probs.max(dim=-1)  # (B, Q) each
+    probs = logits.softmax(dim=-1)[..., :-1]  # (B, T, num_classes): the object classes only
+    scores, classes = probs.max(dim=-1)  # (B, T) each
     return [(scores[b], classes[b], boxes[b]) for b in range(len(boxes))]
 
 
 def predicted_set(logits: Tensor, no_object_weight: float = NO_OBJECT_WEIGHT) -> Tensor:
-    """Which predictions (B, Q, C + 1) -> (B, Q) report an object: those whose probability of "no object",
+    """Which predictions (B, T, num_classes + 1) -> (B, T) report an object: those whose probability of "no object",
     with the loss's down-weighting undone, is below one half, p < w / (1 + w)."""
     return logits.softmax(dim=-1)[..., -1] < no_object_weight / (1 + no_object_weight)
 
@@ -212,7 +212,7 @@ def predicted_set(logits: Tensor, no_object_weight: float = NO_OBJECT_WEIGHT) ->
 def coco_average_precision(found: Sequence[tuple[Tensor, Tensor, Tensor]], classes: Sequence[Tensor],
                            boxes: Sequence[Tensor], image_size: int = CANVAS, num_classes: int = 10) -> dict[str, float]:
     """COCO's average precision, by pycocotools (Lin et al., 2014), of ``found``, per image (scores (n,),
-    classes (n,), boxes (n, 4)), against the true ``classes`` (k,) and ``boxes`` (k, 4), per image; boxes
+    classes (n,), boxes (n, 4)), against the true ``classes`` (m,) and ``boxes`` (m, 4), per image; boxes
     (cx, cy, w, h) fractions of images ``image_size`` pixels wide. {"AP": averaged over IoU 0.5, 0.55, ..,
     0.95, "AP50": at IoU 0.5, "AP75": at 0.75}."""
     import contextlib
