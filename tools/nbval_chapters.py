@@ -45,6 +45,7 @@ ARITHMETIC_CHAPTERS = (
     "28_train_short_test_long",  # positions trained short, tested long
     "30_vision",  # a vision Transformer trained on digits
     "31_captioning",  # an image-to-text model trained
+    "32_detection",  # a detector trained, the committed detector and a sliding-window baseline measured
     "32_drawing",  # a drawing model trained
     "33_pretrained",  # models copied from transformers' and compared with them at the real sizes
     "34_exporting",  # the committed translator exported, int8 quantised, BLEU
