@@ -4,7 +4,7 @@
 the scenes; boxes, IoU and generalised IoU (Rezatofighi et al. 2019); the Hungarian matching; the
 set loss; training; COCO average precision (pycocotools); non-maximum suppression for a baseline.
 
-Defined in the book's chapter "Two modalities: the Transformer finds the digits"
+Defined in the book's chapter "In place of CNNs: the Transformer finds the digits"
 (chapters/32_detection.md).
 """
 
