@@ -663,17 +663,17 @@ def test_top_k_equals_topk(shape, k):
     """Beam search's top-k (block maxima first, issue 35) gives what ``topk`` gives: the same values,
     best first, and the same indices (no equal values here), also where the last block is short and
     where a short axis takes ``topk`` itself."""
-    from transformer.generation.decoding import _top_k
+    from transformer.generation.topk import block_top_k
 
     x = torch.randn(shape, generator=torch.Generator().manual_seed(0)) * 4
     x[..., -1] = x.amax(dim=-1) + 1  # the best value in the short last block
-    values, indices = _top_k(x, k)
+    values, indices = block_top_k(x, k)
     expected = x.topk(k, dim=-1)
     assert torch.equal(values, expected.values) and torch.equal(indices, expected.indices)
 
 
 def test_new_scoring_equals_the_old_formula():
-    """Issue 35: beam search normalises the logits in place and ranks with ``_top_k``; its tokens equal
+    """Issue 35: beam search normalises the logits in place and ranks with ``block_top_k``; its tokens equal
     those of the old formula, a ``log_softmax`` written out and ``topk`` over it, on a vocabulary long
     enough for the block search (the other tests' vocabularies take ``topk`` itself)."""
     from transformer.generation import decoding
@@ -682,12 +682,12 @@ def test_new_scoring_equals_the_old_formula():
     src = torch.randint(3, SRC_VOCAB, (3, 6), generator=torch.Generator().manual_seed(4))
     src[1, 4:] = PAD
     logits = torch.randn(6, 3000, generator=torch.Generator().manual_seed(5)) * 3
-    values, indices = decoding._top_k(torch.log_softmax(logits.clone(), -1, out=logits.clone()), 4)
+    values, indices = decoding.block_top_k(torch.log_softmax(logits.clone(), -1, out=logits.clone()), 4)
     old = logits.log_softmax(-1).topk(4, dim=-1)
     assert torch.equal(values, old.values) and torch.equal(indices, old.indices)
     found = beam_search(model, src, 12, BOS, EOS, beam_size=4, src_mask=padding_mask(src, PAD))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(decoding, "_top_k", lambda x, k: x.topk(k, dim=-1))  # the old formula
+        patch.setattr(decoding, "block_top_k", lambda x, k: x.topk(k, dim=-1))  # the old formula
         patch.setattr(torch, "log_softmax", lambda x, dim, out=None: x.log_softmax(dim))
         expected = beam_search(model, src, 12, BOS, EOS, beam_size=4, src_mask=padding_mask(src, PAD))
     assert torch.equal(found, expected)

@@ -140,7 +140,7 @@ def test_a_small_model_learns_to_copy():
         return src, tgt_in, src
 
     model.train()
-    for _ in range(300):
+    for _ in range(600):  # 300 steps ended at 86-100 % over seeds 0-3, threads and paths; 600 at 99.5-100 %
         src, tgt_in, tgt_out = sample(64)
         logits = model(src, tgt_in)
         loss = F.cross_entropy(logits.reshape(-1, vocab), tgt_out.reshape(-1))

@@ -3,6 +3,7 @@
 """
 
 from transformer.generation.decoding import output_limits, DecoderState, greedy_decode, generated_ids, beam_search
+from transformer.generation.topk import block_top_k
 from transformer.generation.quantize import quantize_int8
 from transformer.generation.compiled import (static_cache, decode_step, compile_step, static_greedy_decode,
     PackedLinear, prepack)
@@ -14,6 +15,7 @@ __all__ = [
     'greedy_decode',
     'generated_ids',
     'beam_search',
+    'block_top_k',
     'quantize_int8',
     'static_cache',
     'decode_step',

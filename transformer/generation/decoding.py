@@ -20,6 +20,7 @@ from torch import Tensor
 from transformer.checks import check_generation, check_positive_int, check_token_id
 from transformer.nn.model import Transformer
 from transformer.nn.modes import evaluating
+from transformer.generation.topk import block_top_k
 from transformer.nn.cache import DecoderCache
 
 
@@ -205,26 +206,6 @@ def _beams_done(scores: Tensor, lengths: Tensor, finished: Tensor, alpha: float,
     return best_finished >= best_live
 
 
-def _top_k(x: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor]:
-    """``x.topk(k, dim=-1)``, values best first and their indices, in one fast pass over the last axis:
-    the maximum of every ``block`` values, then the top k of only the k blocks with the largest
-    maxima (each of the k largest values lies in such a block). Equal values may come in another
-    order; a short last axis takes ``topk`` itself."""
-    V = x.shape[-1]
-    if 4 * k * block > V:
-        return x.topk(k, dim=-1)
-    rows = x.reshape(-1, V)  # (n, V)
-    whole = V // block * block
-    maxima = rows[:, :whole].view(rows.shape[0], -1, block).amax(dim=-1)  # (n, V // block)
-    if whole < V:  # the last, shorter block
-        maxima = torch.cat([maxima, rows[:, whole:].amax(dim=-1, keepdim=True)], dim=1)
-    blocks = maxima.topk(k, dim=-1).indices  # (n, k)
-    columns = (blocks[..., None] * block + torch.arange(block, device=x.device)).view(rows.shape[0], -1)
-    values = rows.gather(1, columns.clamp(max=V - 1)).masked_fill(columns >= V, float("-inf"))  # (n, k * block)
-    top, where = values.topk(k, dim=-1)
-    return top.view(*x.shape[:-1], k), columns.gather(1, where).clamp(max=V - 1).view(*x.shape[:-1], k)
-
-
 def _beam_step(log_probs: Tensor, scores: Tensor, lengths: Tensor, finished: Tensor, alpha: float,
                pad_id: int) -> tuple[Tensor, ...]:
     """Extend every hypothesis by every token and keep the best k, ranked by s(Y).
@@ -236,7 +217,7 @@ def _beam_step(log_probs: Tensor, scores: Tensor, lengths: Tensor, finished: Ten
     only those k * k candidates are scored, not k * V.
     """
     B, k, V = log_probs.shape
-    top, top_tokens = _top_k(log_probs, min(k, V))  # (B, k, k'): each hypothesis's best k' tokens
+    top, top_tokens = block_top_k(log_probs, min(k, V))  # (B, k, k'): each hypothesis's best k' tokens
     frozen = torch.full_like(top[0, 0], float("-inf"))
     frozen[0] = 0.0  # a finished hypothesis is extended by padding only, at no cost
     top = torch.where(finished[..., None], frozen, top)  # (B, k, k')
