@@ -35,7 +35,8 @@ from transformer import Transformer, greedy_decode
 from transformer.nn.attention import padding_mask
 from transformer.generation.compiled import compile_step, static_greedy_decode
 from transformer.tasks.multi30k import BOS_ID, EOS_ID, PAD_ID
-from benchmarks.generation import cpu_name, measure, sources
+from benchmarks.generation import measure, sources
+from benchmarks.machine import cpu_name
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = {"book": dict(vocab=8000, d_model=256, num_heads=4, num_layers=3, d_ff=1024),

@@ -39,7 +39,6 @@ import io
 import json
 import logging
 import os
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -55,6 +54,7 @@ from transformer.generation.compiled import prepack
 from transformer.generation.quantize import quantize_int8
 from transformer.tasks.subwords import SPECIAL_TOKENS
 
+from benchmarks.machine import cpu_name
 from benchmarks.peak import KINDS, ceiling, step_flop, time_products
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,17 +69,6 @@ TARGETS = {  # (mode, ours, reference): the least ratio of tokens per second (is
     ("greedy", "ours int8", "CTranslate2 int8"): 0.9,
     ("beam 4", "ours int8", "CTranslate2 int8"): 0.9,
 }
-
-
-def cpu_name() -> str:
-    """The processor's model name (Linux), else what ``platform`` knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def word_tokenizer(size: int):

@@ -24,25 +24,15 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from benchmarks.machine import cpu_name
+
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "multi30k" / "model.pt"
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (Linux), else what ``platform`` knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def time_one(threads: int, sentences: int, beam: int) -> dict:
@@ -93,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m benchmarks.threads" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
     load_before = os.getloadavg()
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    print(f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}; {uptime}", flush=True)
+    print(f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}; {uptime}", flush=True)
     busy = busy_process()
     runs: list[dict] = []
     try:
@@ -112,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         run.pop("english")
     results = {
         "command": command,
-        "machine": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
+        "machine": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "load_average_before": [round(x, 2) for x in load_before], "uptime_before": uptime,
         "model": str(MODEL.relative_to(ROOT)), "sentences": args.sentences, "beam": args.beam,

@@ -66,6 +66,8 @@ def test_the_benchmark_writes_what_the_chapter_reads(tmp_path, monkeypatch):
     assert "english" not in written["runs"][0]
 
 
-def test_cpu_model_reads_proc_cpuinfo(monkeypatch):
-    monkeypatch.setattr(threads.Path, "read_text", lambda self: "processor\t: 0\nmodel name\t: Some CPU @ 2.0GHz\n")
-    assert threads.cpu_model() == "Some CPU @ 2.0GHz"
+def test_cpu_name_reads_proc_cpuinfo(monkeypatch):
+    from benchmarks import machine
+
+    monkeypatch.setattr(machine.Path, "read_text", lambda self: "processor\t: 0\nmodel name\t: Some CPU @ 2.0GHz\n")
+    assert machine.cpu_name() == "Some CPU @ 2.0GHz"
