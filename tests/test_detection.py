@@ -9,7 +9,7 @@ from transformer.nn.detector import DigitDetector
 from transformer.tasks.detection import (CANVAS, MAX_DIGITS, box_cxcywh_to_xyxy, box_iou, box_xyxy_to_cxcywh,
                                          check_boxes, coco_average_precision, detection_loss, generalized_box_iou,
                                          hungarian_match, make_digit_scenes, match_cost, non_maximum_suppression,
-                                         predicted_set, set_loss, tight_box)
+                                         predicted_set, set_loss, tight_box, train_detector)
 from transformer.tasks.digits import load_digits
 
 
@@ -269,6 +269,70 @@ def test_detection_loss_trains_one_scene(scenes):
     assert loss.item() < 0.5 * first
 
 
+def _small_detector():
+    torch.manual_seed(0)
+    return DigitDetector(num_queries=4, d_model=16, num_heads=2, d_ff=32, encoder_layers=1, decoder_layers=1)
+
+
+def test_a_killed_training_resumes_from_its_checkpoint_to_the_same_weights(scenes, tmp_path, monkeypatch):
+    whole = _small_detector()
+    expected = train_detector(whole, scenes, steps=6, batch_size=4, warmup=2, seed=3)
+    calls = []
+
+    def killed_after_four_steps(model, batch):
+        calls.append(1)
+        if len(calls) == 5:  # the fifth step: a kill after the save at step 4
+            raise KeyboardInterrupt
+        return detection_loss(model, batch)
+
+    import transformer.tasks.detection as detection
+    with monkeypatch.context() as patch:
+        patch.setattr(detection, "detection_loss", killed_after_four_steps)
+        with pytest.raises(KeyboardInterrupt):
+            train_detector(_small_detector(), scenes, 6, batch_size=4, warmup=2, seed=3,
+                           checkpoint=tmp_path / "run.pt", save_every=2)
+    resumed = _small_detector()  # a new process: fresh weights, then the checkpoint of step 4
+    history = train_detector(resumed, scenes, 6, batch_size=4, warmup=2, seed=3, checkpoint=tmp_path / "run.pt",
+                             save_every=2)
+    assert history["step"] == [1, 2, 3, 4, 5, 6]
+    assert history["loss"] == pytest.approx(expected["loss"], rel=1e-6)
+    for name, value in whole.state_dict().items():
+        torch.testing.assert_close(resumed.state_dict()[name], value, rtol=1e-6, atol=1e-7, msg=name)
+    with pytest.raises(ValueError, match="cannot resume from .*run.pt.*'seed': 3.*'seed': 4"):
+        train_detector(_small_detector(), scenes, 6, batch_size=4, warmup=2, seed=4, checkpoint=tmp_path / "run.pt")
+
+
+@pytest.mark.parametrize("command, arguments, message", [
+    ("train.py", ["--steps", "0"], "--steps must be a positive number, got 0"),
+    ("train.py", ["--out", "README.md"], "--out must be a folder, got the file README.md"),
+    ("evaluate.py", ["tests"], "no detector at tests/model.pt"),
+    ("evaluate.py", ["no-such-folder"], "no detector at no-such-folder/model.pt"),
+])
+def test_the_detector_commands_refuse_bad_arguments_in_one_line(command, arguments, message):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, f"models/digit-detector/{command}", *arguments], cwd=root,
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [f"{command}: {message}"]
+
+
+def test_the_scoring_command_refuses_a_file_that_is_not_a_detector(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    torch.save({"model": {}, "step": 3}, tmp_path / "model.pt")  # a checkpoint, not a detector
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "models/digit-detector/evaluate.py", str(tmp_path)], cwd=root,
+                          capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [f"evaluate.py: {tmp_path / 'model.pt'} is not a detector as train.py "
+                                                "writes it (settings and state_dict)"]
+
+
 # --- evaluation
 
 
@@ -304,3 +368,19 @@ def test_the_committed_detector_reproduces_its_recorded_scores():
     measured = evaluate.scores(folder)
     for key in ("AP", "AP50", "AP75", "counting"):
         assert measured[key] == pytest.approx(recorded[key], abs=0.005), key
+
+
+def test_the_runs_file_holds_every_seed_on_both_paths_and_the_committed_run():
+    """models/digit-detector/seeds.json, which the chapter's second row reads: seeds 0-3 x both arithmetic paths,
+    the committed run among them with the scores results.json records."""
+    import json
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parent.parent / "models" / "digit-detector"
+    runs = json.loads((folder / "seeds.json").read_text())["runs"]
+    assert sorted((run["seed"], run["path"]) for run in runs) == [(s, p) for s in range(4) for p in ("default", "native")]
+    committed = [run for run in runs if run["source"] == "model.pt (committed)"]
+    recorded = json.loads((folder / "results.json").read_text())
+    assert len(committed) == 1 and (committed[0]["seed"], committed[0]["path"]) == (0, "native")
+    assert all(committed[0][key] == recorded[key] for key in ("AP", "AP50", "AP75", "counting"))
+    assert all(0 <= run[key] <= 1 for run in runs for key in ("AP", "AP50", "AP75", "counting"))

@@ -4,6 +4,7 @@ repository's root:
     OMP_NUM_THREADS=1 .venv/bin/python models/digit-detector/evaluate.py models/digit-detector
 """
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -23,7 +24,9 @@ def scores(folder: Path) -> dict:
     images, labels = load_digits()
     _, test_index = stratified_split(labels)
     test = make_digit_scenes(images[test_index], labels[test_index], **TEST_SCENES)
-    saved = read_torch_file(folder / "model.pt", "the committed detector")
+    saved = read_torch_file(folder / "model.pt", "detector")
+    if not isinstance(saved, dict) or not {"settings", "state_dict"} <= saved.keys():
+        raise ValueError(f"{folder / 'model.pt'} is not a detector as train.py writes it (settings and state_dict)")
     model = DigitDetector(**saved["settings"]).eval()
     model.load_state_dict(saved["state_dict"])
     with torch.no_grad():
@@ -33,8 +36,18 @@ def scores(folder: Path) -> dict:
             "counting": (predicted_set(logits).sum(dim=1) == counts).float().mean().item()}
 
 
-if __name__ == "__main__":
-    folder = Path(sys.argv[1])
-    result = {**scores(folder), "test_scenes": TEST_SCENES}
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Score a detector folder's model.pt; write its results.json.")
+    parser.add_argument("folder", type=Path, help="a folder holding model.pt, as train.py writes it")
+    folder = parser.parse_args().folder
+    try:
+        result = {**scores(folder), "test_scenes": TEST_SCENES}
+    except (FileNotFoundError, ValueError) as error:  # no model.pt, or not a detector's file
+        print(f"evaluate.py: {error}", file=sys.stderr)
+        sys.exit(2)
     (folder / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -46,14 +46,13 @@ class DigitDetector(nn.Module):
                  d_model: int = 64, num_heads: int = 4, d_ff: int = 128, encoder_layers: int = 2,
                  decoder_layers: int = 2, dropout: float = 0.0):
         super().__init__()
-        check_positive_int("num_classes", num_classes)
         self.patch_embed = PatchEmbedding(image_size, patch_size, 1, d_model)
         self.pos_embed = nn.Parameter(torch.randn(self.patch_embed.num_patches, d_model) * 0.02)
         self.encoder = Encoder(encoder_layers, d_model, num_heads, d_ff, dropout, norm_first=True)
         self.queries = nn.Parameter(torch.randn(check_positive_int("num_queries", num_queries), d_model))
         self.decoder = Decoder(decoder_layers, d_model, num_heads, d_ff, dropout, norm_first=True,
                                self_attention=SetSelfAttention)
-        self.class_head = nn.Linear(d_model, num_classes + 1)
+        self.class_head = nn.Linear(d_model, check_positive_int("num_classes", num_classes) + 1)
         self.box_head = nn.Sequential(nn.Linear(d_model, d_model), nn.ReLU(), nn.Linear(d_model, d_model),
                                       nn.ReLU(), nn.Linear(d_model, 4))  # the paper's 3-layer perceptron
         self.num_queries = num_queries

@@ -14,7 +14,8 @@ __all__ = ['box_cxcywh_to_xyxy', 'box_xyxy_to_cxcywh', 'check_boxes', 'box_iou',
 
 import itertools
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,7 @@ from torch import Tensor, nn
 
 from transformer.checks import check_positive_int, check_tensor
 from transformer.nn.detector import DigitDetector
+from transformer.training.checkpoint import read_checkpoint, restore_checkpoint, save_checkpoint
 from transformer.training.loop import run_settings, run_steps
 from transformer.training.schedules import warmup_cosine
 
@@ -254,25 +256,33 @@ def detection_loss(model: nn.Module, batch: tuple[Tensor, list[Tensor], list[Ten
 
 def scene_batches(scenes: DigitScenes, batch_size: int, seed: int = 0) -> Iterator[tuple[Tensor, list, list]]:
     """Endless random batches (images (B, 1, H, W), B class tensors, B box tensors), drawn from ``seed``."""
-    batch_size = check_positive_int("batch_size", batch_size)
-    generator = torch.Generator().manual_seed(seed)
-    for _ in itertools.count():
+    batch_size, generator = check_positive_int("batch_size", batch_size), torch.Generator().manual_seed(seed)
+    while True:
         rows = torch.randint(0, len(scenes.images), (batch_size,), generator=generator).tolist()
         yield scenes.images[rows], [scenes.classes[r] for r in rows], [scenes.boxes[r] for r in rows]
 
 
 def train_detector(model: nn.Module, scenes: DigitScenes, steps: int, batch_size: int = 32, lr: float = 1e-3,
                    warmup: int = 100, seed: int = 0, num_threads: int | None = 1,
-                   save: Any = None, save_every: int | None = None) -> dict[str, list]:
-    """Train ``model`` in place on ``scenes`` with ``detection_loss``; return the history. AdamW (weight decay
-    1e-4), warm-up and cosine decay to ``lr / 10``, clipping at norm 0.1; ``save(step)`` every ``save_every``."""
-    history: dict[str, list] = {}
+                   checkpoint: str | Path | None = None, save_every: int = 1000) -> dict[str, list]:
+    """Train ``model`` in place on ``scenes`` with ``detection_loss``; return the history. AdamW (weight decay 1e-4),
+    warm-up and cosine decay to ``lr / 10``, clipping at 0.1. A ``checkpoint`` file gets the run's state every
+    ``save_every`` steps, and a run resumes from it (if its recipe is the same): a kill loses ``save_every`` steps."""
+    recipe = dict(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed, scenes=len(scenes.images))
+    saved = read_checkpoint(checkpoint) if checkpoint is not None and Path(checkpoint).is_file() else None
+    if saved is not None and saved.get("recipe") != recipe:
+        raise ValueError(f"cannot resume from {checkpoint}: it was saved by a run of {saved.get('recipe')}, this run is {recipe}")
+    history: dict[str, list] = {} if saved is None else saved["history"]
     with run_settings(seed, num_threads):
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: warmup_cosine(done + 1, warmup, steps))
+        done = 0 if saved is None else restore_checkpoint(saved, model, optimizer, schedule)
+        batches = itertools.islice(scene_batches(scenes, batch_size, seed), done, None)  # past the saved steps' batches
+        save = None if checkpoint is None else lambda step: save_checkpoint(
+            checkpoint, model, optimizer, schedule, step, history, extra={"recipe": recipe})
         model.train()
-        run_steps(model, scene_batches(scenes, batch_size, seed), optimizer, schedule, detection_loss, steps,
-                  history, clip=0.1, progress=False, save=save, save_every=save_every)
+        run_steps(model, batches, optimizer, schedule, detection_loss, steps, history, done, clip=0.1,
+                  progress=False, save=save, save_every=save_every)
     model.eval()
     return history
 
