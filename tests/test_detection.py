@@ -302,35 +302,35 @@ def test_a_killed_training_resumes_from_its_checkpoint_to_the_same_weights(scene
         train_detector(_small_detector(), scenes, 6, batch_size=4, warmup=2, seed=4, checkpoint=tmp_path / "run.pt")
 
 
+def _command(name):
+    """models/digit-detector/NAME.py as a module, to run its main() in this process."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "models" / "digit-detector" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"detector_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.parametrize("command, arguments, message", [
-    ("train.py", ["--steps", "0"], "--steps must be a positive number, got 0"),
-    ("train.py", ["--out", "README.md"], "--out must be a folder, got the file README.md"),
-    ("evaluate.py", ["tests"], "no detector at tests/model.pt"),
-    ("evaluate.py", ["no-such-folder"], "no detector at no-such-folder/model.pt"),
+    ("train", ["--steps", "0"], "--steps must be a positive number, got 0"),
+    ("train", ["--out", "{tmp}/file"], "--out must be a folder, got the file {tmp}/file"),
+    ("evaluate", ["{tmp}"], "no detector at {tmp}/model.pt"),
+    ("evaluate", ["{tmp}/no-such-folder"], "no detector at {tmp}/no-such-folder/model.pt"),
+    ("evaluate", ["{tmp}/checkpoint"], "{tmp}/checkpoint/model.pt is not a detector as train.py writes it "
+                                       "(settings and state_dict)"),
 ])
-def test_the_detector_commands_refuse_bad_arguments_in_one_line(command, arguments, message):
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
-    done = subprocess.run([sys.executable, f"models/digit-detector/{command}", *arguments], cwd=root,
-                          capture_output=True, text=True)
-    assert done.returncode == 2 and done.stderr.strip().splitlines() == [f"{command}: {message}"]
-
-
-def test_the_scoring_command_refuses_a_file_that_is_not_a_detector(tmp_path):
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    torch.save({"model": {}, "step": 3}, tmp_path / "model.pt")  # a checkpoint, not a detector
-    root = Path(__file__).resolve().parent.parent
-    done = subprocess.run([sys.executable, "models/digit-detector/evaluate.py", str(tmp_path)], cwd=root,
-                          capture_output=True, text=True)
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [f"evaluate.py: {tmp_path / 'model.pt'} is not a detector as train.py "
-                                                "writes it (settings and state_dict)"]
+def test_the_detector_commands_refuse_bad_input_in_one_line(command, arguments, message, tmp_path, monkeypatch, capsys):
+    (tmp_path / "file").write_text("not a folder")
+    (tmp_path / "checkpoint").mkdir()
+    torch.save({"model": {}, "step": 3}, tmp_path / "checkpoint" / "model.pt")  # a checkpoint, not a detector
+    monkeypatch.setattr("sys.argv", [f"{command}.py", *(a.format(tmp=tmp_path) for a in arguments)])
+    with pytest.raises(SystemExit) as ended:
+        _command(command).main()
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"{command}.py: {message.format(tmp=tmp_path)}"]
 
 
 # --- evaluation
@@ -356,16 +356,12 @@ def test_the_predicted_set_undoes_the_down_weighting_of_no_object():
 
 def test_the_committed_detector_reproduces_its_recorded_scores():
     """models/digit-detector/results.json, recomputed from the committed weights (a few seconds)."""
-    import importlib.util
     import json
     from pathlib import Path
 
     folder = Path(__file__).resolve().parent.parent / "models" / "digit-detector"
-    spec = importlib.util.spec_from_file_location("evaluate_detector", folder / "evaluate.py")
-    evaluate = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(evaluate)
     recorded = json.loads((folder / "results.json").read_text())
-    measured = evaluate.scores(folder)
+    measured = _command("evaluate").scores(folder)
     for key in ("AP", "AP50", "AP75", "counting"):
         assert measured[key] == pytest.approx(recorded[key], abs=0.005), key
 
