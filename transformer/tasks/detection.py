@@ -61,15 +61,13 @@ def check_boxes(name: str, boxes: object, unit: bool = False) -> Tensor:
 
 def _inter_union(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     """Intersections and unions of every pair of corner boxes: (n, 4), (m, 4) -> (n, m) each."""
-    inter = (torch.min(a[:, None, 2:], b[None, :, 2:]) - torch.max(a[:, None, :2], b[None, :, :2]))  # (n, m, 2)
-    inter = inter.clamp(min=0).prod(dim=-1)  # (n, m)
+    inter = (torch.min(a[:, None, 2:], b[None, :, 2:]) - torch.max(a[:, None, :2], b[None, :, :2])).clamp(min=0).prod(dim=-1)
     return inter, (a[:, 2:] - a[:, :2]).prod(dim=-1)[:, None] + (b[:, 2:] - b[:, :2]).prod(dim=-1)[None, :] - inter
 
 
 def box_iou(a: Tensor, b: Tensor) -> Tensor:
     """Intersection over union of every pair of corner boxes: (n, 4), (m, 4) -> (n, m) in [0, 1]."""
-    a, b = check_boxes("a", a), check_boxes("b", b)
-    inter, union = _inter_union(a, b)
+    inter, union = _inter_union(check_boxes("a", a), check_boxes("b", b))  # (n, m) each
     return inter / union
 
 
@@ -77,8 +75,7 @@ def generalized_box_iou(a: Tensor, b: Tensor) -> Tensor:
     """Generalised IoU (eq. giou) of every pair of corner boxes: (n, 4), (m, 4) -> (n, m) in [-1, 1]."""
     a, b = check_boxes("a", a), check_boxes("b", b)
     inter, union = _inter_union(a, b)
-    hull_wh = torch.max(a[:, None, 2:], b[None, :, 2:]) - torch.min(a[:, None, :2], b[None, :, :2])  # (n, m, 2)
-    hull = hull_wh.prod(dim=-1)  # (n, m)
+    hull = (torch.max(a[:, None, 2:], b[None, :, 2:]) - torch.min(a[:, None, :2], b[None, :, :2])).prod(dim=-1)  # (n, m)
     return inter / union - (hull - union) / hull
 
 
@@ -129,8 +126,7 @@ def make_digit_scenes(images: Tensor, labels: Tensor, count: int, seed: int) -> 
             digit = F.interpolate(images[pick][None], size=(size, size), mode="bilinear")[0, 0]  # (size, size)
             canvas[i, 0, y:y + size, x:x + size] = digit
             scene_boxes.append((tight_box(digit) + torch.tensor([x, y, x, y])) / CANVAS)  # (x0, y0, x1, y1)
-        classes.append(labels[picks])
-        boxes.append(box_xyxy_to_cxcywh(torch.stack(scene_boxes)))  # (m, 4)
+        classes.append(labels[picks]), boxes.append(box_xyxy_to_cxcywh(torch.stack(scene_boxes)))  # (m,), (m, 4)
     return DigitScenes(canvas, classes, boxes)
 
 
