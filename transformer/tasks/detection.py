@@ -126,7 +126,8 @@ def make_digit_scenes(images: Tensor, labels: Tensor, count: int, seed: int) -> 
             digit = F.interpolate(images[pick][None], size=(size, size), mode="bilinear")[0, 0]  # (size, size)
             canvas[i, 0, y:y + size, x:x + size] = digit
             scene_boxes.append((tight_box(digit) + torch.tensor([x, y, x, y])) / CANVAS)  # (x0, y0, x1, y1)
-        classes.append(labels[picks]), boxes.append(box_xyxy_to_cxcywh(torch.stack(scene_boxes)))  # (m,), (m, 4)
+        classes.append(labels[picks])
+        boxes.append(box_xyxy_to_cxcywh(torch.stack(scene_boxes)))  # (m, 4)
     return DigitScenes(canvas, classes, boxes)
 
 
@@ -196,8 +197,7 @@ def set_loss(logits: Tensor, boxes: Tensor, classes: Sequence[Tensor],
 def detections(logits: Tensor, boxes: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
     """Per image (scores (T,), classes (T,), boxes (T, 4)): every prediction, with its likeliest object
     class and that class's probability as its score, as the paper ranks them for average precision."""
-    probs = logits.softmax(dim=-1)[..., :-1]  # (B, T, num_classes): the object classes only
-    scores, classes = probs.max(dim=-1)  # (B, T) each
+    scores, classes = logits.softmax(dim=-1)[..., :-1].max(dim=-1)  # (B, T) each, over the object classes only
     return [(scores[b], classes[b], boxes[b]) for b in range(len(boxes))]
 
 
