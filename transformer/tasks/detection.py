@@ -263,7 +263,7 @@ def train_detector(model: nn.Module, scenes: DigitScenes, steps: int, batch_size
                    checkpoint: str | Path | None = None, save_every: int = 1000) -> dict[str, list]:
     """Train ``model`` in place on ``scenes`` with ``detection_loss``; return the history. AdamW (weight decay 1e-4),
     warm-up and cosine decay to ``lr / 10``, clipping at 0.1. A ``checkpoint`` file gets the run's state every
-    ``save_every`` steps, and a run resumes from it (if its recipe is the same): a kill loses ``save_every`` steps."""
+    ``save_every`` steps and a run of the same recipe resumes from it: a kill loses at most ``save_every`` steps."""
     recipe = dict(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed, scenes=len(scenes.images))
     saved = read_checkpoint(checkpoint) if checkpoint is not None and Path(checkpoint).is_file() else None
     if saved is not None and saved.get("recipe") != recipe:
