@@ -12,21 +12,13 @@ import ast
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tools import export
-from tools.chapters import read_chapter
+from tools.chapters import ChapterError, chapter_paths, read_chapter, reading_order
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Chapters whose names any chapter may use, wherever they stand in the book.
 ANYWHERE = {"chapters/35_conventions.md"}
-
-
-def reading_order(root: Path = ROOT) -> list[str]:
-    """The chapters in the order of ``_toc.yml``, as ``chapters/NN_name.md``."""
-    toc = yaml.safe_load((root / "_toc.yml").read_text())
-    files = [toc["root"]] + [entry["file"] for part in toc.get("parts", []) for entry in part["chapters"]]
-    return [f"{name}.md" for name in files if name.startswith("chapters/")]
 
 
 def definitions(modules: list[export.Module]) -> tuple[dict[str, str], dict[str, str]]:
@@ -79,7 +71,31 @@ def forward_references(root: Path = ROOT) -> list[str]:
 
 
 def test_the_toc_lists_every_chapter():
-    assert sorted(reading_order()) == sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "chapters").glob("*.md"))
+    assert sorted(reading_order(ROOT)) == sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "chapters").glob("*.md"))
+
+
+def test_chapters_are_read_in_the_order_of_the_toc_not_of_their_file_names():
+    paths = chapter_paths(ROOT)
+    assert [p.relative_to(ROOT).as_posix() for p in paths] == reading_order(ROOT)
+    names = [p.stem for p in paths]  # the book's case: the command's chapter follows its owner's
+    assert names.index("24_pretraining") < names.index("24_classify_command")
+
+
+def test_a_chapter_missing_from_the_toc_or_a_toc_entry_without_a_file_is_an_error(tmp_path):
+    from tests.test_exporter import chapter, code
+
+    chapter(tmp_path, "b.md", code("x = 1"))
+    chapter(tmp_path, "a.md", code("x = 2"))
+    (tmp_path / "_toc.yml").write_text("root: chapters/b\nparts:\n  - chapters:\n      - file: chapters/a\n"
+                                       "        sections:\n          - file: chapters/c\n      - file: glossary\n")
+    assert reading_order(tmp_path) == ["chapters/b.md", "chapters/a.md", "chapters/c.md"]
+    with pytest.raises(ChapterError, match=r"_toc.yml names chapters that do not exist: \['chapters/c.md'\]"):
+        chapter_paths(tmp_path)
+    (tmp_path / "_toc.yml").write_text("root: chapters/b\n")
+    with pytest.raises(ChapterError, match=r"\['chapters/a.md'\] are not in _toc.yml"):
+        chapter_paths(tmp_path)
+    (tmp_path / "_toc.yml").unlink()  # a folder without a table: file-name order
+    assert [p.name for p in chapter_paths(tmp_path)] == ["a.md", "b.md"]
 
 
 def test_no_chapter_uses_a_name_that_a_later_chapter_defines():

@@ -180,6 +180,19 @@ def test_bad_module_paths_are_refused(tmp_path, module):
         export.build(tmp_path)
 
 
+def test_a_module_is_written_in_the_order_of_the_table_of_contents(tmp_path):
+    """The book's order, not the file names': a chapter that sorts first but reads later comes later."""
+    chapter(tmp_path, "01_later.md", "## Extra\n", code("# export: transformer/owned.py\ndef extra():\n    return 2",
+                                                         ["export"]))
+    chapter(tmp_path, "02_owner.md", "## Base\n", code("def base():\n    return 1", ["export"]),
+            module="transformer/owned.py")
+    (tmp_path / "_toc.yml").write_text("root: chapters/02_owner\nparts:\n  - chapters:\n"
+                                       "      - file: chapters/01_later\n")
+    text = export.build(tmp_path)["transformer/owned.py"]
+    assert text.index("# chapters/02_owner.md: Base") < text.index("# chapters/01_later.md: Extra")
+    assert "__all__ = ['base', 'extra']" in text
+
+
 def test_two_chapters_exporting_one_module_is_an_error(tmp_path):
     chapter(tmp_path, "01_a.md", code("a = 1", ["export"]), module="transformer/same.py")
     chapter(tmp_path, "02_b.md", code("b = 1", ["export"]), module="transformer/same.py")

@@ -1,9 +1,13 @@
 """Find and read the book's chapters.
 
-A chapter is a MyST Markdown notebook, ``chapters/NN_name.md``, in jupytext's
+A chapter is a MyST Markdown notebook under ``chapters/``, in jupytext's
 ``myst`` format. Everything that reads chapters (the exporter, the notebook
 writer behind nbval) goes through :func:`read_chapter`, so a chapter whose
 header jupytext misreads fails loudly instead of silently testing nothing.
+
+The reading order is the book's table of contents, ``_toc.yml``, not the file
+names: the exporter writes a module's cells chapter by chapter in this order,
+so a cell reads after its owner's cells wherever the files sort.
 """
 
 from __future__ import annotations
@@ -13,19 +17,56 @@ from pathlib import Path
 import jupytext
 import yaml
 
-__all__ = ["ChapterError", "chapter_paths", "read_chapter", "is_tagged"]
+__all__ = ["ChapterError", "chapter_paths", "reading_order", "read_chapter", "is_tagged"]
 
-#: Chapters are numbered: ``chapters/01_introduction.md``, ``chapters/02_embeddings.md``, ...
-CHAPTER_GLOB = "[0-9][0-9]_*.md"
+#: The chapters of a folder without a ``_toc.yml`` (the small books the tests make), in file-name order.
+CHAPTER_GLOB = "*.md"
+TOC = "_toc.yml"
 
 
 class ChapterError(Exception):
     """A chapter cannot be read, exported or run; the message names the chapter."""
 
 
+def reading_order(root: Path) -> list[str]:
+    """Every file of ``root/_toc.yml`` under ``chapters/``, in the table's order, as ``chapters/x.md``.
+
+    The table's root comes first, then each entry of each part, an entry's ``sections`` after it.
+    """
+    toc = yaml.safe_load((Path(root) / TOC).read_text()) or {}
+
+    def files(entries: list[dict]) -> list[str]:
+        found = []
+        for entry in entries:
+            if "file" in entry:
+                found.append(str(entry["file"]))
+            found += files(entry.get("sections", []))
+        return found
+
+    names = ([str(toc["root"])] if "root" in toc else []) + files(toc.get("chapters", []))
+    for part in toc.get("parts", []):
+        names += files(part.get("chapters", []))
+    return [f"{name.removesuffix('.md')}.md" for name in names if name.startswith("chapters/")]
+
+
 def chapter_paths(root: Path) -> list[Path]:
-    """Every chapter under ``root/chapters``, in reading order (by number)."""
-    return sorted((Path(root) / "chapters").glob(CHAPTER_GLOB))
+    """Every chapter under ``root/chapters``, in reading order: the order of ``root/_toc.yml``.
+
+    Raises ChapterError when a chapter is missing from the table, or the table names a file that
+    does not exist. A folder without a ``_toc.yml`` reads its chapters in file-name order.
+    """
+    root = Path(root)
+    on_disk = sorted((root / "chapters").glob(CHAPTER_GLOB))
+    if not (root / TOC).exists():
+        return on_disk
+    order = [root / name for name in reading_order(root)]
+    absent = [path.relative_to(root).as_posix() for path in order if not path.exists()]
+    if absent:
+        raise ChapterError(f"{TOC} names chapters that do not exist: {absent}")
+    unlisted = [path.relative_to(root).as_posix() for path in on_disk if path not in order]
+    if unlisted:
+        raise ChapterError(f"{unlisted} are not in {TOC}: add each where it reads in the book")
+    return order
 
 
 def read_chapter(path: Path):

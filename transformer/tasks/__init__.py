@@ -18,8 +18,8 @@ from transformer.tasks.brackets import (BRACKET_VOCAB, is_balanced, encode_brack
 from transformer.tasks.classifier import SequenceClassifier, accuracy, classification_loss, train_classifier
 from transformer.tasks.masked_lm import (IGNORE, mask_tokens, MaskedLanguageModel, MASK_TOKEN, one_line,
     email_tokenizer, token_windows, mlm_loss, mlm_accuracy, train_mlm, load_mlm, classifier_from_mlm, first_tokens)
-from transformer.tasks.email import (write_spam_jsonl, FOLDERS, CORPUS_SHA256, corpus_folder, corpus_digest,
-    html_to_text, email_text, email_headers, Email, read_emails, duplicate_groups, split_emails)
+from transformer.tasks.email import (FOLDERS, CORPUS_SHA256, corpus_folder, corpus_digest, html_to_text, email_text,
+    email_headers, Email, read_emails, duplicate_groups, split_emails, write_spam_jsonl)
 from transformer.tasks.baselines import words, word_vocabulary, bag_of_words, fit_logistic_regression
 from transformer.tasks.tagging import (CASES, MARKS, MARK_NAMES, TAG_LABELS, IGNORE_INDEX, word_label, text_labels,
     restore_text, tag_targets, tagging_tensors, TokenClassifier, tagging_loss, train_tagger, per_label_scores,
@@ -30,12 +30,12 @@ from transformer.tasks.digits import DIGITS_SHA256, load_digits, stratified_spli
 from transformer.tasks.captioning import PatchFrontEnd, ImageCaptioner, caption_batches, caption_scores
 from transformer.tasks.scenes import (DIGIT_NAMES, LAYOUTS, CELL_SIZE, CANVAS_SIZE, PIXEL_LEVELS, caption, cells_of,
     is_held_out, Scenes, make_scenes, pixel_tokens, CaptionVocab)
+from transformer.tasks.drawing import (PROMPT_WORDS, DRAWING_VOCAB_SIZE, PIXELS, prompt_ids, digit_sequences,
+    drawn_images, drawing_batches)
 from transformer.tasks.detection import (box_cxcywh_to_xyxy, box_xyxy_to_cxcywh, check_boxes, box_iou,
     generalized_box_iou, DIGIT_SIZES, DigitScenes, tight_box, make_digit_scenes, NO_OBJECT_WEIGHT, match_cost,
     hungarian_match, set_loss, detections, predicted_set, coco_average_precision, detection_loss, scene_batches,
     train_detector, non_maximum_suppression)
-from transformer.tasks.drawing import (PROMPT_WORDS, DRAWING_VOCAB_SIZE, PIXELS, prompt_ids, digit_sequences,
-    drawn_images, drawing_batches)
 
 __all__ = [
     'MAX_NUMBER',
@@ -105,7 +105,6 @@ __all__ = [
     'load_mlm',
     'classifier_from_mlm',
     'first_tokens',
-    'write_spam_jsonl',
     'FOLDERS',
     'CORPUS_SHA256',
     'corpus_folder',
@@ -117,6 +116,7 @@ __all__ = [
     'read_emails',
     'duplicate_groups',
     'split_emails',
+    'write_spam_jsonl',
     'words',
     'word_vocabulary',
     'bag_of_words',
@@ -162,6 +162,13 @@ __all__ = [
     'make_scenes',
     'pixel_tokens',
     'CaptionVocab',
+    'PROMPT_WORDS',
+    'DRAWING_VOCAB_SIZE',
+    'PIXELS',
+    'prompt_ids',
+    'digit_sequences',
+    'drawn_images',
+    'drawing_batches',
     'box_cxcywh_to_xyxy',
     'box_xyxy_to_cxcywh',
     'check_boxes',
@@ -182,11 +189,4 @@ __all__ = [
     'scene_batches',
     'train_detector',
     'non_maximum_suppression',
-    'PROMPT_WORDS',
-    'DRAWING_VOCAB_SIZE',
-    'PIXELS',
-    'prompt_ids',
-    'digit_sequences',
-    'drawn_images',
-    'drawing_batches',
 ]

@@ -9,10 +9,9 @@ Defined in the book's chapter "Pre-training an encoder on real email"
 """
 
 
-__all__ = ['write_spam_jsonl', 'FOLDERS', 'CORPUS_SHA256', 'corpus_folder', 'corpus_digest', 'html_to_text', 'email_text', 'email_headers', 'Email', 'read_emails', 'duplicate_groups', 'split_emails']
+__all__ = ['FOLDERS', 'CORPUS_SHA256', 'corpus_folder', 'corpus_digest', 'html_to_text', 'email_text', 'email_headers', 'Email', 'read_emails', 'duplicate_groups', 'split_emails', 'write_spam_jsonl']
 
 
-import json
 import email
 import email.policy
 import hashlib
@@ -21,26 +20,11 @@ import zlib
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
+import json
 
 import numpy as np
 
 from transformer.paths import book_root
-
-
-# chapters/24_classify_command.md: The spam set as JSON lines
-def write_spam_jsonl(out: Path) -> dict[str, Path]:
-    """Write the splits of ``split_emails(read_emails())`` to ``out/{train,valid,test}.jsonl``: one
-    ``{"text": raw email, "label": "spam" | "ham", "folder": ...}`` a line. Returns the paths."""
-    folder = corpus_folder()
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for name, mails in split_emails(read_emails(folder)).items():
-        paths[name] = out / f"{name}.jsonl"
-        with paths[name].open("w", encoding="utf-8") as file:
-            for mail in mails:
-                raw = (folder / mail.folder / mail.name).read_bytes().decode("utf-8", "surrogateescape")
-                file.write(json.dumps({"text": raw, "label": ("ham", "spam")[mail.label], "folder": mail.folder}) + "\n")
-    return paths
 
 
 # chapters/24_pretraining.md: The data: the SpamAssassin corpus
@@ -212,3 +196,19 @@ def split_emails(emails: list[Email], valid: int = 1, test: int = 1) -> dict[str
         digit = mail.key % 10
         splits["test" if digit < test else "valid" if digit < test + valid else "train"].append(mail)
     return splits
+
+
+# chapters/24_classify_command.md: The spam set as JSON lines
+def write_spam_jsonl(out: Path) -> dict[str, Path]:
+    """Write the splits of ``split_emails(read_emails())`` to ``out/{train,valid,test}.jsonl``: one
+    ``{"text": raw email, "label": "spam" | "ham", "folder": ...}`` a line. Returns the paths."""
+    folder = corpus_folder()
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name, mails in split_emails(read_emails(folder)).items():
+        paths[name] = out / f"{name}.jsonl"
+        with paths[name].open("w", encoding="utf-8") as file:
+            for mail in mails:
+                raw = (folder / mail.folder / mail.name).read_bytes().decode("utf-8", "surrogateescape")
+                file.write(json.dumps({"text": raw, "label": ("ham", "spam")[mail.label], "folder": mail.folder}) + "\n")
+    return paths
