@@ -1,6 +1,6 @@
 # The two commands of the README:
 #   make book   set up .venv, export the package, execute every chapter, build _build/html
-#   make test   set up .venv, check the export, run ruff, mypy, pytest, then nbval beside the strict book build, then a browser test
+#   make test   set up .venv, check the export, run ruff, mypy, pytest, then nbval (every chapter) beside the strict book build, then a browser test
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -101,19 +101,19 @@ notebooks: setup
 	$(BIN)/python -m tools.notebooks --out $(NOTEBOOKS)
 
 # nbval executes the chapters on torch's plain, non-vectorised CPU kernels (ATEN_CPU_CAPABILITY=default),
-# the strict build below on this CPU's own (AVX2, AVX-512): every claim about a trained model is checked
-# on two arithmetic paths, so a claim that holds only for one CPU's rounding fails here, on any machine.
-# Only the chapters that train or load a model (the list in tools/nbval_chapters.py; a test fails when
-# a chapter that trains is missing from it): the others' checks do not depend on the arithmetic path,
-# and the strict build executes them.
+# the strict build below on this CPU's own (AVX2, AVX-512): every claim is checked on two arithmetic
+# paths, so a claim that holds only for one CPU's rounding fails here, on any machine. Every chapter of
+# _toc.yml, in reading order (tools/nbval_chapters.py; a test compares the list with _toc.yml): the
+# claims about trained models are the ones at stake, and the other chapters add a few seconds each.
+# pytest runs the notebooks in the order named, so the chapters run in the book's order.
 NBVAL_ENV ?= ATEN_CPU_CAPABILITY=default
 NBVAL_NOTEBOOKS := _build/nbval
 nbval: setup
-	rm -rf $(NBVAL_NOTEBOOKS)
-	$(BIN)/python -m tools.notebooks --out $(NBVAL_NOTEBOOKS) $$($(BIN)/python -m tools.nbval_chapters)
-	$(NBVAL_ENV) $(BIN)/python -m pytest --nbval-lax $(NBVAL_NOTEBOOKS)
+	rm -rf $(NBVAL_NOTEBOOKS) $(NBVAL_NOTEBOOKS).txt
+	$(BIN)/python -m tools.notebooks --out $(NBVAL_NOTEBOOKS) $$($(BIN)/python -m tools.nbval_chapters) > $(NBVAL_NOTEBOOKS).txt
+	$(NBVAL_ENV) $(BIN)/python -m pytest --nbval-lax $$(cat $(NBVAL_NOTEBOOKS).txt)
 
-# The book on a busier machine: the same chapters executed under nbval with the book's per-cell limit
+# The book on a busier machine: every chapter executed under nbval with the book's per-cell limit
 # (execute.timeout in _config.yml) beside one busy process per core (nproc), which the check stops
 # however it ends; it prints the slowest cells. About three times as long as those chapters take on an
 # idle machine; not part of `make test` (tools/busy_check.py).

@@ -1,11 +1,12 @@
-"""Execute the chapters that train beside one busy process per core, under the book's per-cell limit.
+"""Execute the book's chapters beside one busy process per core, under the book's per-cell limit.
 
 The book must build on a machine slower or busier than the one it was written on. This check makes
 this machine such a machine: it starts one busy loop per core (``os.cpu_count()``, as ``nproc``),
-executes the chapters of ``tools/nbval_chapters.py`` (those that train; they hold the book's long
-cells) one by one under nbval with the per-cell timeout of ``_config.yml``, printing each chapter's
-time and slowest cells as it ends, and stops the busy loops, however the run ends. ``make busy-check`` runs it; it takes about three times as long
-as executing those chapters on an idle machine, and is not part of ``make test``.
+executes the chapters of ``tools/nbval_chapters.py`` (every chapter; those that train hold the book's
+long cells) one by one under nbval with the per-cell timeout of ``_config.yml``, printing each
+chapter's time and slowest cells as it ends, and stops the busy loops, however the run ends.
+``make busy-check`` runs it; it takes about three times as long as executing the chapters on an idle
+machine, and is not part of ``make test``.
 
 Usage: python -m tools.busy_check [--busy N] [--out _build/busy] [CHAPTER.md ...]
 """
@@ -23,7 +24,7 @@ from xml.etree import ElementTree
 
 import yaml
 
-from tools.nbval_chapters import arithmetic_chapters
+from tools.nbval_chapters import nbval_chapters
 from tools.notebooks import write_notebooks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--busy", type=int, default=os.cpu_count() or 1, help="busy processes (default: one per core)")
     parser.add_argument("--out", type=Path, default=ROOT / "_build" / "busy", help="where the notebooks go")
     args = parser.parse_args(argv)
-    notebooks = write_notebooks(args.chapters or arithmetic_chapters(), args.out)
+    notebooks = write_notebooks(args.chapters or nbval_chapters(), args.out)
     timeout = cell_timeout()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still stops the busy loops (finally)
     busy = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(args.busy)]
