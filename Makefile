@@ -1,5 +1,5 @@
 # The two commands of the README:
-#   make book   set up .venv, export the package, execute every chapter, build _build/html
+#   make book   set up .venv, export the package, execute the chapters that changed (side by side), build _build/html
 #   make test   set up .venv, check the export, run ruff, mypy, pytest, then nbval (every chapter) beside the strict book build, then a browser test
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -32,7 +32,19 @@ export JUPYTER_PATH := $(CURDIR)/tools/jupyter
 
 .PHONY: book test setup export export-check lint unit quick typecheck notebooks nbval html assets browser chapter robustness busy-check clean
 
-book: setup export html
+# The chapters are executed into the build's cache, _build/.jupyter_cache, by tools/execute_book.py:
+# BOOK_JOBS at a time (one a core, nproc), each kernel on one thread when more than one runs
+# (OMP_NUM_THREADS=1, which torch and free_cores() honour), the longest first; and a chapter only when
+# its key changed: the chapter, the package, the files its cells read (data/, models/, benchmarks/) or
+# the requirements. A failing cell fails it, naming the chapter, once the others have run. Then the
+# strict build below reads the executed notebooks (BOOK_EXECUTION=cache), a warning still failing it.
+# A second `make book` with nothing changed executes nothing; `make test`'s build executes every
+# chapter anew.
+BOOK_JOBS ?= $(shell nproc)
+book: setup export assets
+	$(BIN)/python -m tools.execute_book --jobs $(BOOK_JOBS)
+	TIMEFORMAT='make book: the build read the executed chapters in %0R s'; \
+		time $(MAKE) --no-print-directory html BOOK_EXECUTION=cache
 
 # nbval and the strict build each execute notebooks on one core (most cells run on one thread), so
 # they run side by side, one thread each (OMP_NUM_THREADS=1, which free_cores() honours), their output
@@ -122,8 +134,8 @@ busy-check: setup
 
 # Strict: every page rebuilt and every notebook executed; a warning or a failing cell fails.
 # tools/book_config.py writes the build's configuration, _build/_config.yml, from _config.yml:
-# BOOK_EXECUTION=cache reuses notebooks executed by an earlier build from _build/.jupyter_cache (the
-# Pages workflow does, under a cache key of the chapters, the package and the requirements), and
+# BOOK_EXECUTION=cache reuses notebooks executed earlier into _build/.jupyter_cache (`make book` runs
+# the build so, after tools/execute_book.py; the Pages workflow keeps that folder between runs), and
 # REPOSITORY_URL (default: the checkout's origin remote, when it is on GitHub) turns on the
 # repository, edit-this-page, issue and Binder buttons.
 BOOK_EXECUTION ?= force

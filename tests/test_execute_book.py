@@ -1,0 +1,122 @@
+"""`make book`'s executor (tools/execute_book.py): a chapter is executed again when, and only when,
+its key changes (the chapter, the package, the files its cells read, the requirements)."""
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tools import execute_book
+from tools.execute_book import chapter_key, inputs_digest
+
+ROOT = Path(__file__).resolve().parent.parent
+CHAPTER = """\
+---
+jupytext:
+  text_representation:
+    extension: .md
+    format_name: myst
+kernelspec:
+  display_name: Python 3
+  language: python
+  name: python3
+---
+
+# A chapter
+
+```{{code-cell}} ipython3
+{code}
+```
+"""
+
+
+@pytest.fixture
+def book(tmp_path):
+    """A book with two chapters, a package, data, a model, benchmark records, requirements and other files."""
+    for name, text in {
+        "chapters/a.md": CHAPTER.format(code="x = 1\nprint(x)"),
+        "chapters/b.md": CHAPTER.format(code="y = 2"),
+        "transformer/nn/layer.py": "LAYER = 1\n",
+        "data/lines.txt": "one\n",
+        "models/m/results.json": "{}\n",
+        "benchmarks/speed_results.json": "{}\n",
+        "requirements.txt": "torch==1\n",
+        "requirements-export.txt": "pyyaml==6\n",
+        "pyproject.toml": "[project]\n",
+        "README.md": "# The book\n",
+        "tests/test_x.py": "def test_x(): pass\n",
+        "tools/export.py": "\n",
+        "_toc.yml": "root: chapters/a\n",
+    }.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    shutil.copy(ROOT / "_config.yml", tmp_path / "_config.yml")
+    return tmp_path
+
+
+def keys(book: Path) -> dict[str, str]:
+    inputs = inputs_digest(book)
+    return {name: chapter_key(book / "chapters" / name, inputs) for name in ("a.md", "b.md")}
+
+
+def test_the_key_is_stable_and_differs_between_chapters(book):
+    assert keys(book) == keys(book) and len(set(keys(book).values())) == 2
+
+
+def test_editing_a_chapter_changes_its_key_only(book):
+    before = keys(book)
+    (book / "chapters" / "a.md").write_text((book / "chapters" / "a.md").read_text() + "\nA sentence more.\n")
+    after = keys(book)
+    assert after["a.md"] != before["a.md"] and after["b.md"] == before["b.md"]
+
+
+@pytest.mark.parametrize("name", ["transformer/nn/layer.py", "transformer/nn/new.py", "data/lines.txt",
+                                  "models/m/results.json", "benchmarks/speed_results.json", "requirements.txt",
+                                  "requirements-export.txt", "pyproject.toml"])
+def test_the_package_the_files_read_and_the_requirements_change_every_key(book, name):
+    before = keys(book)
+    path = book / name
+    path.write_text((path.read_text() if path.exists() else "") + "# changed\n")
+    after = keys(book)
+    assert after["a.md"] != before["a.md"] and after["b.md"] != before["b.md"]
+
+
+def test_a_renamed_package_file_changes_every_key(book):
+    before = keys(book)
+    (book / "transformer" / "nn" / "layer.py").rename(book / "transformer" / "nn" / "layers.py")
+    assert keys(book)["a.md"] != before["a.md"]
+
+
+@pytest.mark.parametrize("name", ["README.md", "tests/test_x.py", "tools/export.py", "_toc.yml", "_config.yml",
+                                  "transformer/nn/__pycache__/layer.cpython-311.pyc",
+                                  "transformer.egg-info/PKG-INFO", "_build/html/index.html"])
+def test_nothing_else_changes_a_key(book, name):
+    before = keys(book)
+    path = book / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text((path.read_text() if path.exists() else "") + "# changed\n")
+    assert keys(book) == before
+
+
+@pytest.mark.slow
+def test_chapters_are_executed_once_per_change_and_a_failing_one_is_named(book, capsys, monkeypatch):
+    monkeypatch.setenv("JUPYTER_PATH", str(ROOT / "tools" / "jupyter"))  # the book's kernel
+    cache = book / "_build" / ".jupyter_cache"
+    chapters = [book / "chapters" / "a.md", book / "chapters" / "b.md"]
+    assert execute_book.execute_book(chapters, cache, jobs=2, timeout=60, root=book) == []
+    assert "2 of 2 executed" in capsys.readouterr().out
+    assert execute_book.execute_book(chapters, cache, jobs=2, timeout=60, root=book) == []
+    assert "all 2 chapters up to date" in capsys.readouterr().out
+
+    (book / "chapters" / "b.md").write_text(CHAPTER.format(code="assert 1 + 1 == 3, 'arithmetic'"))
+    assert execute_book.execute_book(chapters, cache, jobs=2, timeout=60, root=book) == ["chapters/b.md"]
+    out = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)  # without the traceback's colours
+    assert "1 of 2 chapters to execute" in out and "chapters/b.md FAILED" in out and "AssertionError: arithmetic" in out
+
+    from jupyter_cache import get_cache
+
+    records = get_cache(str(cache)).list_cache_records()
+    assert [Path(r.uri).name for r in records] == ["a.md"]  # b's earlier outputs are dropped
+    outputs = get_cache(str(cache)).get_cache_bundle(records[0].pk).nb.cells[0].outputs
+    assert outputs[0]["text"] == "1\n"
