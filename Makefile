@@ -36,10 +36,10 @@ export JUPYTER_PATH := $(CURDIR)/tools/jupyter
 # BOOK_JOBS at a time (one a core, nproc), each kernel on one thread when more than one runs
 # (OMP_NUM_THREADS=1, which torch and free_cores() honour), the longest first; and a chapter only when
 # its key changed: the chapter, the package, the files its cells read (data/, models/, benchmarks/) or
-# the requirements. A failing cell fails it, naming the chapter, once the others have run. Then the
-# strict build below reads the executed notebooks (BOOK_EXECUTION=cache), a warning still failing it.
-# A second `make book` with nothing changed executes nothing; `make test`'s build executes every
-# chapter anew.
+# the requirements (Python's and npm's). A failing cell fails it, naming the chapter, once the others
+# have run. Then the strict build below reads the executed notebooks (BOOK_EXECUTION=cache), a warning
+# still failing it. A second `make book` with nothing changed executes nothing; `make test`'s build
+# executes every chapter anew.
 BOOK_JOBS ?= $(shell nproc)
 book: setup export assets
 	$(BIN)/python -m tools.execute_book --jobs $(BOOK_JOBS)

@@ -44,6 +44,7 @@ def book(tmp_path):
         "requirements.txt": "torch==1\n",
         "requirements-export.txt": "pyyaml==6\n",
         "pyproject.toml": "[project]\n",
+        "package-lock.json": "{}\n",
         "README.md": "# The book\n",
         "tests/test_x.py": "def test_x(): pass\n",
         "tools/export.py": "\n",
@@ -73,7 +74,7 @@ def test_editing_a_chapter_changes_its_key_only(book):
 
 @pytest.mark.parametrize("name", ["transformer/nn/layer.py", "transformer/nn/new.py", "data/lines.txt",
                                   "models/m/results.json", "benchmarks/speed_results.json", "requirements.txt",
-                                  "requirements-export.txt", "pyproject.toml"])
+                                  "requirements-export.txt", "pyproject.toml", "package-lock.json"])
 def test_the_package_the_files_read_and_the_requirements_change_every_key(book, name):
     before = keys(book)
     path = book / name

@@ -8,8 +8,8 @@ and executes the chapters it misses one after another. This command fills that c
   one thread when more than one runs (``OMP_NUM_THREADS=1``, which torch and ``free_cores()`` honour),
   the longest first (by their last execution's time), so that a long chapter does not start last;
 - once per change: a chapter's cache record carries a key, a hash of the chapter's file and of what
-  its cells read (``KEY_INPUTS``: the package, the data, the committed models and benchmark records,
-  the requirements). A chapter whose record carries the current key is not executed again, so a
+  its cells read (``KEY_INPUTS``: the package, the data, the models and benchmark records, the
+  requirements). A chapter whose record carries the current key is not executed again, so a
   second ``make book`` with nothing changed executes nothing, and an edit of one chapter executes
   that chapter (an edit of the package or of the requirements, every chapter).
 
@@ -41,10 +41,11 @@ from tools.chapters import ChapterError, chapter_paths
 
 ROOT = Path(__file__).resolve().parent.parent
 #: What a chapter's outputs depend on besides the chapter itself: the package its cells import, the
-#: files they read (``data/``, ``models/``, the records under ``benchmarks/``), and the requirements.
-#: Nothing else (another chapter, the tests, the README) makes a chapter execute again.
+#: files they read (``data/``, ``models/``, the records under ``benchmarks/``), and the requirements,
+#: Python's and npm's (which pins the SpamAssassin corpus under ``node_modules/``). Nothing else
+#: (another chapter, the tests, the README) makes a chapter execute again.
 KEY_INPUTS = ("transformer", "data", "models", "benchmarks", "requirements.txt", "requirements-export.txt",
-              "pyproject.toml")
+              "pyproject.toml", "package.json", "package-lock.json")
 #: Files under KEY_INPUTS that no chapter reads: Python's bytecode caches and pip's metadata.
 _SKIPPED = ("__pycache__", ".egg-info")
 
