@@ -92,11 +92,14 @@ unit: setup
 	$(BIN)/python -m pytest $(UNIT) --durations=15
 
 # The same without the tests marked slow (processes, torch.distributed, the wheel, torch.compile,
-# training runs, translations of a test set; see pyproject.toml): a check in under a minute while working,
-# which says how long it took. On one CPU thread: the tests' tensors are tiny, and torch's second thread,
-# spinning while it waits for work, made the run twice as long on a busy 2-core machine. Not in `make test`.
+# training runs, translations of a test set, the committed models over a split; see pyproject.toml):
+# a check in under a minute while working, which says how long it took. Two pytest workers on two
+# cores or more (pytest-xdist, -n; one on one core), each on one CPU thread: the tests' tensors are
+# tiny, and torch's second thread, spinning while it waits for work, made the run twice as long on a
+# busy 2-core machine. Not in `make test`.
 quick: setup
-	TIMEFORMAT='make quick: %0R s'; time OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(UNIT) -m "not slow" --durations=15
+	TIMEFORMAT='make quick: %0R s'; time OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(UNIT) -m "not slow" \
+		-n $(TEST_JOBS) --durations=15
 
 # ruff over the package, the tests, the tools and the benchmarks (settings in pyproject.toml); part of
 # `make test`. A finding in transformer/ is fixed in the chapter that writes it.

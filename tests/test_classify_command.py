@@ -102,6 +102,7 @@ def test_bad_files_are_refused_with_one_line_and_status_2(tmp_path, capsys):
     assert not (tmp_path / "never").exists()  # a refused run leaves no folder
 
 
+@pytest.mark.slow  # the command classifies the test emails (15 s on the busy 2-core machine)
 def test_the_committed_spam_classifier_reproduces_its_figures(tmp_path, capsys):
     from transformer.tasks.email import write_spam_jsonl
 

@@ -90,6 +90,7 @@ def test_logistic_regression_matches_a_hand_written_gradient_descent():
     assert torch.allclose(model.bias.double(), b, atol=1e-3)
 
 
+@pytest.mark.slow  # reads every email of the corpus (10 s on the busy 2-core machine)
 def test_the_corpus_reads_as_version_0_2_3():
     emails = read_emails()
     assert [sum(m.folder == f for m in emails) for f in FOLDERS] == [500, 2500, 250]

@@ -97,6 +97,7 @@ def test_token_windows_and_first_tokens():
     assert first_tokens(texts, tokenizer, 4).tolist() == [[1, 2, 1, 2], [2, 1, 0, 0], [1, 1, 1, 0]]
 
 
+@pytest.mark.slow  # the committed model over the validation emails (15 s on the busy 2-core machine)
 def test_the_committed_model_reproduces_its_figures():
     from transformer.tasks.email import read_emails, split_emails
 
