@@ -7,36 +7,24 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_exporter import HEADER, code
 from tools import execute_book
 from tools.execute_book import chapter_key, inputs_digest
 
 ROOT = Path(__file__).resolve().parent.parent
-CHAPTER = """\
----
-jupytext:
-  text_representation:
-    extension: .md
-    format_name: myst
-kernelspec:
-  display_name: Python 3
-  language: python
-  name: python3
----
 
-# A chapter
 
-```{{code-cell}} ipython3
-{code}
-```
-"""
+def chapter(source: str) -> str:
+    """A chapter of one code cell (the exporter tests' header)."""
+    return HEADER.format(extra="") + "\n# A chapter\n\n" + code(source)
 
 
 @pytest.fixture
 def book(tmp_path):
     """A book with two chapters, a package, data, a model, benchmark records, requirements and other files."""
     for name, text in {
-        "chapters/a.md": CHAPTER.format(code="x = 1\nprint(x)"),
-        "chapters/b.md": CHAPTER.format(code="y = 2"),
+        "chapters/a.md": chapter("x = 1\nprint(x)"),
+        "chapters/b.md": chapter("y = 2"),
         "transformer/nn/layer.py": "LAYER = 1\n",
         "data/lines.txt": "one\n",
         "models/m/results.json": "{}\n",
@@ -110,7 +98,7 @@ def test_chapters_are_executed_once_per_change_and_a_failing_one_is_named(book, 
     assert execute_book.execute_book(chapters, cache, jobs=2, timeout=60, root=book) == []
     assert "all 2 chapters up to date" in capsys.readouterr().out
 
-    (book / "chapters" / "b.md").write_text(CHAPTER.format(code="assert 1 + 1 == 3, 'arithmetic'"))
+    (book / "chapters" / "b.md").write_text(chapter("assert 1 + 1 == 3, 'arithmetic'"))
     assert execute_book.execute_book(chapters, cache, jobs=2, timeout=60, root=book) == ["chapters/b.md"]
     out = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)  # without the traceback's colours
     assert "1 of 2 chapters to execute" in out and "chapters/b.md FAILED" in out and "AssertionError: arithmetic" in out
