@@ -50,8 +50,12 @@ def _fused_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | N
 
 
 # chapters/05_multihead_attention.md: The module
-def _check_inputs(query: Tensor, key: Tensor, value: Tensor, d_model: int) -> tuple[int, int, int]:
-    """Check query (B, L, d_model), key and value (B, S, d_model); return (B, L, S)."""
+def _check_inputs(query: Tensor, key: Tensor, value: Tensor, d_model: int,
+                  cache: object = None) -> tuple[int, int, int]:
+    """Check query (B, L, d_model), key and value (B, S, d_model), and that a cache is a ``KVCache``;
+    return (B, L, S)."""
+    if cache is not None and not isinstance(cache, KVCache):
+        raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
     for name, x in (("query", query), ("key", key), ("value", value)):
         check_features(name, x, d_model, ndim=3)
     if key.shape[0] != query.shape[0]:
@@ -134,11 +138,9 @@ class MultiHeadAttention(nn.Module):
             query ``(B, L, d_model)``, key and value ``(B, S, d_model)`` -> output
             ``(B, L, d_model)``, weights ``(B, num_heads, L, S)``.
         """
-        B, L, _ = _check_inputs(query, key, value, self.d_model)
+        B, L, _ = _check_inputs(query, key, value, self.d_model, cache)
         check_dtype("query", query, input_dtype(self.w_q))  # an int8 layer's too
         check_bool("need_weights", need_weights)
-        if cache is not None and not isinstance(cache, KVCache):
-            raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
         query_start = 0 if cache is None or cache.static else cache.length  # cached positions before query[:, 0]
         q = _split_heads(self.w_q(query), self.num_heads)  # (B, L, d_model) -> (B, H, L, d_k)
         k, v = self.keys_values(key, value) if cache is None else cache.keys_values(self, key, value)  # the hook
