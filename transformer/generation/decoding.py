@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from transformer.checks import check_generation, check_positive_int, check_token_id
-from transformer.nn.cache import DecoderCache
+from transformer.nn.decoder import GenerationCache
 from transformer.nn.model import Transformer
 from transformer.nn.modes import evaluating
 from transformer.generation.topk import block_top_k
@@ -51,7 +51,8 @@ class DecoderState:
         model, memory, src_mask: the ``Transformer``, its encoder's output ``(B, S, d_model)`` (one row
             per source) and the source's mask, e.g. ``(B, 1, 1, S)``, or None.
         beams: k, the rows per source (beam search), each reading its source's memory.
-        use_cache, max_len: for the key/value cache of the chapter "Fast generation".
+        use_cache, max_len: keep the keys and values in a ``GenerationCache.default`` for ``max_len``
+            target positions (the key/value cache of the chapter "Fast generation"), if one is defined.
     """
 
     def __init__(self, model: Transformer, memory: Tensor, src_mask: Tensor | None, beams: int = 1,
@@ -59,7 +60,8 @@ class DecoderState:
         self.model, self.beams = model, beams
         self.memory = memory.repeat_interleave(beams, dim=0)  # (B * k, S, d_model)
         self.src_mask = _expand_beams(src_mask, beams)  # (B * k, 1, 1, S), or a mask that broadcasts
-        self.cache = DecoderCache(len(model.decoder.layers), capacity=max_len) if use_cache else None
+        built = GenerationCache.default if use_cache else None
+        self.cache = None if built is None else built(len(model.decoder.layers), capacity=max_len)
         if self.cache is not None:  # the memory's keys and values, projected once per source for its k beams
             self.cache.share([layer.cross_attn for layer in model.decoder.layers], memory, beams)
 

@@ -16,10 +16,12 @@ import torch
 from torch import Tensor
 
 from transformer.checks import check_positive_int
+from transformer.nn.decoder import GenerationCache, LayerCache
+from transformer.nn.multihead import AttentionCache
 
 
 # chapters/16_fast_generation.md: One attention layer
-class KVCache:
+class KVCache(AttentionCache):
     """The projected keys and values of one attention layer, kept between the steps of generation.
 
     The keys and values live in buffers allocated once, for ``capacity`` positions, and each call
@@ -58,6 +60,12 @@ class KVCache:
     def next_position(self) -> int | Tensor:
         """Where the next call writes: ``length``, the number of positions held."""
         return self.length
+
+    @property
+    def query_start(self) -> int:
+        """The position of the next call's first query: ``length`` for self-attention, whose queries
+        follow the held positions; 0 for a static cache, whose keys are the memory's."""
+        return 0 if self.static else self.length
 
     def keys_values(self, attention: Any, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """The keys and values that ``attention`` (a ``MultiHeadAttention``) attends to at this call,
@@ -125,7 +133,7 @@ class KVCache:
 
 
 # chapters/16_fast_generation.md: Every layer of the decoder
-class DecoderLayerCache:
+class DecoderLayerCache(LayerCache):
     """The caches of one decoder layer during generation (see the book's chapter "Fast generation").
 
     Attributes:
@@ -136,11 +144,15 @@ class DecoderLayerCache:
     """
 
     def __init__(self, capacity: int | None = None) -> None:
-        self.self_attn = KVCache(capacity=capacity)
-        self.cross_attn = KVCache(static=True)
+        self.self_attn: KVCache = KVCache(capacity=capacity)
+        self.cross_attn: KVCache = KVCache(static=True)
+
+    def causal_mask(self, new: int, device: torch.device | None = None) -> Tensor:
+        """The self-attention cache's causal mask of ``new`` queries after its held positions."""
+        return self.self_attn.causal_mask(new, device)
 
 
-class DecoderCache:
+class DecoderCache(GenerationCache, default=True):
     """The caches of every layer of a decoder: ``layers[i]`` is the ``DecoderLayerCache`` of layer i.
 
     ``capacity``: the target positions to allocate once in every self-attention cache (e.g. the
@@ -149,7 +161,7 @@ class DecoderCache:
 
     def __init__(self, num_layers: int, capacity: int | None = None):
         check_positive_int("num_layers", num_layers)
-        self.layers = [DecoderLayerCache(capacity) for _ in range(num_layers)]
+        self.layers: list[DecoderLayerCache] = [DecoderLayerCache(capacity) for _ in range(num_layers)]
 
     @property
     def length(self) -> int | Tensor:

@@ -15,11 +15,10 @@ from torch import Tensor, nn
 
 from transformer.checks import check_bool, check_features, check_positive_int, check_token_batch
 from transformer.nn.attention import check_attention_mask
-from transformer.nn.decoder import Decoder
+from transformer.nn.decoder import Decoder, StackCache
 from transformer.nn.embedding import TokenEmbedding
 from transformer.nn.encoder import Encoder, EncoderLayer
 from transformer.nn.positional import SinusoidalPositionalEncoding, add_positions
-from transformer.nn.cache import DecoderCache
 
 
 # chapters/10_model.md: The model
@@ -93,13 +92,13 @@ class Transformer(nn.Module):
         return self.encoder(x, mask=src_mask)  # (B, S, d_model)
 
     def decode(self, tgt: Tensor, memory: Tensor, src_mask: Tensor | None = None,
-               tgt_mask: Tensor | None = None, cache: DecoderCache | None = None) -> Tensor:
+               tgt_mask: Tensor | None = None, cache: StackCache | None = None) -> Tensor:
         """Read the target prefix against the memory: ids (B, T) -> vectors (B, T, d_model).
 
-        With a ``DecoderCache`` (generation, the book's chapter "Fast generation"), ``tgt`` holds only
+        With a ``StackCache`` (generation, the book's chapter "Fast generation"), ``tgt`` holds only
         the tokens after the ``cache.length`` cached ones, and gets the positions that follow them.
         """
-        start = cache.length if isinstance(cache, DecoderCache) else 0  # the position of tgt[:, 0], maybe a tensor
+        start = cache.length if isinstance(cache, StackCache) else 0  # the position of tgt[:, 0], maybe a tensor
         first = isinstance(start, int) and start == 0  # positions from 0: checked against max_len here
         max_len = self.positional_encoding.max_len if first else None  # later ones: by add_positions
         tgt = check_token_batch("tgt", tgt, self.tgt_embed.vocab_size, max_len)

@@ -7,15 +7,17 @@ Defined in the book's chapter "Multi-head attention" (chapters/05_multihead_atte
 """
 
 
-__all__ = ['MultiHeadAttention']
+__all__ = ['AttentionCache', 'MultiHeadAttention']
 
+
+from abc import ABC, abstractmethod
+from typing import Any
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.checks import check_bool, check_fraction, check_dtype, check_features, check_positive_int, input_dtype
 from transformer.nn.attention import check_attention_mask, scaled_dot_product_attention
-from transformer.nn.cache import KVCache
 
 
 # chapters/05_multihead_attention.md: All heads at once
@@ -50,12 +52,29 @@ def _fused_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | N
 
 
 # chapters/05_multihead_attention.md: The module
+class AttentionCache(ABC):
+    """What ``MultiHeadAttention`` asks of a cache of keys and values (the hook of generation): the
+    book's chapter "Fast generation" builds one, ``KVCache``."""
+
+    @abstractmethod
+    def keys_values(self, attention: Any, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """The keys and values ``attention`` (a ``MultiHeadAttention``) attends to at this call,
+        ``(B, H, S, d_k)`` and ``(B, H, S, d_v)``: the held ones and those of ``key`` and ``value``,
+        which ``attention.keys_values(key, value)`` projects."""
+
+    @property
+    @abstractmethod
+    def query_start(self) -> int:
+        """The position of the next call's first query: how many earlier positions precede it."""
+
+
+# chapters/05_multihead_attention.md: The module
 def _check_inputs(query: Tensor, key: Tensor, value: Tensor, d_model: int,
                   cache: object = None) -> tuple[int, int, int]:
-    """Check query (B, L, d_model), key and value (B, S, d_model), and that a cache is a ``KVCache``;
-    return (B, L, S)."""
-    if cache is not None and not isinstance(cache, KVCache):
-        raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
+    """Check query (B, L, d_model), key and value (B, S, d_model), and that a cache is an
+    ``AttentionCache``; return (B, L, S)."""
+    if cache is not None and not isinstance(cache, AttentionCache):
+        raise TypeError(f"cache must be an AttentionCache or None, got {type(cache).__name__}")
     for name, x in (("query", query), ("key", key), ("value", value)):
         check_features(name, x, d_model, ndim=3)
     if key.shape[0] != query.shape[0]:
@@ -114,7 +133,7 @@ class MultiHeadAttention(nn.Module):
                 nn.init.zeros_(linear.bias)
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
-                need_weights: bool = False, cache: KVCache | None = None) -> Tensor | tuple[Tensor, Tensor | None]:
+                need_weights: bool = False, cache: AttentionCache | None = None) -> Tensor | tuple[Tensor, Tensor | None]:
         """Attend from each query position to the key positions, with every head.
 
         Args:
@@ -125,9 +144,9 @@ class MultiHeadAttention(nn.Module):
                 ``(B, num_heads, L, S)``: a causal ``(L, S)``, a padding ``(B, 1, 1, S)``, or both ``|``-ed.
             need_weights: also return the attention weights (explicit path); otherwise the fused
                 kernel runs and keeps no ``(L, S)`` matrix for backward.
-            cache: optional ``KVCache`` (generation, the book's chapter "Fast generation"): the keys
-                and values of earlier calls are attended to as well, S counts them, and the mask must
-                broadcast to that longer S.
+            cache: optional ``AttentionCache`` (generation, the book's chapter "Fast generation"): the
+                keys and values of earlier calls are attended to as well, S counts them, and the mask
+                must broadcast to that longer S.
 
         Returns:
             The output, or ``(output, weights)`` when ``need_weights`` is True (the weights after
@@ -141,7 +160,7 @@ class MultiHeadAttention(nn.Module):
         B, L, _ = _check_inputs(query, key, value, self.d_model, cache)
         check_dtype("query", query, input_dtype(self.w_q))  # an int8 layer's too
         check_bool("need_weights", need_weights)
-        query_start = 0 if cache is None or cache.static else cache.length  # cached positions before query[:, 0]
+        query_start = 0 if cache is None else cache.query_start  # the positions held before query[:, 0]
         q = _split_heads(self.w_q(query), self.num_heads)  # (B, L, d_model) -> (B, H, L, d_k)
         k, v = self.keys_values(key, value) if cache is None else cache.keys_values(self, key, value)  # the hook
         mask = check_attention_mask(mask, (B, self.num_heads, L, k.shape[2]))  # (B, H, S, d_k): S counts the cached
