@@ -51,8 +51,9 @@ def test_every_step_gives_the_scores_of_the_full_forward_pass(norm_first):
     tgt[:, 0] = BOS
     with torch.no_grad():
         full = model(src, tgt, mask)  # (B, T, V): every position in one call
-        cache = static_cache(model, model.encode(src, mask), capacity=12)
-        steps = [decode_step(model, tgt[:, t], torch.tensor(t), cache, mask) for t in range(tgt.shape[1])]
+        memory = model.encode(src, mask)  # (B, S, d_model)
+        cache = static_cache(model, memory, capacity=12)
+        steps = [decode_step(model, tgt[:, t], torch.tensor(t), cache, memory, mask) for t in range(tgt.shape[1])]
     torch.testing.assert_close(torch.stack(steps, dim=1), full, atol=1e-5, rtol=1e-5)
 
 

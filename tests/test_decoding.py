@@ -317,17 +317,17 @@ def test_cache_errors_name_what_is_wrong():
     with pytest.raises(ValueError, match="mask must broadcast"):
         short = torch.zeros(1, 2, dtype=torch.bool)  # 2 keys, but the cache makes them 4
         mha(x[:, :1], x[:, :1], x[:, :1], mask=short, cache=cache)
-    with pytest.raises(TypeError, match="cache must be a KVCache or None, got dict"):
+    with pytest.raises(TypeError, match="cache must be an AttentionCache or None, got dict"):
         mha(x, x, x, cache={})
 
     model = small()
     memory = model.encode(torch.full((2, 4), 3))
-    with pytest.raises(TypeError, match="cache must be a DecoderCache or None, got list"):
+    with pytest.raises(TypeError, match="cache must be a StackCache or None, got list"):
         model.decode(torch.full((2, 1), BOS), memory, cache=[])
-    with pytest.raises(ValueError, match="cache must have one DecoderLayerCache per layer, 2, got 3"):
+    with pytest.raises(ValueError, match="cache must have one LayerCache per layer, 2, got 3"):
         model.decode(torch.full((2, 1), BOS), memory, cache=DecoderCache(3))
     layer = DecoderLayer(d_model=16, num_heads=4, d_ff=32)
-    with pytest.raises(TypeError, match="cache must be a DecoderLayerCache or None, got KVCache"):
+    with pytest.raises(TypeError, match="cache must be a LayerCache or None, got KVCache"):
         layer(torch.randn(2, 1, 16), memory, cache=KVCache())
     cache = DecoderCache(2)
     model.decode(torch.full((2, 3), BOS), memory, cache=cache)

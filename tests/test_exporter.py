@@ -346,25 +346,22 @@ def test_a_later_chapter_adds_a_method_into_the_class_body(tmp_path):
     assert "setattr" not in text and "Layer.circle =" not in text
 
 
-def test_a_method_that_replaces_another_takes_its_place(tmp_path):
+def test_a_cell_that_replaces_a_method_is_refused(tmp_path):
+    """A later chapter adds, never replaces (issue 43): the chapter, the cell and the method are named."""
     two_chapters(tmp_path, "def forward(self, x, cache=None):\n    return self.scale * x + (cache or 0)",
                  "# export: methods of Layer, replacing forward")
-    text = export.build(tmp_path)["transformer/nn/layer.py"]
-    assert text.count("def forward") == 1 and "return self.scale * x\n" not in text
-    assert text.index("def __init__") < text.index("# chapters/02_b.md: Caching") < text.index("def forward")
-    namespace: dict = {}
-    exec(compile(text, "layer.py", "exec"), namespace)
-    assert namespace["Layer"]().forward(3, cache=1) == 7
+    with pytest.raises(ChapterError, match=r"chapters/02_b.md \(Caching\): a cell of methods of Layer may not "
+                                           r"replace forward: a later chapter adds methods, it never replaces one"):
+        export.build(tmp_path)
 
 
 @pytest.mark.parametrize("first_line, methods, message", [
     ("# export: methods of Nowhere", "def f(self):\n    pass", "adds methods to Nowhere, which no chapter exports"),
     ("# export: methods of Layer", "def forward(self, x):\n    return x",
-     r"Layer.forward is already defined by chapters/01_a.md \(The layer\); to replace it, say so"),
+     r"Layer.forward is already defined by chapters/01_a.md \(The layer\); a later chapter adds methods, "
+     "it never replaces one"),
     ("# export: methods of Layer, replacing backward", "def backward(self):\n    pass",
-     "replaces Layer.backward, which Layer does not have"),
-    ("# export: methods of Layer, replacing forward", "def other(self):\n    pass",
-     "says it replaces Layer.forward but does not define it"),
+     "a cell of methods of Layer may not replace backward"),
     ("# export: methods of Layer", "def f(self):\n    pass\n\nX = 1", "a cell of methods of Layer may hold only imports and `def`s"),
     ("# export: methods of Layer", "def f(self):\n    pass\n\ndef f(self):\n    pass", "defines Layer.f twice"),
 ])

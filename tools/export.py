@@ -25,12 +25,12 @@ the notebook runs the cell as it is, and the reader sees where the code goes.
 
 A later chapter may also add methods to a class that an earlier chapter defined::
 
-    # export: methods of MultiHeadAttention
-    # export: methods of MultiHeadAttention, replacing forward
+    # export: methods of DecoderCache
 
 The cell holds only imports and ``def``s. The exporter writes each method into the class's body in
-the generated module (after the class's own methods, or in place of the method it replaces, which the
-cell must name), under a comment naming the chapter and section, as it does for functions: the core
+the generated module, after the class's own methods, under a comment naming the chapter and section,
+as it does for functions. It adds, never replaces: a method the class already has, or a cell that says
+``replacing NAME``, is refused, so that the code a reader studies is the code that ships. The core
 chapter's class holds what that chapter explains, and the package's class is whole, with no
 monkey-patching when it is imported. In the notebook the cell merely defines functions.
 
@@ -97,7 +97,6 @@ class Cell:
     section: str  # the last heading above it
     source: str
     owner_class: str | None = None  # "# export: methods of NAME": the class the cell adds methods to
-    replaces: tuple[str, ...] = ()  # the methods of that class it replaces
 
     @property
     def where(self) -> str:
@@ -214,8 +213,8 @@ class Module:
 def _with_methods(cells: list[Cell], bodies: list[str]) -> list[str]:
     """``bodies`` with each method cell's ``def``s written into the body of its class.
 
-    A method goes after the class's last statement, or in place of the method it replaces; each under
-    a comment naming the chapter and section it comes from.
+    A method goes after the class's last statement, under a comment naming the chapter and section it
+    comes from.
     """
     bodies = list(bodies)
     for cell, body in zip(cells, list(bodies)):
@@ -232,13 +231,7 @@ def _with_methods(cells: list[Cell], bodies: list[str]) -> list[str]:
             text = [f"    # {cell.chapter}: {cell.section}"] + [("    " + line).rstrip() for line in method]
             klass = next(n for n in ast.parse("\n".join(lines)).body
                          if isinstance(n, ast.ClassDef) and n.name == cell.owner_class)
-            old = next((n for n in klass.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                        and n.name == node.name), None)
-            if old is not None:  # replaced (checked in collect): the new method takes the old one's place
-                first = (old.decorator_list[0].lineno if old.decorator_list else old.lineno) - 1
-                lines[first:old.end_lineno] = text
-            else:
-                lines[klass.end_lineno:klass.end_lineno] = [""] + text
+            lines[klass.end_lineno:klass.end_lineno] = [""] + text  # new (checked in collect)
         bodies[index] = "\n".join(lines)
     return bodies
 
@@ -419,8 +412,13 @@ def chapter_modules(path: Path, root: Path) -> tuple[list[Module], list[tuple[st
 
 
 def _method_cell(rel: str, section: str, line: re.Match, source: str) -> Cell:
-    """A cell that adds methods to a class (``# export: methods of NAME[, replacing a, b]``)."""
+    """A cell that adds methods to a class (``# export: methods of NAME``); ``, replacing a, b`` is refused."""
     where = f"{rel} ({section})"
+    if line.group(2):
+        names = ", ".join(name.strip() for name in line.group(2).split(","))
+        raise ChapterError(f"{where}: a cell of methods of {line.group(1)} may not replace {names}: a later "
+                           f"chapter adds methods, it never replaces one; give {line.group(1)}.{names} its final "
+                           f"form in the chapter that defines {line.group(1)}, and add new methods here")
     try:
         tree = ast.parse(source)
     except SyntaxError as err:
@@ -431,13 +429,12 @@ def _method_cell(rel: str, section: str, line: re.Match, source: str) -> Cell:
         raise ChapterError(f"{where}: a cell of methods of {line.group(1)} may hold only imports and `def`s "
                            f"(line {others[0].lineno + 1})" if others else
                            f"{where}: a cell of methods of {line.group(1)} defines no method")
-    replaces = tuple(name.strip() for name in (line.group(2) or "").split(",") if name.strip())
-    return Cell(chapter=rel, section=section, source=source, owner_class=line.group(1), replaces=replaces)
+    return Cell(chapter=rel, section=section, source=source, owner_class=line.group(1))
 
 
 def _place_methods(modules: dict[str, Module], cells: list[Cell]) -> None:
     """Send each method cell to the module of its class, refusing what would silently go wrong:
-    a class no chapter defines, a method defined twice, and a method that replaces one without saying so."""
+    a class no chapter defines, a method defined twice, and a method the class already has."""
     where_defined: dict[str, list[tuple[Module, Cell]]] = {}
     for module in modules.values():
         for name, cell in module.classes().items():
@@ -457,19 +454,14 @@ def _place_methods(modules: dict[str, Module], cells: list[Cell]) -> None:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 methods.setdefault((klass.name, node.name), defining)
         names = cell.method_names()
-        for name in cell.replaces:
-            if (klass.name, name) not in methods:
-                raise ChapterError(f"{cell.where}: replaces {klass.name}.{name}, which {klass.name} does not have")
-            if name not in names:
-                raise ChapterError(f"{cell.where}: says it replaces {klass.name}.{name} but does not define it")
         for name in names:
             if names.count(name) > 1:
                 raise ChapterError(f"{cell.where}: defines {klass.name}.{name} twice")
-            if (klass.name, name) in methods and name not in cell.replaces:
+            if (klass.name, name) in methods:
                 first = methods[(klass.name, name)]
                 raise ChapterError(
-                    f"{cell.where}: {klass.name}.{name} is already defined by {first.where}; to replace it, "
-                    f"say so on the cell's first line: `# export: methods of {klass.name}, replacing {name}`")
+                    f"{cell.where}: {klass.name}.{name} is already defined by {first.where}; a later chapter "
+                    f"adds methods, it never replaces one: give {klass.name}.{name} its final form there")
             methods[(klass.name, name)] = cell
         module.cells.append(cell)
 

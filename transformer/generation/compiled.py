@@ -45,14 +45,14 @@ def static_cache(model: Transformer, memory: Tensor, capacity: int) -> DecoderCa
     return cache
 
 
-def decode_step(model: Transformer, token: Tensor, position: Tensor, cache: DecoderCache,
+def decode_step(model: Transformer, token: Tensor, position: Tensor, cache: DecoderCache, memory: Tensor,
                 memory_mask: Tensor | None) -> Tensor:
     """The scores of the token after ``token`` (B,), which stands at ``position`` (a 0-d tensor): (B, V).
-    ``model.decode`` through the caches of ``static_cache``: the token's keys and values are written at
-    ``position``, self-attention reads all C positions, those not written yet masked, and every shape
-    is the same at every step."""
+    ``model.decode`` through the caches of ``static_cache`` (made from ``memory``, (B, S, d_model)): the
+    token's keys and values are written at ``position``, self-attention reads all C positions, those not
+    written yet masked, and every shape is the same at every step."""
     cache.seek(position)
-    hidden = model.decode(token[:, None], cache.unread_memory(), memory_mask, cache=cache)  # (B, 1, d_model)
+    hidden = model.decode(token[:, None], memory, memory_mask, cache=cache)  # (B, 1, d_model)
     return model.output(hidden[:, 0])  # (B, V)
 
 
@@ -69,7 +69,7 @@ def static_greedy_decode(model: Transformer, src: Tensor, max_len: int, bos_id: 
                          src_mask: Tensor | None = None, pad_id: int = 0, extra_len: int | None = None,
                          step: Callable[..., Tensor] = decode_step) -> Tensor:
     """``greedy_decode`` with fixed shapes: the same arguments and tokens, every step the same call
-    ``step(model, token, position, cache, src_mask)`` on the whole batch (finished rows write
+    ``step(model, token, position, cache, memory, src_mask)`` on the whole batch (finished rows write
     padding). ``step``: ``decode_step``, or ``compile_step()``, which compiles once."""
     max_len, bos_id, pad_id = check_generation(model, src, max_len, bos_id, pad_id)
     if eos_id is not None:
@@ -78,13 +78,14 @@ def static_greedy_decode(model: Transformer, src: Tensor, max_len: int, bos_id: 
         raise TypeError(f"step must be callable like decode_step, got {type(step).__name__}")
     limits = output_limits(src, src_mask, max_len, extra_len)  # (B,)
     with evaluating(model):
-        cache = static_cache(model, model.encode(src, src_mask), max_len)
+        memory = model.encode(src, src_mask)  # (B, S, d_model)
+        cache = static_cache(model, memory, max_len)
         tokens = torch.full((src.shape[0], max_len), pad_id, dtype=torch.long, device=src.device)
         tokens[:, 0] = bos_id  # (B, max_len)
         positions = torch.arange(max_len, device=src.device)  # positions[t]: a 0-d tensor, not an int
         done, generated = limits <= 0, torch.zeros_like(limits)  # (B,) each
         for t in range(max_len - 1):
-            logits = step(model, tokens[:, t], positions[t], cache, src_mask)  # (B, V)
+            logits = step(model, tokens[:, t], positions[t], cache, memory, src_mask)  # (B, V)
             generated += ~done
             tokens[:, t + 1] = logits.argmax(dim=-1).masked_fill(done, pad_id)
             done = done | (t + 1 >= limits) | (tokens[:, t + 1] == eos_id if eos_id is not None else done)

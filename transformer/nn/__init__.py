@@ -7,11 +7,11 @@ from transformer.nn.positional import (sinusoidal_encoding, SinusoidalPositional
     add_positions)
 from transformer.nn.attention import (causal_mask, padding_mask, masked_softmax, scaled_dot_product_attention,
     check_attention_mask, check_query_key_value)
-from transformer.nn.multihead import MultiHeadAttention
+from transformer.nn.multihead import AttentionCache, MultiHeadAttention
 from transformer.nn.feedforward import PositionwiseFeedForward
 from transformer.nn.residual import LayerNorm, add_and_norm
 from transformer.nn.encoder import EncoderLayer, Encoder
-from transformer.nn.decoder import DecoderLayer, Decoder
+from transformer.nn.decoder import LayerCache, DecoderLayer, StackCache, Decoder, GenerationCache
 from transformer.nn.model import Transformer
 from transformer.nn.modes import evaluating
 from transformer.nn.cache import KVCache, DecoderLayerCache, DecoderCache, FixedKVCache
@@ -35,14 +35,18 @@ __all__ = [
     'scaled_dot_product_attention',
     'check_attention_mask',
     'check_query_key_value',
+    'AttentionCache',
     'MultiHeadAttention',
     'PositionwiseFeedForward',
     'LayerNorm',
     'add_and_norm',
     'EncoderLayer',
     'Encoder',
+    'LayerCache',
     'DecoderLayer',
+    'StackCache',
     'Decoder',
+    'GenerationCache',
     'Transformer',
     'evaluating',
     'KVCache',

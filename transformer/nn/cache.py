@@ -16,10 +16,12 @@ import torch
 from torch import Tensor
 
 from transformer.checks import check_positive_int
+from transformer.nn.decoder import GenerationCache, LayerCache
+from transformer.nn.multihead import AttentionCache
 
 
 # chapters/16_fast_generation.md: One attention layer
-class KVCache:
+class KVCache(AttentionCache):
     """The projected keys and values of one attention layer, kept between the steps of generation.
 
     The keys and values live in buffers allocated once, for ``capacity`` positions, and each call
@@ -36,14 +38,11 @@ class KVCache:
     Attributes:
         key, value: ``(B, H, S, d_k)`` and ``(B, H, S, d_v)``, views of the filled part of the
             buffers, or None while the cache is empty.
-        beams: for a static cache filled by ``share``, the number k of consecutive query rows
-            (the beams of one source) that read each of its B rows; 1 otherwise.
     """
 
     def __init__(self, static: bool = False, capacity: int | None = None):
         self.static = static
         self.capacity = None if capacity is None else check_positive_int("capacity", capacity)
-        self.beams = 1
         self._key: Tensor | None = None  # (B, H, capacity, d_k): the buffer, filled up to length
         self._value: Tensor | None = None
         self._spare: tuple[Tensor, Tensor] | None = None  # reorder's second pair of buffers
@@ -56,6 +55,26 @@ class KVCache:
     @property
     def value(self) -> Tensor | None:
         return None if self._value is None else self._value[:, :, :self.length]
+
+    @property
+    def next_position(self) -> int | Tensor:
+        """Where the next call writes: ``length``, the number of positions held."""
+        return self.length
+
+    @property
+    def query_start(self) -> int:
+        """The position of the next call's first query: ``length`` for self-attention, whose queries
+        follow the held positions; 0 for a static cache, whose keys are the memory's."""
+        return 0 if self.static else self.length
+
+    def keys_values(self, attention: Any, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """The keys and values that ``attention`` (a ``MultiHeadAttention``) attends to at this call,
+        ``(B, H, S, d_k)``: those of ``key`` and ``value``, projected by ``attention.keys_values``, after
+        the held ones; a filled static cache's own, nothing projected (the memory passed is not read)."""
+        if self.static and self._key is not None and self._value is not None:
+            self.check_batch(key.shape[0])
+            return self._key[:, :, :self.length], self._value[:, :, :self.length]  # the memory's, projected once
+        return self.update(*attention.keys_values(key, value))  # (B, H, S_cached + S, d_k)
 
     def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Write the new keys and values after the held ones and return all of them (views)."""
@@ -80,10 +99,11 @@ class KVCache:
         return grown
 
     def share(self, key: Tensor, value: Tensor, beams: int) -> None:
-        """Fill a static cache with one source's keys and values, ``(B, H, S, d_k)``, for ``beams``
-        consecutive query rows each (beam search): the beams read them by broadcasting, no copies."""
-        self._key, self._value, self.length = key, value, key.shape[2]
-        self.beams = check_positive_int("beams", beams)
+        """Fill a static cache with the keys and values of B sources, ``(B, H, S, d_k)``, for ``beams``
+        consecutive rows each (the beams of beam search): ``(B * beams, H, S, d_k)``, copied once, here."""
+        beams = check_positive_int("beams", beams)
+        self._key, self._value = key.repeat_interleave(beams, dim=0), value.repeat_interleave(beams, dim=0)
+        self.length = key.shape[2]
 
     def causal_mask(self, new: int, device: torch.device | None = None) -> Tensor:
         """The mask of ``new`` queries after the held positions, (new, length + new): query i is
@@ -92,9 +112,8 @@ class KVCache:
 
     def check_batch(self, batch_size: int) -> None:
         """Raise a ValueError unless the cache is empty or holds a batch of ``batch_size`` rows."""
-        if self._key is not None and self._key.shape[0] * self.beams != batch_size:
-            raise ValueError(f"cache holds a batch of {self._key.shape[0] * self.beams}, "
-                             f"got a batch of {batch_size}")
+        if self._key is not None and self._key.shape[0] != batch_size:
+            raise ValueError(f"cache holds a batch of {self._key.shape[0]}, got a batch of {batch_size}")
 
     def reorder(self, index: Tensor) -> None:
         """Keep the batch rows ``index`` (in that order), as beam search does. The filled part moves once,
@@ -114,7 +133,7 @@ class KVCache:
 
 
 # chapters/16_fast_generation.md: Every layer of the decoder
-class DecoderLayerCache:
+class DecoderLayerCache(LayerCache):
     """The caches of one decoder layer during generation (see the book's chapter "Fast generation").
 
     Attributes:
@@ -125,11 +144,15 @@ class DecoderLayerCache:
     """
 
     def __init__(self, capacity: int | None = None) -> None:
-        self.self_attn = KVCache(capacity=capacity)
-        self.cross_attn = KVCache(static=True)
+        self.self_attn: KVCache = KVCache(capacity=capacity)
+        self.cross_attn: KVCache = KVCache(static=True)
+
+    def causal_mask(self, new: int, device: torch.device | None = None) -> Tensor:
+        """The self-attention cache's causal mask of ``new`` queries after its held positions."""
+        return self.self_attn.causal_mask(new, device)
 
 
-class DecoderCache:
+class DecoderCache(GenerationCache, default=True):
     """The caches of every layer of a decoder: ``layers[i]`` is the ``DecoderLayerCache`` of layer i.
 
     ``capacity``: the target positions to allocate once in every self-attention cache (e.g. the
@@ -138,41 +161,30 @@ class DecoderCache:
 
     def __init__(self, num_layers: int, capacity: int | None = None):
         check_positive_int("num_layers", num_layers)
-        self.layers = [DecoderLayerCache(capacity) for _ in range(num_layers)]
+        self.layers: list[DecoderLayerCache] = [DecoderLayerCache(capacity) for _ in range(num_layers)]
 
-    # chapters/16_fixed_shapes.md: A cache of fixed shape
     @property
     def length(self) -> int | Tensor:
-        """Where the next target positions go: the number held (0 before the first call), or the
-        ``position`` of ``FixedKVCache``s, a 0-d tensor."""
-        first = self.layers[0].self_attn
-        return first.position if isinstance(first, FixedKVCache) else first.length
+        """Where the next target positions go: the self-attention caches' ``next_position``, the number
+        held (0 before the first call)."""
+        return self.layers[0].self_attn.next_position
 
     def share(self, cross_attentions: list[Any], memory: Tensor, beams: int) -> None:
         """Project the memory ``(B, S, d_model)`` once per source into every layer's cross-attention
-        cache, read by ``beams`` consecutive rows each: ``cross_attentions[i]`` is layer i's
+        cache, for ``beams`` consecutive rows each (beam search): ``cross_attentions[i]`` is layer i's
         ``MultiHeadAttention`` (its ``keys_values``)."""
         for layer, attention in zip(self.layers, cross_attentions, strict=True):
             key, value = attention.keys_values(memory, memory)  # (B, H, S, d_k), (B, H, S, d_v)
             layer.cross_attn.share(key, value, beams)
 
-    def unread_memory(self) -> Tensor:
-        """A stand-in for the memory once ``share`` holds its keys and values: the decoder never reads
-        it, so a zero of its shape, (B * beams, S, d_model), that costs nothing."""
-        cross = self.layers[0].cross_attn
-        key = cast(Tensor, cross.key)  # (B, H, S, d_k)
-        return key.new_zeros(()).expand(key.shape[0] * cross.beams, key.shape[2], key.shape[1] * key.shape[3])
-
-    def reorder(self, index: Tensor, sources: Tensor | None = None) -> None:
-        """Keep the batch rows ``index`` in every cache (beam search). Cross-attention caches shared
-        by beams (``share``) are indexed by source instead: they keep the sources ``sources``, or
-        stay as they are when it is None (the beams of a source read the same keys)."""
+    def reorder(self, index: Tensor, memory: bool = True) -> None:
+        """Keep the batch rows ``index`` in every cache (beam search). ``memory=False`` leaves the
+        cross-attention caches as they are: right when the rows move only among the beams of a source,
+        which hold the same keys and values of its memory (``share``)."""
         for layer in self.layers:
             layer.self_attn.reorder(index)
-            if layer.cross_attn.beams == 1:
+            if memory:
                 layer.cross_attn.reorder(index)
-            elif sources is not None:
-                layer.cross_attn.reorder(sources)
 
     # chapters/16_fixed_shapes.md: A cache of fixed shape
     def seek(self, position: Tensor) -> None:
@@ -194,6 +206,11 @@ class FixedKVCache(KVCache):
         super().__init__(capacity=key.shape[2])
         self._key, self._value, self.length = key, value, key.shape[2]  # (B, H, C, d_k), (B, H, C, d_v)
         self.position = torch.zeros((), dtype=torch.long, device=key.device)  # a 0-d tensor
+
+    @property
+    def next_position(self) -> Tensor:
+        """Where the next call writes: ``position``, a 0-d tensor (``length`` is C, the whole buffer)."""
+        return self.position
 
     def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Write the new keys and values (B, H, T, d_k) at ``position, position + 1, ...``; return all C."""

@@ -15,10 +15,9 @@ import torch
 from torch import Tensor, nn
 
 from transformer.checks import check_positive_int, check_tensor
-from transformer.nn.cache import KVCache
 from transformer.nn.decoder import Decoder
 from transformer.nn.encoder import Encoder
-from transformer.nn.multihead import MultiHeadAttention
+from transformer.nn.multihead import AttentionCache, MultiHeadAttention
 from transformer.nn.vision import PatchEmbedding
 
 
@@ -28,7 +27,7 @@ class SetSelfAttention(MultiHeadAttention):
     ``DecoderLayer`` hands it, since a set has no order."""
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
-                need_weights: bool = False, cache: KVCache | None = None) -> Tensor | tuple[Tensor, Tensor | None]:
+                need_weights: bool = False, cache: AttentionCache | None = None) -> Tensor | tuple[Tensor, Tensor | None]:
         return super().forward(query, key, value, mask=None, need_weights=need_weights, cache=cache)
 
 
