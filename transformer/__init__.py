@@ -19,7 +19,7 @@ from transformer.nn.attention import scaled_dot_product_attention, causal_mask, 
 from transformer.nn.multihead import MultiHeadAttention
 from transformer.nn.feedforward import PositionwiseFeedForward
 from transformer.nn.residual import LayerNorm
-from transformer.nn.encoder import EncoderLayer, Encoder
+from transformer.nn.encoder import LayerOptions, EncoderLayer, Encoder
 from transformer.nn.decoder import DecoderLayer, Decoder
 from transformer.nn.model import Transformer
 from transformer.training.losses import label_smoothed_cross_entropy
@@ -52,6 +52,7 @@ __all__ = [
     'MultiHeadAttention',
     'PositionwiseFeedForward',
     'LayerNorm',
+    'LayerOptions',
     'EncoderLayer',
     'Encoder',
     'DecoderLayer',

@@ -10,7 +10,7 @@ from transformer.nn.attention import (causal_mask, padding_mask, masked_softmax,
 from transformer.nn.multihead import MultiHeadAttention
 from transformer.nn.feedforward import PositionwiseFeedForward
 from transformer.nn.residual import LayerNorm, add_and_norm
-from transformer.nn.encoder import EncoderLayer, Encoder
+from transformer.nn.encoder import LayerOptions, check_layer_options, EncoderLayer, Encoder
 from transformer.nn.decoder import DecoderLayer, Decoder
 from transformer.nn.model import Transformer
 from transformer.nn.modes import evaluating
@@ -39,6 +39,8 @@ __all__ = [
     'PositionwiseFeedForward',
     'LayerNorm',
     'add_and_norm',
+    'LayerOptions',
+    'check_layer_options',
     'EncoderLayer',
     'Encoder',
     'DecoderLayer',

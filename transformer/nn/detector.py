@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from transformer.checks import check_positive_int, check_tensor
 from transformer.nn.cache import KVCache
 from transformer.nn.decoder import Decoder
-from transformer.nn.encoder import Encoder
+from transformer.nn.encoder import Encoder, LayerOptions
 from transformer.nn.multihead import MultiHeadAttention
 from transformer.nn.vision import PatchEmbedding
 
@@ -48,10 +48,10 @@ class DigitDetector(nn.Module):
         super().__init__()
         self.patch_embed = PatchEmbedding(image_size, patch_size, 1, d_model)
         self.pos_embed = nn.Parameter(torch.randn(self.patch_embed.num_patches, d_model) * 0.02)
-        self.encoder = Encoder(encoder_layers, d_model, num_heads, d_ff, dropout, norm_first=True)
+        self.encoder = Encoder(encoder_layers, d_model, num_heads, d_ff, dropout, options=LayerOptions(norm_first=True))
         self.queries = nn.Parameter(torch.randn(check_positive_int("num_queries", num_queries), d_model))
-        self.decoder = Decoder(decoder_layers, d_model, num_heads, d_ff, dropout, norm_first=True,
-                               self_attention=SetSelfAttention)
+        self.decoder = Decoder(decoder_layers, d_model, num_heads, d_ff, dropout,
+                               options=LayerOptions(norm_first=True, self_attention=SetSelfAttention))
         self.class_head = nn.Linear(d_model, check_positive_int("num_classes", num_classes) + 1)
         self.box_head = nn.Sequential(nn.Linear(d_model, d_model), nn.ReLU(), nn.Linear(d_model, d_model),
                                       nn.ReLU(), nn.Linear(d_model, 4))  # the paper's 3-layer perceptron

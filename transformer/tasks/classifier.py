@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from transformer.checks import check_positive_int, check_tensor, check_token_batch, check_token_tensor
 from transformer.nn.attention import padding_mask
 from transformer.nn.embedding import TokenEmbedding
-from transformer.nn.encoder import Encoder
+from transformer.nn.encoder import Encoder, LayerOptions
 from transformer.nn.modes import evaluating
 from transformer.training.loop import run_settings, run_steps
 from transformer.nn.positional import SinusoidalPositionalEncoding
@@ -37,20 +37,22 @@ class SequenceClassifier(nn.Module):
     Args:
         vocab_size: number of token ids V (the padding id included).
         num_classes: number of classes C.
-        d_model, num_heads, d_ff, num_layers, dropout, norm_first: as for ``Encoder``.
+        d_model, num_heads, d_ff, num_layers, dropout: as for ``Encoder``; the arguments after
+            ``dropout`` are keyword only.
         max_len: the longest input accepted, the class token included.
         pad_id: the padding id: its embedding is zero, no position attends to it, and the mean
             pooling leaves it out.
         pooling: ``"cls"``, the output at a learned class vector put in front of the tokens
             (BERT's [CLS]), or ``"mean"``, the mean of the outputs at the non-padding positions.
+        options: the ``LayerOptions`` of every encoder layer; pre-LN by default.
 
     Shape:
         tokens (B, S) integer ids -> logits (B, num_classes).
     """
 
     def __init__(self, vocab_size: int, num_classes: int, d_model: int = 64, num_heads: int = 4,
-                 d_ff: int = 256, num_layers: int = 2, dropout: float = 0.1, max_len: int = 512,
-                 pad_id: int = 0, pooling: str = "cls", norm_first: bool = True):
+                 d_ff: int = 256, num_layers: int = 2, dropout: float = 0.1, *, max_len: int = 512,
+                 pad_id: int = 0, pooling: str = "cls", options: LayerOptions = LayerOptions(norm_first=True)):
         super().__init__()
         check_positive_int("vocab_size", vocab_size)
         check_positive_int("num_classes", num_classes)
@@ -64,7 +66,7 @@ class SequenceClassifier(nn.Module):
         self.positional_encoding = SinusoidalPositionalEncoding(d_model, max_len, dropout)
         # the class vector, entries of variance 1 like a scaled token embedding
         self.cls_token = nn.Parameter(torch.randn(d_model)) if pooling == "cls" else None
-        self.encoder = Encoder(num_layers, d_model, num_heads, d_ff, dropout, norm_first)
+        self.encoder = Encoder(num_layers, d_model, num_heads, d_ff, dropout, options=options)
         self.head = nn.Linear(d_model, num_classes)  # logits = h W + b
         self.d_model, self.max_len, self.pad_id, self.pooling = d_model, max_len, pad_id, pooling
 

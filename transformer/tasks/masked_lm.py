@@ -9,13 +9,14 @@ Defined in the book's chapter "Pre-training an encoder on real email"
 """
 
 
-__all__ = ['IGNORE', 'mask_tokens', 'MaskedLanguageModel', 'MASK_TOKEN', 'one_line', 'email_tokenizer', 'token_windows', 'mlm_loss', 'mlm_accuracy', 'train_mlm', 'load_mlm', 'classifier_from_mlm', 'first_tokens']
+__all__ = ['IGNORE', 'mask_tokens', 'MaskedLanguageModel', 'Model', 'from_settings', 'MASK_TOKEN', 'one_line', 'email_tokenizer', 'token_windows', 'mlm_loss', 'mlm_accuracy', 'train_mlm', 'load_mlm', 'classifier_from_mlm', 'first_tokens']
 
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +25,7 @@ from torch import Tensor, nn
 from transformer.checks import check_fraction, check_positive_int, check_token_batch
 from transformer.nn.attention import padding_mask
 from transformer.nn.embedding import TokenEmbedding
-from transformer.nn.encoder import Encoder
+from transformer.nn.encoder import Encoder, LayerOptions
 from transformer.nn.modes import evaluating
 from transformer.nn.positional import SinusoidalPositionalEncoding
 from transformer.tasks.classifier import SequenceClassifier
@@ -63,22 +64,27 @@ class MaskedLanguageModel(nn.Module):
 
     Args: as ``SequenceClassifier``'s, whose ``embed``, ``positional_encoding`` and ``encoder`` it has.
 
+    Attributes:
+        settings: the arguments, as plain values a checkpoint can hold: the ``LayerOptions`` fields
+            flat among the others (all but ``self_attention``); ``from_settings`` builds the model again.
+
     Shape:
         tokens (B, S) -> logits (B, S, vocab_size).
     """
 
     def __init__(self, vocab_size: int, d_model: int = 64, num_heads: int = 4, d_ff: int = 256,
-                 num_layers: int = 2, dropout: float = 0.1, max_len: int = 512, pad_id: int = 0,
-                 norm_first: bool = True):
+                 num_layers: int = 2, dropout: float = 0.1, *, max_len: int = 512, pad_id: int = 0,
+                 options: LayerOptions = LayerOptions(norm_first=True)):
         super().__init__()
         self.embed = TokenEmbedding(vocab_size, d_model, padding_idx=pad_id)
         self.positional_encoding = SinusoidalPositionalEncoding(d_model, max_len, dropout)
-        self.encoder = Encoder(num_layers, d_model, num_heads, d_ff, dropout, norm_first)
+        self.encoder = Encoder(num_layers, d_model, num_heads, d_ff, dropout, options=options)
         self.head = nn.Linear(d_model, vocab_size)
         self.max_len, self.pad_id = max_len, pad_id
         self.settings: dict[str, Any] = dict(vocab_size=vocab_size, d_model=d_model, num_heads=num_heads, d_ff=d_ff,
                              num_layers=num_layers, dropout=dropout, max_len=max_len, pad_id=pad_id,
-                             norm_first=norm_first)
+                             **{field.name: getattr(options, field.name) for field in fields(options)
+                                if field.name != "self_attention"})
 
     def encode(self, tokens: Tensor) -> Tensor:
         """The encoder's output vectors, (B, S) -> (B, S, d_model); padding is attended to by no position."""
@@ -89,6 +95,19 @@ class MaskedLanguageModel(nn.Module):
     def forward(self, tokens: Tensor) -> Tensor:
         """Scores of every token of the vocabulary at every position: (B, S) -> (B, S, vocab_size)."""
         return self.head(self.encode(tokens))
+
+
+# chapters/24_pretraining.md: The model
+Model = TypeVar("Model", bound=nn.Module)
+
+
+def from_settings(model_class: Callable[..., Model], settings: dict[str, Any], **more: Any) -> Model:
+    """``model_class`` built from ``settings`` saved flat (``MaskedLanguageModel.settings``) and ``more``:
+    the ``LayerOptions`` fields among the settings become its ``options``."""
+    names = {field.name for field in fields(LayerOptions)}
+    options = LayerOptions(**{name: value for name, value in settings.items() if name in names})
+    return model_class(**{name: value for name, value in settings.items() if name not in names}, **more,
+                       options=options)
 
 
 # chapters/24_pretraining.md: The tokens
@@ -186,7 +205,7 @@ def load_mlm(folder: Path) -> tuple[MaskedLanguageModel, Any]:
     from tokenizers import Tokenizer
 
     saved = torch.load(folder / "model.pt", map_location="cpu", weights_only=True)
-    model = MaskedLanguageModel(**saved["settings"])
+    model = from_settings(MaskedLanguageModel, saved["settings"])
     model.load_state_dict(saved["state_dict"])
     return model.eval(), Tokenizer.from_file(str(folder / "tokenizer.json"))
 
@@ -196,7 +215,7 @@ def classifier_from_mlm(mlm: MaskedLanguageModel, num_classes: int = 2, dropout:
     """A ``SequenceClassifier`` (mean pooling) whose embeddings, positions and encoder are copies of
     ``mlm``'s; only its head is new."""
     settings = {**mlm.settings, "dropout": dropout}
-    classifier = SequenceClassifier(num_classes=num_classes, pooling="mean", **settings)
+    classifier = from_settings(SequenceClassifier, settings, num_classes=num_classes, pooling="mean")
     shared = {name: value for name, value in mlm.state_dict().items() if not name.startswith("head.")}
     missing, unexpected = classifier.load_state_dict(shared, strict=False)
     assert set(missing) == {"head.weight", "head.bias"} and not unexpected, (missing, unexpected)

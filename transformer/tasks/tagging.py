@@ -108,7 +108,7 @@ class TokenClassifier(SequenceClassifier):
     Args:
         vocab_size, num_classes: as for ``SequenceClassifier``.
         **kwargs: ``SequenceClassifier``'s other arguments (d_model, num_heads, d_ff, num_layers,
-            dropout, max_len, pad_id, norm_first).
+            dropout, max_len, pad_id, options).
 
     Shape:
         tokens (B, S) integer ids -> logits (B, S, num_classes).
