@@ -287,3 +287,21 @@ def test_bad_arguments_without_cross_attention():
         DecoderLayer(D_MODEL, NUM_HEADS, D_FF, options={"norm_first": True})
     with pytest.raises(TypeError, match="memory must be a torch.Tensor"):
         DecoderLayer(D_MODEL, NUM_HEADS, D_FF)(x)  # with cross-attention the memory is required
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_a_layer_built_with_causal_false_attends_to_every_position(norm_first):
+    """causal=False (DETR's object queries, a set): without cross-attention, an encoder layer with no mask."""
+    from transformer.nn.encoder import EncoderLayer
+    layer = random_module(DecoderLayer, norm_first, cross_attention=False, causal=False)
+    encoder_layer = EncoderLayer(D_MODEL, NUM_HEADS, D_FF, dropout=0.0, options=LayerOptions(norm_first=norm_first))
+    encoder_layer.load_state_dict({k.replace("norm3", "norm2"): v for k, v in layer.state_dict().items()})
+    x = torch.randn(B, T, D_MODEL)
+    torch.testing.assert_close(layer(x), encoder_layer(x), rtol=0, atol=0)
+    padding = torch.zeros(B, 1, 1, T, dtype=torch.bool)
+    padding[1, ..., -2:] = True  # a tgt_mask is still applied
+    torch.testing.assert_close(layer(x, tgt_mask=padding), encoder_layer(x, mask=padding), rtol=0, atol=0)
+    decoder = Decoder(2, D_MODEL, NUM_HEADS, D_FF, causal=False)
+    assert all(not layer.causal for layer in decoder.layers) and all(layer.causal for layer in Decoder(1, D_MODEL, NUM_HEADS, D_FF).layers)
+    with pytest.raises(TypeError, match="causal must be a bool, got int"):
+        DecoderLayer(D_MODEL, NUM_HEADS, D_FF, causal=0)

@@ -21,7 +21,7 @@ from transformer.nn.relative import relative_positions, RelativeMultiHeadAttenti
 from transformer.nn.alibi import alibi_slopes, ALiBiMultiHeadAttention
 from transformer.nn.vision import (patches, PatchEmbedding, sinusoidal_encoding_2d, grid_relations,
     GridRelativeMultiHeadAttention, VisionTransformer)
-from transformer.nn.detector import SetSelfAttention, DigitDetector
+from transformer.nn.detector import DigitDetector
 
 __all__ = [
     'TokenEmbedding',
@@ -65,6 +65,5 @@ __all__ = [
     'grid_relations',
     'GridRelativeMultiHeadAttention',
     'VisionTransformer',
-    'SetSelfAttention',
     'DigitDetector',
 ]

@@ -2,7 +2,7 @@
 # edit the chapter, then run `make export`.
 """The decoder: a layer of causal self-attention, cross-attention over the encoder's memory and a
 position-wise feed-forward network, each wrapped in Add & Norm, and a stack of such layers.
-The self-attention is always causal; a target mask can only add masking.
+The self-attention is causal unless built for a set (``causal=False``); a target mask can only add masking.
 
 Defined in the book's chapter "The decoder" (chapters/09_decoder.md).
 """
@@ -51,8 +51,11 @@ def _check_decoder_inputs(x: Tensor, memory: Tensor | None, tgt_mask: Tensor | N
 
 
 # chapters/09_decoder.md: Always causal
-def _self_attention_mask(tgt_mask: Tensor | None, causal: Tensor) -> Tensor:
-    """The causal mask, e.g. ``causal_mask(T)``, ``|``-ed with ``tgt_mask`` if one is given."""
+def _self_attention_mask(tgt_mask: Tensor | None, causal: Tensor | None) -> Tensor | None:
+    """The causal mask, e.g. ``causal_mask(T)``, ``|``-ed with ``tgt_mask`` if one is given; ``tgt_mask``
+    alone for a layer that is not causal (``causal`` None)."""
+    if causal is None:
+        return tgt_mask
     if tgt_mask is None:
         return causal  # (T, T), True above the diagonal
     return causal | tgt_mask  # e.g. (T, T) | (B, 1, 1, T) -> (B, 1, T, T)
@@ -62,9 +65,9 @@ def _self_attention_mask(tgt_mask: Tensor | None, causal: Tensor) -> Tensor:
 class DecoderLayer(nn.Module):
     """One decoder layer: causal self-attention, cross-attention over the memory, feed-forward.
 
-    Each sublayer is wrapped in Add & Norm. The self-attention is always causal (position t
-    attends to positions 0..t only); ``tgt_mask`` can only add masking. Without cross-attention
-    it is the layer of a decoder-only language model.
+    Each sublayer is wrapped in Add & Norm. The self-attention is causal (position t attends to
+    positions 0..t only) unless the layer is built with ``causal=False``; ``tgt_mask`` can only add
+    masking. Without cross-attention it is the layer of a decoder-only language model.
 
     Args:
         d_model: width of the token vectors, in and out, and of the memory.
@@ -74,6 +77,8 @@ class DecoderLayer(nn.Module):
             active in training mode only.
         cross_attention: False leaves out the cross-attention sublayer (``cross_attn``, ``norm2``
             and ``dropout2`` are then None) and the layer takes no memory (keyword only).
+        causal: False leaves out the causal mask, for inputs that are a set, not a sequence (DETR's
+            object queries); every position then attends to every other (keyword only).
         options: the ``LayerOptions``, as for ``EncoderLayer`` (keyword only); ``attention_dropout``
             applies to both attentions, ``self_attention`` builds the self-attention only.
 
@@ -85,11 +90,12 @@ class DecoderLayer(nn.Module):
     """
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1, *,
-                 cross_attention: bool = True, options: LayerOptions = LayerOptions()):
+                 cross_attention: bool = True, causal: bool = True, options: LayerOptions = LayerOptions()):
         super().__init__()
         options = check_layer_options(options)
         check_bool("norm_first", options.norm_first)
         check_bool("cross_attention", cross_attention)
+        self.causal = check_bool("causal", causal)
         if not callable(options.self_attention):
             raise TypeError(f"self_attention must be callable (a class), got {type(options.self_attention).__name__}")
         # MultiHeadAttention checks d_model, num_heads (and that it divides d_model) and its dropout.
@@ -137,7 +143,7 @@ class DecoderLayer(nn.Module):
         for name, value in (("x", x), ("memory", memory)):
             if value is not None:
                 check_dtype(name, value, self.norm1.weight.dtype)  # before any LayerNorm or projection
-        self_mask = _self_attention_mask(tgt_mask, causal)  # to (B, H, T, p + T)
+        self_mask = _self_attention_mask(tgt_mask, causal if self.causal else None)  # to (B, H, T, p + T)
         x = add_and_norm(x, lambda y: self.self_attn(y, y, y, mask=self_mask, cache=self_cache),
                          self.norm1, self.dropout1, self.norm_first)  # (B, T, d_model)
         cross_attn = self.cross_attn
@@ -155,8 +161,8 @@ class Decoder(nn.Module):
 
     Args:
         num_layers: number of layers N (6 in the paper).
-        d_model, num_heads, d_ff, dropout, cross_attention, options: as for ``DecoderLayer``; every
-            layer gets the same values (the same ``LayerOptions``) and weights of its own.
+        d_model, num_heads, d_ff, dropout, cross_attention, causal, options: as for ``DecoderLayer``;
+            every layer gets the same values (the same ``LayerOptions``) and weights of its own.
 
     Attributes:
         layers: the ``DecoderLayer``s, an ``nn.ModuleList``, each built fresh.
@@ -170,11 +176,11 @@ class Decoder(nn.Module):
     """
 
     def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1, *,
-                 cross_attention: bool = True, options: LayerOptions = LayerOptions()):
+                 cross_attention: bool = True, causal: bool = True, options: LayerOptions = LayerOptions()):
         super().__init__()
         check_positive_int("num_layers", num_layers)
         self.layers = nn.ModuleList([DecoderLayer(d_model, num_heads, d_ff, dropout, cross_attention=cross_attention,
-                                                  options=options)
+                                                  causal=causal, options=options)
                                      for _ in range(num_layers)])
         self.norm = LayerNorm(d_model) if options.norm_first else None
 

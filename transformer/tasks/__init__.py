@@ -16,9 +16,8 @@ from transformer.tasks.cards import MULTI30K_TERMS, model_card
 from transformer.tasks.brackets import (BRACKET_VOCAB, is_balanced, encode_brackets, decode_brackets, random_balanced,
     near_miss, bracket_split, bracket_dataset)
 from transformer.tasks.classifier import SequenceClassifier, accuracy, classification_loss, train_classifier
-from transformer.tasks.masked_lm import (IGNORE, mask_tokens, MaskedLanguageModel, Model, from_settings, MASK_TOKEN,
-    one_line, email_tokenizer, token_windows, mlm_loss, mlm_accuracy, train_mlm, load_mlm, classifier_from_mlm,
-    first_tokens)
+from transformer.tasks.masked_lm import (IGNORE, mask_tokens, MaskedLanguageModel, from_settings, MASK_TOKEN, one_line,
+    email_tokenizer, token_windows, mlm_loss, mlm_accuracy, train_mlm, load_mlm, classifier_from_mlm, first_tokens)
 from transformer.tasks.email import (write_spam_jsonl, FOLDERS, CORPUS_SHA256, corpus_folder, corpus_digest,
     html_to_text, email_text, email_headers, Email, read_emails, duplicate_groups, split_emails)
 from transformer.tasks.baselines import words, word_vocabulary, bag_of_words, fit_logistic_regression
@@ -96,7 +95,6 @@ __all__ = [
     'IGNORE',
     'mask_tokens',
     'MaskedLanguageModel',
-    'Model',
     'from_settings',
     'MASK_TOKEN',
     'one_line',

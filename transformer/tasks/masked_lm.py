@@ -9,7 +9,7 @@ Defined in the book's chapter "Pre-training an encoder on real email"
 """
 
 
-__all__ = ['IGNORE', 'mask_tokens', 'MaskedLanguageModel', 'Model', 'from_settings', 'MASK_TOKEN', 'one_line', 'email_tokenizer', 'token_windows', 'mlm_loss', 'mlm_accuracy', 'train_mlm', 'load_mlm', 'classifier_from_mlm', 'first_tokens']
+__all__ = ['IGNORE', 'mask_tokens', 'MaskedLanguageModel', 'from_settings', 'MASK_TOKEN', 'one_line', 'email_tokenizer', 'token_windows', 'mlm_loss', 'mlm_accuracy', 'train_mlm', 'load_mlm', 'classifier_from_mlm', 'first_tokens']
 
 
 import math
@@ -98,10 +98,10 @@ class MaskedLanguageModel(nn.Module):
 
 
 # chapters/24_pretraining.md: The model
-Model = TypeVar("Model", bound=nn.Module)
+_Model = TypeVar("_Model", bound=nn.Module)
 
 
-def from_settings(model_class: Callable[..., Model], settings: dict[str, Any], **more: Any) -> Model:
+def from_settings(model_class: Callable[..., _Model], settings: dict[str, Any], **more: Any) -> _Model:
     """``model_class`` built from ``settings`` saved flat (``MaskedLanguageModel.settings``) and ``more``:
     the ``LayerOptions`` fields among the settings become its ``options``."""
     names = {field.name for field in fields(LayerOptions)}
