@@ -32,7 +32,8 @@ from transformer.training.checkpoint import save_checkpoint, load_checkpoint, av
 from transformer.nn.cache import DecoderCache
 from transformer.generation.quantize import quantize_int8
 from transformer.tasks.translation import fit_translation, load_translator
-from transformer.tasks.classifier import SequenceClassifier, train_classifier
+from transformer.tasks.classifier import train_classifier
+from transformer.nn.encoder_only import SequenceClassifier
 from transformer.tasks.language_model import train_language_model
 from transformer.nn.decoder_only import DecoderOnlyLM
 from transformer.generation.sampling import sample
@@ -72,8 +73,8 @@ __all__ = [
     'quantize_int8',
     'fit_translation',
     'load_translator',
-    'SequenceClassifier',
     'train_classifier',
+    'SequenceClassifier',
     'train_language_model',
     'DecoderOnlyLM',
     'sample',

@@ -23,7 +23,8 @@ import torch
 
 from transformer.cli.options import CommandParser, positive_int
 from transformer.files import read_lines, read_torch_file, save_torch_file
-from transformer.tasks.classifier import SequenceClassifier, accuracy, train_classifier
+from transformer.nn.encoder_only import SequenceClassifier
+from transformer.tasks.classifier import accuracy, train_classifier
 from transformer.tasks.email import email_text
 from transformer.tasks.masked_lm import classifier_from_mlm, email_tokenizer, first_tokens, from_settings, load_mlm
 

@@ -15,6 +15,7 @@ from transformer.nn.decoder import DecoderLayer, Decoder
 from transformer.nn.model import Transformer
 from transformer.nn.modes import evaluating
 from transformer.nn.cache import KVCache, DecoderLayerCache, DecoderCache, FixedKVCache
+from transformer.nn.encoder_only import SequenceClassifier, MaskedLanguageModel, TokenClassifier
 from transformer.nn.text_encoder import TextEncoder
 from transformer.nn.decoder_only import DecoderOnlyLM
 from transformer.nn.relative import relative_positions, RelativeMultiHeadAttention, rotary, RotaryMultiHeadAttention
@@ -51,6 +52,9 @@ __all__ = [
     'DecoderLayerCache',
     'DecoderCache',
     'FixedKVCache',
+    'SequenceClassifier',
+    'MaskedLanguageModel',
+    'TokenClassifier',
     'TextEncoder',
     'DecoderOnlyLM',
     'relative_positions',
