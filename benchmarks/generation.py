@@ -46,7 +46,7 @@ from typing import Callable
 
 import torch
 
-from transformer import Transformer, beam_search, greedy_decode
+from transformer import LayerOptions, Transformer, beam_search, greedy_decode
 from transformer.nn.attention import padding_mask
 from transformer.interop.huggingface_out import ctranslate2_folder, to_huggingface
 from transformer.tasks.multi30k import BOS_ID, EOS_ID, PAD_ID
@@ -89,7 +89,8 @@ def build_engines(size: dict[str, int], folder: Path, seed: int) -> tuple[Transf
     model = Transformer(src_vocab_size=size["vocab"], tgt_vocab_size=size["vocab"], d_model=size["d_model"],
                         num_heads=size["num_heads"], num_layers=size["num_layers"], d_ff=size["d_ff"],
                         dropout=0.0, max_len=size["max_len"], pad_id=PAD_ID, share_embeddings=True,
-                        tie_output=True, activation="silu", scale_embedding=True).eval()
+                        tie_output=True, scale_embedding=True,
+                        options=LayerOptions(activation="silu")).eval()
     with torch.no_grad():
         model.output.bias[EOS_ID] = -1e9  # no engine ends a sentence: every run has the same length
     tokenizer = word_tokenizer(size["vocab"])

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from transformer.nn.decoder import Decoder
-from transformer.nn.encoder import Encoder
+from transformer.nn.encoder import Encoder, LayerOptions
 
 # torch.nn's counterparts of our modules, holding our weights: the reference of the tests as well.
 sys.path.append(str(Path(__file__).resolve().parent.parent / "tests"))
@@ -41,7 +41,8 @@ def build(kind: str, args) -> tuple[nn.Module, nn.Module]:
     """Our Encoder or Decoder and torch's, with the same configuration and weights."""
     torch.manual_seed(0)
     stack = Encoder if kind == "encoder" else Decoder
-    ours = stack(args.layers, args.d_model, args.heads, args.d_ff, args.dropout, args.norm_first)
+    ours = stack(args.layers, args.d_model, args.heads, args.d_ff, args.dropout,
+                 options=LayerOptions(norm_first=args.norm_first))
     return ours, torch_counterpart(ours, args.d_model, args.heads, args.d_ff, dropout=args.dropout)
 
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from transformer import DecoderLayer, EncoderLayer, Transformer
+from transformer import DecoderLayer, EncoderLayer, LayerOptions, Transformer
 from torch_reference import randomise
 
 # The size of the encoder and decoder tests (test_encoder.py, test_decoder.py).
@@ -12,14 +12,14 @@ D_MODEL, NUM_HEADS, D_FF = 8, 2, 16
 SRC_VOCAB, TGT_VOCAB, PAD = 13, 11, 0
 
 
-def random_module(module_class, norm_first=False, num_layers=3, seed=0, dropout=0.0, **options):
+def random_module(module_class, norm_first=False, num_layers=3, seed=0, dropout=0.0, **kwargs):
     """An EncoderLayer, Encoder, DecoderLayer or Decoder of the test size (a stack of ``num_layers``),
-    built under ``seed``, with random biases and LayerNorm gains so that comparisons see them;
-    ``options`` go to the constructor as well."""
+    built under ``seed`` with ``LayerOptions(norm_first=norm_first)``, with random biases and LayerNorm
+    gains so that comparisons see them; ``kwargs`` (such as ``cross_attention``) go to the constructor as well."""
     torch.manual_seed(seed)
     stack = () if module_class in (EncoderLayer, DecoderLayer) else (num_layers,)
-    return randomise(module_class(*stack, D_MODEL, NUM_HEADS, D_FF, dropout=dropout, norm_first=norm_first,
-                                  **options))
+    return randomise(module_class(*stack, D_MODEL, NUM_HEADS, D_FF, dropout=dropout,
+                                  options=LayerOptions(norm_first=norm_first), **kwargs))
 
 
 def small_transformer(seed=0, **changes) -> Transformer:

@@ -8,6 +8,7 @@ from transformer.nn.alibi import ALiBiMultiHeadAttention, alibi_slopes
 from transformer.nn.attention import causal_mask
 from transformer.nn.cache import KVCache
 from transformer.nn.decoder_only import DecoderOnlyLM
+from transformer.nn.encoder import LayerOptions
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -78,7 +79,7 @@ def test_scores_depend_on_distance_only():
 def test_language_model_with_alibi_caches_and_runs_past_max_len():
     torch.manual_seed(0)
     model = DecoderOnlyLM(13, d_model=16, num_heads=4, d_ff=32, num_layers=2, max_len=8, dropout=0.0,
-                          position=None, self_attention=ALiBiMultiHeadAttention).eval()
+                          position=None, options=LayerOptions(norm_first=True, self_attention=ALiBiMultiHeadAttention)).eval()
     tokens = torch.randint(0, 13, (2, 20), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         cache = model.new_cache()
@@ -93,7 +94,7 @@ def test_alibi_model_learns():
     """A few steps on a repeating sequence: the loss falls (positions come only from the bias)."""
     torch.manual_seed(0)
     model = DecoderOnlyLM(5, d_model=16, num_heads=4, d_ff=32, num_layers=1, max_len=16, dropout=0.0,
-                          position=None, self_attention=ALiBiMultiHeadAttention)
+                          position=None, options=LayerOptions(norm_first=True, self_attention=ALiBiMultiHeadAttention))
     data = torch.arange(5).repeat(4)[None]  # (1, 20): 0 1 2 3 4 0 1 ...
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     losses = []

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
 
-from transformer import RotaryMultiHeadAttention, greedy_decode, padding_mask
+from transformer import LayerOptions, RotaryMultiHeadAttention, greedy_decode, padding_mask
 from transformer.generation.compiled import compile_step, decode_step, static_cache, static_greedy_decode
 from factories import PAD, SRC_VOCAB, TGT_VOCAB, small_transformer
 from torch_reference import randomise
@@ -35,7 +35,7 @@ def _src(seed=1, batch=4, length=7):
 
 def _model(norm_first=False, seed=0):
     """The small Transformer built under ``seed``, with random biases and gains so that they show."""
-    return randomise(small_transformer(seed=seed, norm_first=norm_first)).eval()
+    return randomise(small_transformer(seed=seed, options=LayerOptions(norm_first=norm_first))).eval()
 
 
 def test_each_seed_gives_another_model():

@@ -7,6 +7,7 @@ from torch import nn
 from transformer.interop.torch_nn import torch_names
 from transformer.nn.attention import causal_mask, padding_mask
 from transformer.nn.decoder import Decoder, DecoderLayer
+from transformer.nn.encoder import LayerOptions
 from transformer.nn.feedforward import PositionwiseFeedForward
 from transformer.nn.multihead import MultiHeadAttention
 from transformer.nn.residual import LayerNorm
@@ -30,7 +31,7 @@ def batch(seed=1, requires_grad=False):
 
 
 def test_layer_submodules():
-    layer = DecoderLayer(D_MODEL, NUM_HEADS, D_FF, dropout=0.2, norm_first=True)
+    layer = DecoderLayer(D_MODEL, NUM_HEADS, D_FF, dropout=0.2, options=LayerOptions(norm_first=True))
     for attn in (layer.self_attn, layer.cross_attn):
         assert isinstance(attn, MultiHeadAttention)
         assert attn.num_heads == NUM_HEADS and attn.dropout == 0.0  # the paper's dropout only
@@ -54,8 +55,8 @@ def test_layer_submodules():
 def test_shapes(norm_first, lengths):
     t, s = lengths
     x, memory = torch.randn(3, t, D_MODEL), torch.randn(3, s, D_MODEL)
-    layer = DecoderLayer(D_MODEL, NUM_HEADS, D_FF, norm_first=norm_first)
-    decoder = Decoder(2, D_MODEL, NUM_HEADS, D_FF, norm_first=norm_first)
+    layer = DecoderLayer(D_MODEL, NUM_HEADS, D_FF, options=LayerOptions(norm_first=norm_first))
+    decoder = Decoder(2, D_MODEL, NUM_HEADS, D_FF, options=LayerOptions(norm_first=norm_first))
     assert layer(x, memory).shape == (3, t, D_MODEL)
     assert decoder(x, memory).shape == (3, t, D_MODEL)
 
@@ -172,7 +173,7 @@ def test_query_with_nothing_to_attend_gives_finite_values_and_gradients():
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_gradients_reach_every_parameter_and_the_memory(norm_first):
-    decoder = Decoder(3, D_MODEL, NUM_HEADS, D_FF, dropout=0.0, norm_first=norm_first)
+    decoder = Decoder(3, D_MODEL, NUM_HEADS, D_FF, dropout=0.0, options=LayerOptions(norm_first=norm_first))
     x, memory, tgt, src = batch(requires_grad=True)
     out = decoder(x, memory, tgt_mask=padding_mask(tgt, 0), memory_mask=padding_mask(src, 0))
     (out * torch.randn_like(out)).sum().backward()
@@ -228,7 +229,7 @@ def test_layer_without_cross_attention_is_a_causal_encoder_layer(norm_first):
     layer = random_module(DecoderLayer, norm_first, cross_attention=False)
     assert layer.cross_attn is None and layer.norm2 is None and layer.dropout2 is None
     assert not any(name.startswith(("cross_attn", "norm2")) for name, _ in layer.named_parameters())
-    encoder_layer = EncoderLayer(D_MODEL, NUM_HEADS, D_FF, dropout=0.0, norm_first=norm_first)
+    encoder_layer = EncoderLayer(D_MODEL, NUM_HEADS, D_FF, dropout=0.0, options=LayerOptions(norm_first=norm_first))
     encoder_layer.load_state_dict({k.replace("norm3", "norm2"): v for k, v in layer.state_dict().items()})
     x = torch.randn(B, T, D_MODEL)
     torch.testing.assert_close(layer(x), encoder_layer(x, mask=causal_mask(T)))
@@ -242,7 +243,7 @@ def test_layer_without_cross_attention_is_a_causal_encoder_layer(norm_first):
 def test_stack_without_cross_attention_is_causal_and_caches():
     from transformer.nn.cache import DecoderCache
     torch.manual_seed(0)
-    decoder = Decoder(2, D_MODEL, NUM_HEADS, D_FF, dropout=0.0, norm_first=True, cross_attention=False).eval()
+    decoder = Decoder(2, D_MODEL, NUM_HEADS, D_FF, dropout=0.0, cross_attention=False, options=LayerOptions(norm_first=True)).eval()
     x = torch.randn(B, T, D_MODEL)
     later = x.clone()
     later[:, 3] = torch.randn(B, D_MODEL)
@@ -262,7 +263,8 @@ def test_self_attention_factory_builds_each_layers_self_attention():
             super().__init__(d_model, num_heads, dropout=dropout)
             built.append((d_model, num_heads, dropout))
 
-    decoder = Decoder(3, D_MODEL, NUM_HEADS, D_FF, dropout=0.25, self_attention=Recorded, attention_dropout=0.125)
+    decoder = Decoder(3, D_MODEL, NUM_HEADS, D_FF, dropout=0.25,
+                      options=LayerOptions(self_attention=Recorded, attention_dropout=0.125))
     assert built == [(D_MODEL, NUM_HEADS, 0.125)] * 3  # the factory gets the attention-weight dropout
     assert all(type(layer.self_attn) is Recorded for layer in decoder.layers)
     assert all(type(layer.cross_attn) is MultiHeadAttention for layer in decoder.layers)
@@ -280,6 +282,26 @@ def test_bad_arguments_without_cross_attention():
     with pytest.raises(TypeError, match="cross_attention must be a bool"):
         DecoderLayer(D_MODEL, NUM_HEADS, D_FF, cross_attention=1)
     with pytest.raises(TypeError, match="self_attention must be callable"):
-        Decoder(1, D_MODEL, NUM_HEADS, D_FF, self_attention="rotary")
+        Decoder(1, D_MODEL, NUM_HEADS, D_FF, options=LayerOptions(self_attention="rotary"))
+    with pytest.raises(TypeError, match="options must be a LayerOptions, got dict"):
+        DecoderLayer(D_MODEL, NUM_HEADS, D_FF, options={"norm_first": True})
     with pytest.raises(TypeError, match="memory must be a torch.Tensor"):
         DecoderLayer(D_MODEL, NUM_HEADS, D_FF)(x)  # with cross-attention the memory is required
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_a_layer_built_with_causal_false_attends_to_every_position(norm_first):
+    """causal=False (DETR's object queries, a set): without cross-attention, an encoder layer with no mask."""
+    from transformer.nn.encoder import EncoderLayer
+    layer = random_module(DecoderLayer, norm_first, cross_attention=False, causal=False)
+    encoder_layer = EncoderLayer(D_MODEL, NUM_HEADS, D_FF, dropout=0.0, options=LayerOptions(norm_first=norm_first))
+    encoder_layer.load_state_dict({k.replace("norm3", "norm2"): v for k, v in layer.state_dict().items()})
+    x = torch.randn(B, T, D_MODEL)
+    torch.testing.assert_close(layer(x), encoder_layer(x), rtol=0, atol=0)
+    padding = torch.zeros(B, 1, 1, T, dtype=torch.bool)
+    padding[1, ..., -2:] = True  # a tgt_mask is still applied
+    torch.testing.assert_close(layer(x, tgt_mask=padding), encoder_layer(x, mask=padding), rtol=0, atol=0)
+    decoder = Decoder(2, D_MODEL, NUM_HEADS, D_FF, causal=False)
+    assert all(not layer.causal for layer in decoder.layers) and all(layer.causal for layer in Decoder(1, D_MODEL, NUM_HEADS, D_FF).layers)
+    with pytest.raises(TypeError, match="causal must be a bool, got int"):
+        DecoderLayer(D_MODEL, NUM_HEADS, D_FF, causal=0)

@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from transformer import (DecoderCache, DecoderLayer, MultiHeadAttention, Transformer, beam_search, causal_mask,
+from transformer import (DecoderCache, DecoderLayer, LayerOptions, MultiHeadAttention, Transformer, beam_search, causal_mask,
     greedy_decode, padding_mask)
 from transformer.nn.cache import DecoderLayerCache, KVCache
 from factories import PAD, SRC_VOCAB, TGT_VOCAB, small_transformer
@@ -126,7 +126,7 @@ def test_no_gradients_are_recorded(src):
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_incremental_logits_equal_the_full_forward_pass_at_every_step(src, norm_first):
-    model = small(norm_first=norm_first, num_layers=3)
+    model = small(options=LayerOptions(norm_first=norm_first), num_layers=3)
     src_mask = padding_mask(src, PAD)
     tgt = torch.randint(1, TGT_VOCAB, (3, 9), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -142,7 +142,7 @@ def test_incremental_logits_equal_the_full_forward_pass_at_every_step(src, norm_
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_cache_filled_in_chunks_equals_the_full_forward_pass(src, norm_first):
-    model = small(norm_first=norm_first)
+    model = small(options=LayerOptions(norm_first=norm_first))
     src_mask = padding_mask(src, PAD)
     tgt = torch.randint(1, TGT_VOCAB, (3, 9), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
@@ -169,7 +169,7 @@ def test_cache_with_a_target_padding_mask_equals_the_full_pass(src):
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_use_cache_true_and_false_give_identical_tokens(src, norm_first):
-    model = small(norm_first=norm_first)
+    model = small(options=LayerOptions(norm_first=norm_first))
     src_mask = padding_mask(src, PAD)
     free = greedy_decode(model, src, 15, BOS, src_mask=src_mask)
     for eos in (None, int(free[0, 4])):
@@ -428,7 +428,7 @@ def test_beam_search_equals_a_written_out_beam_search(seed):
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_beam_size_one_equals_greedy(src, norm_first):
-    model = small(norm_first=norm_first)
+    model = small(options=LayerOptions(norm_first=norm_first))
     src_mask = padding_mask(src, PAD)
     free = greedy_decode(model, src, 15, BOS, src_mask=src_mask)
     for eos in (int(free[0, 3]), int(free[2, 5]), EOS):

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from transformer.nn.attention import padding_mask
-from transformer.nn.encoder import Encoder, EncoderLayer
+from transformer.nn.encoder import Encoder, EncoderLayer, LayerOptions
 from transformer.nn.feedforward import PositionwiseFeedForward
 from transformer.nn.multihead import MultiHeadAttention
 from transformer.nn.residual import LayerNorm
@@ -25,7 +25,7 @@ def batch(seed=1, requires_grad=False):
 
 
 def test_layer_submodules():
-    layer = EncoderLayer(D_MODEL, NUM_HEADS, D_FF, dropout=0.2, norm_first=True)
+    layer = EncoderLayer(D_MODEL, NUM_HEADS, D_FF, dropout=0.2, options=LayerOptions(norm_first=True))
     assert isinstance(layer.self_attn, MultiHeadAttention)
     # the paper's dropout only: none on the attention weights or the feed-forward hidden units
     assert layer.self_attn.num_heads == NUM_HEADS and layer.self_attn.dropout == 0.0
@@ -45,8 +45,8 @@ def test_layer_submodules():
 @pytest.mark.parametrize("shape", [(1, 1), (2, 5), (3, 7)])
 def test_shapes_stay(norm_first, shape):
     x = torch.randn(*shape, D_MODEL)
-    layer = EncoderLayer(D_MODEL, NUM_HEADS, D_FF, norm_first=norm_first)
-    encoder = Encoder(2, D_MODEL, NUM_HEADS, D_FF, norm_first=norm_first)
+    layer = EncoderLayer(D_MODEL, NUM_HEADS, D_FF, options=LayerOptions(norm_first=norm_first))
+    encoder = Encoder(2, D_MODEL, NUM_HEADS, D_FF, options=LayerOptions(norm_first=norm_first))
     assert layer(x).shape == x.shape
     assert encoder(x).shape == x.shape
 
@@ -127,7 +127,7 @@ def test_mask_broadcast_forms_agree():
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_gradients_reach_every_parameter(norm_first):
-    encoder = Encoder(3, D_MODEL, NUM_HEADS, D_FF, dropout=0.0, norm_first=norm_first)
+    encoder = Encoder(3, D_MODEL, NUM_HEADS, D_FF, dropout=0.0, options=LayerOptions(norm_first=norm_first))
     x, tokens = batch(requires_grad=True)
     out = encoder(x, mask=padding_mask(tokens, 0))
     (out * torch.randn_like(out)).sum().backward()

@@ -110,6 +110,21 @@ def test_the_top_level_reexports_the_names_the_front_matter_lists(tmp_path):
         export.build(tmp_path)
 
 
+
+def test_a_module_keeps_offering_a_name_that_moved_with_reexports(tmp_path):
+    chapter(tmp_path, "01_a.md", code("class Model:\n    pass", ["export"]), module="transformer/nn/model.py")
+    chapter(tmp_path, "02_b.md", code("from transformer.nn.model import Model\n\ndef train(model):\n    pass",
+                                      ["export"]), module="transformer/tasks/training.py")
+    path = tmp_path / "chapters" / "02_b.md"
+    path.write_text(path.read_text().replace("  docstring: A module.\n", "  docstring: A module.\n  reexports: [Model]\n"))
+    files = export.build(tmp_path)
+    assert "__all__ = ['train', 'Model']" in files["transformer/tasks/training.py"]
+    assert "from transformer.tasks.training import train, Model" in files["transformer/tasks/__init__.py"]
+    path.write_text(path.read_text().replace("reexports: [Model]", "reexports: [train]"))
+    with pytest.raises(ChapterError, match="`reexports` names 'train', which transformer/tasks/training.py must "
+                                           "import from another module and not define"):
+        export.build(tmp_path)
+
 def test_a_module_in_an_unknown_subpackage_is_refused(tmp_path):
     chapter(tmp_path, "01_a.md", code("x = 1", ["export"]), module="transformer/misc/thing.py")
     with pytest.raises(ChapterError, match="transformer/misc/thing.py is in no known subpackage"):

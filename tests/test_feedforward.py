@@ -330,11 +330,12 @@ def test_bad_activation_is_refused_with_its_name():
 
 
 def test_activation_reaches_every_layer_of_the_models():
-    from transformer import DecoderOnlyLM
+    from transformer import DecoderOnlyLM, LayerOptions
     from transformer.nn.model import Transformer
 
-    model = Transformer(11, 11, d_model=8, num_heads=2, num_layers=2, d_ff=16, activation="silu")
-    lm = DecoderOnlyLM(11, d_model=8, num_heads=2, d_ff=16, num_layers=2, activation="gelu_tanh")
+    model = Transformer(11, 11, d_model=8, num_heads=2, num_layers=2, d_ff=16, options=LayerOptions(activation="silu"))
+    lm = DecoderOnlyLM(11, d_model=8, num_heads=2, d_ff=16, num_layers=2,
+                       options=LayerOptions(norm_first=True, activation="gelu_tanh"))
     ffns = [m for m in model.modules() if isinstance(m, PositionwiseFeedForward)]
     assert len(ffns) == 4 and all(f.activation == "silu" for f in ffns)
     assert all(m.activation == "gelu_tanh" for m in lm.modules() if isinstance(m, PositionwiseFeedForward))

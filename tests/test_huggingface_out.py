@@ -13,7 +13,7 @@ import torch
 import transformers
 from factories import small_transformer
 
-from transformer import DecoderOnlyLM
+from transformer import DecoderOnlyLM, LayerOptions
 from transformer.__main__ import command
 from transformer.nn.attention import padding_mask
 from transformer.training.checkpoint import save_checkpoint
@@ -125,7 +125,7 @@ def test_generate_gives_our_greedy_tokens_on_the_first_sentences(committed, expo
 
 
 @pytest.mark.parametrize("changes, setting", [
-    ({"norm_first": True}, "norm_first"),
+    ({"options": LayerOptions(norm_first=True)}, "norm_first"),
     ({"share_embeddings": False}, "share_embeddings"),
     ({"tie_output": False}, "tie_output"),
 ])
@@ -138,7 +138,8 @@ def test_settings_marian_cannot_hold_are_refused_by_name(changes, setting):
 @pytest.mark.parametrize("activation, name", [("relu", "relu"), ("gelu", "gelu"), ("gelu_tanh", "gelu_new"),
                                               ("silu", "silu")])
 def test_each_activation_gets_the_first_of_hugging_faces_names_for_it(activation, name):
-    model = small_transformer(share_embeddings=True, src_vocab_size=11, tgt_vocab_size=11, activation=activation)
+    model = small_transformer(share_embeddings=True, src_vocab_size=11, tgt_vocab_size=11,
+                              options=LayerOptions(activation=activation))
     assert marian_config(model).activation_function == name
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from transformer.tasks.language_model import CharVocab, evaluate_language_model, loss_by_position, random_windows
-from transformer import DecoderCache, DecoderLayer, DecoderOnlyLM, MultiHeadAttention, sample, train_language_model
+from transformer import DecoderCache, DecoderLayer, DecoderOnlyLM, LayerOptions, MultiHeadAttention, sample, train_language_model
 from transformer.nn.cache import KVCache
 from transformer.paths import data_file
 from transformer.generation.sampling import top_k_filter
@@ -141,7 +141,7 @@ def test_max_len_for_absolute_positions(tokens):
 
 
 def test_self_attention_and_norm_choices(tokens):
-    model = small(self_attention=functools.partial(MultiHeadAttention, bias=False), norm_first=False)
+    model = small(options=LayerOptions(self_attention=functools.partial(MultiHeadAttention, bias=False)))
     assert all(layer.self_attn.w_q.bias is None for layer in model.decoder.layers)
     assert model.decoder.norm is None  # post-LN: no final norm
     assert model(tokens).shape == (3, 10, V)

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer import MultiHeadAttention, Transformer, padding_mask
+from transformer import LayerOptions, MultiHeadAttention, Transformer, padding_mask
 from factories import PAD, SRC_VOCAB, TGT_VOCAB, small_transformer
 
 BOS = 1
@@ -43,7 +43,7 @@ def test_forward_is_the_composition_of_the_parts(batch):
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_logits_at_t_ignore_later_target_tokens_without_any_mask(batch, norm_first):
-    model = small_transformer(norm_first=norm_first)
+    model = small_transformer(options=LayerOptions(norm_first=norm_first))
     src, tgt, src_mask = batch
     logits = model(src, tgt, src_mask)
     for t in range(tgt.shape[1] - 1):
@@ -214,13 +214,13 @@ def test_dropout_is_the_papers_by_default_and_the_other_two_are_options():
     assert all(layer.feed_forward.dropout.p == 0.0 for layer in layers)
 
     like_torch = Transformer(11, 13, d_model=16, num_heads=2, num_layers=2, d_ff=32, dropout=0.1,
-                             attention_dropout=0.2, activation_dropout=0.3)
+                             options=LayerOptions(attention_dropout=0.2, activation_dropout=0.3))
     assert all(m.dropout == 0.2 for m in like_torch.modules() if isinstance(m, MultiHeadAttention))
     assert all(layer.feed_forward.dropout.p == 0.3 for layer in [*like_torch.encoder.layers, *like_torch.decoder.layers])
     with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\), got 1.5"):
-        Transformer(11, 13, d_model=16, num_heads=2, num_layers=1, d_ff=32, attention_dropout=1.5)
+        Transformer(11, 13, d_model=16, num_heads=2, num_layers=1, d_ff=32, options=LayerOptions(attention_dropout=1.5))
     with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\), got -0.1"):
-        Transformer(11, 13, d_model=16, num_heads=2, num_layers=1, d_ff=32, activation_dropout=-0.1)
+        Transformer(11, 13, d_model=16, num_heads=2, num_layers=1, d_ff=32, options=LayerOptions(activation_dropout=-0.1))
 
 
 # Issue 13: no silent wrong results, no cryptic errors.

@@ -10,6 +10,7 @@ from torch import nn
 from transformer.nn.attention import causal_mask, padding_mask
 from transformer.nn.cache import DecoderCache, KVCache
 from transformer.nn.decoder import Decoder
+from transformer.nn.encoder import LayerOptions
 from transformer.nn.multihead import MultiHeadAttention
 from transformer.nn.positional import SinusoidalPositionalEncoding
 from transformer.nn.relative import RelativeMultiHeadAttention, RotaryMultiHeadAttention, relative_positions, rotary
@@ -405,7 +406,7 @@ def test_absolute_encoding_is_not_translation_equivariant():
 def test_inside_a_causal_decoder_stack(attention):
     torch.manual_seed(0)
     decoder = Decoder(num_layers=2, d_model=D_MODEL, num_heads=NUM_HEADS, d_ff=16, dropout=0.0,
-                      norm_first=True, cross_attention=False, self_attention=attention).eval()
+                      cross_attention=False, options=LayerOptions(norm_first=True, self_attention=attention)).eval()
     assert all(isinstance(layer.self_attn, (RelativeMultiHeadAttention, RotaryMultiHeadAttention))
                for layer in decoder.layers)
     x = torch.randn(2, 6, D_MODEL)

@@ -2,6 +2,8 @@
 checked once for both: a stack of layers with its final LayerNorm, the parameter count of a base
 layer, layers that share no weights, dropout in training only, and the constructors' checks."""
 
+import dataclasses
+import inspect
 from dataclasses import dataclass
 
 import pytest
@@ -9,7 +11,9 @@ import torch
 from torch import nn
 
 from transformer.nn.decoder import Decoder, DecoderLayer
-from transformer.nn.encoder import Encoder, EncoderLayer
+from transformer.nn.decoder_only import DecoderOnlyLM
+from transformer.nn.encoder import Encoder, EncoderLayer, LayerOptions
+from transformer.nn.model import Transformer
 from transformer.nn.residual import LayerNorm
 from factories import D_FF, D_MODEL, NUM_HEADS, random_module
 
@@ -46,7 +50,7 @@ def test_stack_structure_and_final_norm(kind):
     assert isinstance(post.layers, nn.ModuleList) and len(post.layers) == 4
     assert all(isinstance(layer, kind.layer) and not layer.norm_first for layer in post.layers)
     assert post.norm is None
-    pre = kind.stack(2, D_MODEL, NUM_HEADS, D_FF, norm_first=True)
+    pre = kind.stack(2, D_MODEL, NUM_HEADS, D_FF, options=LayerOptions(norm_first=True))
     assert all(layer.norm_first for layer in pre.layers)
     assert isinstance(pre.norm, LayerNorm)
 
@@ -124,6 +128,34 @@ def test_bad_constructor_arguments(build):
     with pytest.raises(ValueError, match="d_ff must be a positive int, got 0"):
         build(D_MODEL, NUM_HEADS, 0)
     with pytest.raises(TypeError, match="norm_first must be a bool, got str"):
-        build(D_MODEL, NUM_HEADS, D_FF, norm_first="yes")
+        build(D_MODEL, NUM_HEADS, D_FF, options=LayerOptions(norm_first="yes"))
     with pytest.raises(TypeError, match="norm_first must be a bool, got int"):
-        build(D_MODEL, NUM_HEADS, D_FF, norm_first=1)
+        build(D_MODEL, NUM_HEADS, D_FF, options=LayerOptions(norm_first=1))
+
+
+# --- one configuration object -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("build, positional", [(EncoderLayer, 4), (DecoderLayer, 4), (Encoder, 5), (Decoder, 5),
+                                               (Transformer, 7), (DecoderOnlyLM, 5)],
+                         ids=lambda value: getattr(value, "__name__", str(value)))
+def test_at_most_the_papers_five_options_are_positional(build, positional):
+    """The paper's sizes and dropout (after the vocabulary sizes) may be positional; every other option
+    is keyword only, and the options beyond the paper travel in one ``LayerOptions``."""
+    parameters = list(inspect.signature(build).parameters.values())
+    assert [p.kind for p in parameters[:positional]] == [inspect.Parameter.POSITIONAL_OR_KEYWORD] * positional
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in parameters[positional:])
+    assert "options" in {p.name for p in parameters}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_stack_hands_its_options_to_every_layer(kind):
+    options = LayerOptions(norm_first=True, attention_dropout=0.25, activation_dropout=0.125, activation="gelu")
+    stack = kind.stack(3, D_MODEL, NUM_HEADS, D_FF, options=options)
+    for layer in stack.layers:
+        assert layer.norm_first and layer.self_attn.dropout == 0.25
+        assert layer.feed_forward.dropout.p == 0.125 and layer.feed_forward.activation == "gelu"
+    with pytest.raises(TypeError, match="options must be a LayerOptions, got dict"):
+        kind.stack(1, D_MODEL, NUM_HEADS, D_FF, options={"norm_first": True})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.norm_first = False  # type: ignore[misc]

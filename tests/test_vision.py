@@ -16,7 +16,7 @@ from transformer.nn.vision import (GridRelativeMultiHeadAttention, PatchEmbeddin
 from transformer import VisionTransformer, train_classifier
 from transformer.tasks.classifier import accuracy
 from transformer.paths import data_file
-from transformer.nn.encoder import Encoder, EncoderLayer
+from transformer.nn.encoder import Encoder, EncoderLayer, LayerOptions
 from transformer.nn.multihead import MultiHeadAttention
 from transformer.nn.positional import sinusoidal_encoding
 from transformer.nn.relative import RelativeMultiHeadAttention
@@ -210,13 +210,14 @@ def test_relative_subclass_hooks_change_only_geometry():
 # --- encoder with a given self-attention --------------------------------------------------------
 
 def test_encoder_self_attention_argument():
-    encoder = Encoder(2, 8, 2, 16, dropout=0.0,
-                      self_attention=lambda d, h, dropout: RelativeMultiHeadAttention(d, h, dropout=dropout, max_distance=2))
+    relative = LayerOptions(
+        self_attention=lambda d, h, dropout: RelativeMultiHeadAttention(d, h, dropout=dropout, max_distance=2))
+    encoder = Encoder(2, 8, 2, 16, dropout=0.0, options=relative)
     assert all(isinstance(layer.self_attn, RelativeMultiHeadAttention) for layer in encoder.layers)
     assert encoder(torch.randn(2, 5, 8)).shape == (2, 5, 8)
     assert type(EncoderLayer(8, 2, 16).self_attn) is MultiHeadAttention  # the default
     with pytest.raises(TypeError, match="self_attention must be callable"):
-        EncoderLayer(8, 2, 16, self_attention="relative")
+        EncoderLayer(8, 2, 16, options=LayerOptions(self_attention="relative"))
 
 
 # --- the model ----------------------------------------------------------------------------------

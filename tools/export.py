@@ -38,7 +38,9 @@ A module is written in the order of the book: its cells by chapter, then by posi
 chapter (but an ``if __name__ == "__main__":`` cell, which runs the module as a program, last), each
 after a comment naming the chapter and section it came from. The import statements of all its cells
 are gathered at the top, after the module docstring and ``__all__`` (the public names the cells
-define). Each subpackage's ``__init__.py`` re-exports the ``__all__`` of its modules, unless a
+define, and the names its entry lists under ``reexports``: names it imports from another module,
+such as a model that moved to ``nn``, which it keeps offering). Each subpackage's ``__init__.py``
+re-exports the ``__all__`` of its modules, unless a
 module's entry says ``reexport: false`` (a command, which must not be imported before ``runpy``
 runs it). ``transformer/__init__.py`` re-exports only the names that the front matter lists under
 ``top_level``: the package's curated public face.
@@ -118,6 +120,7 @@ class Module:
     cells: list[Cell] = field(default_factory=list)
     reexport: bool = True  # False for a command (`python -m transformer.X`), kept out of its __init__
     top_level: list[str] = field(default_factory=list)  # names `transformer/__init__.py` re-exports
+    reexports: list[str] = field(default_factory=list)  # names it imports from another module and lists in __all__
 
     @property
     def reexported(self) -> bool:
@@ -172,8 +175,14 @@ class Module:
                 for node in ast.parse(cell.source).body if isinstance(node, ast.ClassDef)}
 
     def public_names(self) -> list[str]:
-        """Names the module defines at top level without a leading underscore."""
-        return [n for n in dict.fromkeys(name for name, _ in self.definitions()) if not n.startswith("_")]
+        """Names the module defines at top level without a leading underscore, then those it re-exports."""
+        defined = [n for n in dict.fromkeys(name for name, _ in self.definitions()) if not n.startswith("_")]
+        return defined + [name for name in self.reexports if name not in defined]
+
+    def imported_names(self) -> set[str]:
+        """The names the cells' ``from ... import`` statements bind."""
+        return {alias.asname or alias.name for cell in self.cells for node in ast.parse(cell.source).body
+                if isinstance(node, ast.ImportFrom) for alias in node.names}
 
     def check_unique(self) -> None:
         """Refuse a name defined twice in the module: the second would silently replace the first."""
@@ -190,6 +199,11 @@ class Module:
             if name not in seen or name.startswith("_"):
                 raise ChapterError(f"{self.chapter}: `top_level` names {name!r}, which is not a public name of "
                                    f"{self.path}")
+        imported = self.imported_names()
+        for name in self.reexports:
+            if name in seen or name not in imported or name.startswith("_"):
+                raise ChapterError(f"{self.chapter}: `reexports` names {name!r}, which {self.path} must import "
+                                   f"from another module and not define")
 
     def render(self) -> str:
         imports, bodies = gather_imports([cell.source for cell in self.cells])
@@ -356,10 +370,13 @@ def _module_entry(rel: str, spec: object, where: str) -> Module:
     reexport = spec.get("reexport", True)
     if not isinstance(reexport, bool):
         raise ChapterError(f"{rel}: front matter {where} `reexport` must be true or false, got {reexport!r}")
-    top_level = spec.get("top_level", [])
-    if not isinstance(top_level, list) or not all(isinstance(name, str) for name in top_level):
-        raise ChapterError(f"{rel}: front matter {where} `top_level` must be a list of names, got {top_level!r}")
-    return Module(chapter=rel, path=path, docstring=spec["docstring"], reexport=reexport, top_level=top_level)
+    names = {}
+    for key in ("top_level", "reexports"):
+        names[key] = spec.get(key, [])
+        if not isinstance(names[key], list) or not all(isinstance(name, str) for name in names[key]):
+            raise ChapterError(f"{rel}: front matter {where} `{key}` must be a list of names, got {names[key]!r}")
+    return Module(chapter=rel, path=path, docstring=spec["docstring"], reexport=reexport,
+                  top_level=names["top_level"], reexports=names["reexports"])
 
 
 def chapter_modules(path: Path, root: Path) -> tuple[list[Module], list[tuple[str, Cell]]]:

@@ -19,7 +19,7 @@ from transformer.nn.attention import scaled_dot_product_attention, causal_mask, 
 from transformer.nn.multihead import MultiHeadAttention
 from transformer.nn.feedforward import PositionwiseFeedForward
 from transformer.nn.residual import LayerNorm
-from transformer.nn.encoder import EncoderLayer, Encoder
+from transformer.nn.encoder import LayerOptions, EncoderLayer, Encoder
 from transformer.nn.decoder import DecoderLayer, Decoder
 from transformer.nn.model import Transformer
 from transformer.training.losses import label_smoothed_cross_entropy
@@ -32,7 +32,8 @@ from transformer.training.checkpoint import save_checkpoint, load_checkpoint, av
 from transformer.nn.cache import DecoderCache
 from transformer.generation.quantize import quantize_int8
 from transformer.tasks.translation import fit_translation, load_translator
-from transformer.tasks.classifier import SequenceClassifier, train_classifier
+from transformer.tasks.classifier import train_classifier
+from transformer.nn.encoder_only import SequenceClassifier
 from transformer.tasks.language_model import train_language_model
 from transformer.nn.decoder_only import DecoderOnlyLM
 from transformer.generation.sampling import sample
@@ -52,6 +53,7 @@ __all__ = [
     'MultiHeadAttention',
     'PositionwiseFeedForward',
     'LayerNorm',
+    'LayerOptions',
     'EncoderLayer',
     'Encoder',
     'DecoderLayer',
@@ -71,8 +73,8 @@ __all__ = [
     'quantize_int8',
     'fit_translation',
     'load_translator',
-    'SequenceClassifier',
     'train_classifier',
+    'SequenceClassifier',
     'train_language_model',
     'DecoderOnlyLM',
     'sample',

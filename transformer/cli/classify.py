@@ -23,9 +23,10 @@ import torch
 
 from transformer.cli.options import CommandParser, positive_int
 from transformer.files import read_lines, read_torch_file, save_torch_file
-from transformer.tasks.classifier import SequenceClassifier, accuracy, train_classifier
+from transformer.nn.encoder_only import SequenceClassifier
+from transformer.tasks.classifier import accuracy, train_classifier
 from transformer.tasks.email import email_text
-from transformer.tasks.masked_lm import classifier_from_mlm, email_tokenizer, first_tokens, load_mlm
+from transformer.tasks.masked_lm import classifier_from_mlm, email_tokenizer, first_tokens, from_settings, load_mlm
 
 
 # chapters/24_classify_command.md: Reading the files
@@ -91,7 +92,8 @@ def load_classifier(path: str | Path) -> tuple[SequenceClassifier, Any, dict]:
         task = checkpoint.get("task", "unknown") if isinstance(checkpoint, dict) else "unknown"
         raise ValueError(f"{path}: not a classifier checkpoint (its task: {task}); "
                          "`transformer train --task classify` writes one")
-    model = SequenceClassifier(num_classes=len(checkpoint["labels"]), pooling="mean", **checkpoint["settings"])
+    model = from_settings(SequenceClassifier, checkpoint["settings"], num_classes=len(checkpoint["labels"]),
+                          pooling="mean")
     model.load_state_dict(checkpoint["state_dict"])
     return model.eval(), Tokenizer.from_str(checkpoint["tokenizer"]), checkpoint
 
@@ -139,7 +141,7 @@ def train_main(argv: Sequence[str] | None = None, prog: str = "transformer train
         settings = dict(vocab_size=tokenizer.get_vocab_size(), d_model=64, num_heads=4, d_ff=256, num_layers=2,
                         dropout=0.1, max_len=args.length, pad_id=0, norm_first=True)
         torch.manual_seed(args.seed)
-        model = SequenceClassifier(num_classes=len(labels), pooling="mean", **settings)
+        model = from_settings(SequenceClassifier, settings, num_classes=len(labels), pooling="mean")
     x, vx = (first_tokens(texts[name], tokenizer, args.length) for name in ("train", "valid"))
     y, vy = (torch.tensor([labels.index(row["label"]) for row in rows]) for rows in (train, valid))
     train_classifier(model, x, y, steps=args.steps, batch_size=min(args.batch_size, len(x)), lr=args.lr,

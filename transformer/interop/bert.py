@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from transformer.nn.encoder import LayerOptions
 from transformer.nn.text_encoder import TextEncoder
 from transformer.paths import book_root
 
@@ -81,10 +82,11 @@ def text_encoder_from_bert(config: Mapping[str, Any], state_dict: Mapping[str, T
         vocab_size=config["vocab_size"], d_model=config["hidden_size"], num_heads=config["num_attention_heads"],
         d_ff=config["intermediate_size"], num_layers=config["num_hidden_layers"],
         max_len=config["max_position_embeddings"], pad_id=config.get("pad_token_id"),
-        dropout=config["hidden_dropout_prob"], attention_dropout=config["attention_probs_dropout_prob"],
-        activation=_bert_field(config, "hidden_act", ("gelu", "relu", "silu"),
-                               "the activations whose names mean the same in both libraries"),
-        num_token_types=config["type_vocab_size"], norm_eps=config["layer_norm_eps"])
+        dropout=config["hidden_dropout_prob"], num_token_types=config["type_vocab_size"],
+        norm_eps=config["layer_norm_eps"],
+        options=LayerOptions(attention_dropout=config["attention_probs_dropout_prob"],
+                             activation=_bert_field(config, "hidden_act", ("gelu", "relu", "silu"),
+                                                    "the activations whose names mean the same in both libraries")))
     names, ours = bert_names(config["num_hidden_layers"]), model.state_dict()
     missing = [name for name in names if name not in state_dict]
     extra = [name for name in state_dict if name not in names and not name.startswith(_NOT_COPIED)]

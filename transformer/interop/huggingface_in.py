@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from transformer.checks import check_positive_int
 from transformer.interop.bert import text_encoder_from_bert
 from transformer.nn.decoder_only import DecoderOnlyLM
+from transformer.nn.encoder import LayerOptions
 from transformer.nn.model import Transformer
 
 
@@ -142,9 +143,9 @@ def _marian_model(config: Any, shared: bool, tied: bool) -> Transformer:
         num_layers=_require_equal(config, "encoder_layers", "decoder_layers"),
         d_ff=_require_equal(config, "encoder_ffn_dim", "decoder_ffn_dim"),
         dropout=config.dropout, max_len=config.max_position_embeddings, pad_id=config.pad_token_id,
-        share_embeddings=shared, tie_output=tied,
-        attention_dropout=config.attention_dropout, activation_dropout=config.activation_dropout,
-        activation=activation, scale_embedding=config.scale_embedding,
+        share_embeddings=shared, tie_output=tied, scale_embedding=config.scale_embedding,
+        options=LayerOptions(attention_dropout=config.attention_dropout,
+                             activation_dropout=config.activation_dropout, activation=activation),
     )
 
 
@@ -205,8 +206,8 @@ def _gpt2_model(config: Any) -> DecoderOnlyLM:
     return DecoderOnlyLM(
         vocab_size=config.vocab_size, d_model=config.n_embd, num_heads=config.n_head,
         d_ff=config.n_inner or 4 * config.n_embd, num_layers=config.n_layer, max_len=config.n_positions,
-        dropout=config.resid_pdrop, position="learned", norm_first=True, activation=activation,
-        scale_embedding=False,
+        dropout=config.resid_pdrop, position="learned", scale_embedding=False,
+        options=LayerOptions(norm_first=True, activation=activation),
     )
 
 

@@ -10,18 +10,19 @@ from transformer.nn.attention import (causal_mask, padding_mask, masked_softmax,
 from transformer.nn.multihead import AttentionCache, MultiHeadAttention
 from transformer.nn.feedforward import PositionwiseFeedForward
 from transformer.nn.residual import LayerNorm, add_and_norm
-from transformer.nn.encoder import EncoderLayer, Encoder
+from transformer.nn.encoder import LayerOptions, check_layer_options, EncoderLayer, Encoder
 from transformer.nn.decoder import LayerCache, DecoderLayer, StackCache, Decoder, GenerationCache
 from transformer.nn.model import Transformer
 from transformer.nn.modes import evaluating
 from transformer.nn.cache import KVCache, DecoderLayerCache, DecoderCache, FixedKVCache
+from transformer.nn.encoder_only import SequenceClassifier, MaskedLanguageModel, TokenClassifier
 from transformer.nn.text_encoder import TextEncoder
 from transformer.nn.decoder_only import DecoderOnlyLM
 from transformer.nn.relative import relative_positions, RelativeMultiHeadAttention, rotary, RotaryMultiHeadAttention
 from transformer.nn.alibi import alibi_slopes, ALiBiMultiHeadAttention
 from transformer.nn.vision import (patches, PatchEmbedding, sinusoidal_encoding_2d, grid_relations,
     GridRelativeMultiHeadAttention, VisionTransformer)
-from transformer.nn.detector import SetSelfAttention, DigitDetector
+from transformer.nn.detector import DigitDetector
 
 __all__ = [
     'TokenEmbedding',
@@ -40,6 +41,8 @@ __all__ = [
     'PositionwiseFeedForward',
     'LayerNorm',
     'add_and_norm',
+    'LayerOptions',
+    'check_layer_options',
     'EncoderLayer',
     'Encoder',
     'LayerCache',
@@ -53,6 +56,9 @@ __all__ = [
     'DecoderLayerCache',
     'DecoderCache',
     'FixedKVCache',
+    'SequenceClassifier',
+    'MaskedLanguageModel',
+    'TokenClassifier',
     'TextEncoder',
     'DecoderOnlyLM',
     'relative_positions',
@@ -67,6 +73,5 @@ __all__ = [
     'grid_relations',
     'GridRelativeMultiHeadAttention',
     'VisionTransformer',
-    'SetSelfAttention',
     'DigitDetector',
 ]

@@ -2,7 +2,7 @@
 # edit the chapter, then run `make export`.
 """The decoder: a layer of causal self-attention, cross-attention over the encoder's memory and a
 position-wise feed-forward network, each wrapped in Add & Norm, and a stack of such layers.
-The self-attention is always causal; a target mask can only add masking.
+The self-attention is causal unless built for a set (``causal=False``); a target mask can only add masking.
 
 Defined in the book's chapter "The decoder" (chapters/09_decoder.md).
 """
@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from transformer.checks import check_bool, check_fraction, check_dtype, check_features, check_positive_int
 from transformer.nn.attention import causal_mask, check_attention_mask
+from transformer.nn.encoder import LayerOptions, check_layer_options
 from transformer.nn.feedforward import PositionwiseFeedForward
 from transformer.nn.multihead import AttentionCache, MultiHeadAttention
 from transformer.nn.residual import LayerNorm, add_and_norm
@@ -51,8 +52,11 @@ def _check_decoder_inputs(x: Tensor, memory: Tensor | None, memory_mask: Tensor 
 
 
 # chapters/09_decoder.md: Always causal
-def _self_attention_mask(tgt_mask: Tensor | None, causal: Tensor) -> Tensor:
-    """The causal mask, e.g. ``causal_mask(T)``, ``|``-ed with ``tgt_mask`` if one is given."""
+def _self_attention_mask(tgt_mask: Tensor | None, causal: Tensor | None) -> Tensor | None:
+    """The causal mask, e.g. ``causal_mask(T)``, ``|``-ed with ``tgt_mask`` if one is given; ``tgt_mask``
+    alone for a layer that is not causal (``causal`` None)."""
+    if causal is None:
+        return tgt_mask
     if tgt_mask is None:
         return causal  # (T, T), True above the diagonal
     return causal | tgt_mask  # e.g. (T, T) | (B, 1, 1, T) -> (B, 1, T, T)
@@ -81,9 +85,9 @@ class LayerCache(ABC):
 class DecoderLayer(nn.Module):
     """One decoder layer: causal self-attention, cross-attention over the memory, feed-forward.
 
-    Each sublayer is wrapped in Add & Norm. The self-attention is always causal (position t
-    attends to positions 0..t only); ``tgt_mask`` can only add masking. Without cross-attention
-    it is the layer of a decoder-only language model.
+    Each sublayer is wrapped in Add & Norm. The self-attention is causal (position t attends to
+    positions 0..t only) unless the layer is built with ``causal=False``; ``tgt_mask`` can only add
+    masking. Without cross-attention it is the layer of a decoder-only language model.
 
     Args:
         d_model: width of the token vectors, in and out, and of the memory.
@@ -91,20 +95,12 @@ class DecoderLayer(nn.Module):
         d_ff: hidden width of the feed-forward network.
         dropout: the paper's P_drop, on each sublayer's output before the residual addition;
             active in training mode only.
-        attention_dropout: dropout on the attention weights of both attentions (not in the paper; 0
-            by default).
-        activation_dropout: dropout on the feed-forward hidden units (not in the paper; 0 by
-            default). ``nn.TransformerEncoderLayer`` and ``nn.TransformerDecoderLayer`` use
-            ``dropout`` for all three: set both to ``dropout`` for the same layer.
-        norm_first: False for the paper's post-LN, ``LayerNorm(x + Sublayer(x))``; True for
-            pre-LN, ``x + Sublayer(LayerNorm(x))``.
         cross_attention: False leaves out the cross-attention sublayer (``cross_attn``, ``norm2``
-            and ``dropout2`` are then None) and the layer takes no memory.
-        self_attention: what builds the self-attention, called as
-            ``self_attention(d_model, num_heads, dropout=attention_dropout)``: ``MultiHeadAttention``, or a
-            subclass that puts positions inside attention.
-        activation: the feed-forward network's activation, "relu" (the paper) or another name
-            ``PositionwiseFeedForward`` accepts ("gelu", "gelu_tanh", "silu").
+            and ``dropout2`` are then None) and the layer takes no memory (keyword only).
+        causal: False leaves out the causal mask, for inputs that are a set, not a sequence (DETR's
+            object queries); every position then attends to every other (keyword only).
+        options: the ``LayerOptions``, as for ``EncoderLayer`` (keyword only); ``attention_dropout``
+            applies to both attentions, ``self_attention`` builds the self-attention only.
 
     Example:
         >>> import torch
@@ -113,28 +109,29 @@ class DecoderLayer(nn.Module):
         torch.Size([2, 4, 8])
     """
 
-    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
-                 norm_first: bool = False, cross_attention: bool = True,
-                 self_attention: Callable[..., MultiHeadAttention] = MultiHeadAttention,
-                 attention_dropout: float = 0.0, activation_dropout: float = 0.0, activation: str = "relu"):
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1, *,
+                 cross_attention: bool = True, causal: bool = True, options: LayerOptions = LayerOptions()):
         super().__init__()
-        check_bool("norm_first", norm_first)
+        options = check_layer_options(options)
+        check_bool("norm_first", options.norm_first)
         check_bool("cross_attention", cross_attention)
-        if not callable(self_attention):
-            raise TypeError(f"self_attention must be callable (a class), got {type(self_attention).__name__}")
+        self.causal = check_bool("causal", causal)
+        if not callable(options.self_attention):
+            raise TypeError(f"self_attention must be callable (a class), got {type(options.self_attention).__name__}")
         # MultiHeadAttention checks d_model, num_heads (and that it divides d_model) and its dropout.
         dropout = check_fraction("dropout", dropout)
-        self.self_attn = self_attention(d_model, num_heads, dropout=attention_dropout)
+        self.self_attn = options.self_attention(d_model, num_heads, dropout=options.attention_dropout)
         self.cross_attn: MultiHeadAttention | None = None
         self.norm2: LayerNorm | None = None
         self.dropout2: nn.Dropout | None = None
         if cross_attention:
-            self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout=attention_dropout)
+            self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout=options.attention_dropout)
             self.norm2, self.dropout2 = LayerNorm(d_model), nn.Dropout(dropout)
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=activation_dropout, activation=activation)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=options.activation_dropout,
+                                                    activation=options.activation)
         self.norm1, self.norm3 = LayerNorm(d_model), LayerNorm(d_model)
         self.dropout1, self.dropout3 = nn.Dropout(dropout), nn.Dropout(dropout)
-        self.d_model, self.num_heads, self.norm_first = d_model, num_heads, norm_first
+        self.d_model, self.num_heads, self.norm_first = d_model, num_heads, options.norm_first
 
     def forward(self, x: Tensor, memory: Tensor | None = None, tgt_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, cache: LayerCache | None = None) -> Tensor:
@@ -170,7 +167,7 @@ class DecoderLayer(nn.Module):
         for name, value in (("x", x), ("memory", memory)):
             if value is not None:
                 check_dtype(name, value, self.norm1.weight.dtype)  # before any LayerNorm or projection
-        self_mask = _self_attention_mask(tgt_mask, causal)  # to (B, H, T, T), or (B, H, T, p + T) with a cache
+        self_mask = _self_attention_mask(tgt_mask, causal if self.causal else None)  # to (B, H, T, p + T)
         x = add_and_norm(x, lambda y: self.self_attn(y, y, y, mask=self_mask, cache=self_cache),
                          self.norm1, self.dropout1, self.norm_first)  # (B, T, d_model)
         cross_attn = self.cross_attn
@@ -206,9 +203,8 @@ class Decoder(nn.Module):
 
     Args:
         num_layers: number of layers N (6 in the paper).
-        d_model, num_heads, d_ff, dropout, norm_first, cross_attention, self_attention,
-            attention_dropout, activation_dropout, activation: as for ``DecoderLayer``; every layer
-            gets the same values and weights of its own.
+        d_model, num_heads, d_ff, dropout, cross_attention, causal, options: as for ``DecoderLayer``;
+            every layer gets the same values (the same ``LayerOptions``) and weights of its own.
 
     Attributes:
         layers: the ``DecoderLayer``s, an ``nn.ModuleList``, each built fresh.
@@ -221,18 +217,14 @@ class Decoder(nn.Module):
         torch.Size([2, 4, 8])
     """
 
-    def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int,
-                 dropout: float = 0.1, norm_first: bool = False, cross_attention: bool = True,
-                 self_attention: Callable[..., MultiHeadAttention] = MultiHeadAttention,
-                 attention_dropout: float = 0.0, activation_dropout: float = 0.0, activation: str = "relu"):
+    def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1, *,
+                 cross_attention: bool = True, causal: bool = True, options: LayerOptions = LayerOptions()):
         super().__init__()
         check_positive_int("num_layers", num_layers)
-        self.layers = nn.ModuleList(
-            [DecoderLayer(d_model, num_heads, d_ff, dropout, norm_first, cross_attention, self_attention,
-                          attention_dropout, activation_dropout, activation)
-             for _ in range(num_layers)]
-        )
-        self.norm = LayerNorm(d_model) if norm_first else None
+        self.layers = nn.ModuleList([DecoderLayer(d_model, num_heads, d_ff, dropout, cross_attention=cross_attention,
+                                                  causal=causal, options=options)
+                                     for _ in range(num_layers)])
+        self.norm = LayerNorm(d_model) if options.norm_first else None
 
     def forward(self, x: Tensor, memory: Tensor | None = None, tgt_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, cache: StackCache | None = None) -> Tensor:

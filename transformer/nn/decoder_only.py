@@ -11,15 +11,13 @@ Defined in the book's chapter "Decoder-only: a character language model"
 __all__ = ['DecoderOnlyLM']
 
 
-from collections.abc import Callable
-
 from torch import Tensor, nn
 
 from transformer.checks import check_fraction, check_positive_int, check_token_batch
 from transformer.nn.cache import DecoderCache
 from transformer.nn.decoder import Decoder
 from transformer.nn.embedding import TokenEmbedding
-from transformer.nn.multihead import MultiHeadAttention
+from transformer.nn.encoder import LayerOptions
 from transformer.nn.positional import LearnedPositionalEncoding, SinusoidalPositionalEncoding, add_positions
 
 
@@ -48,15 +46,16 @@ class DecoderOnlyLM(nn.Module):
 
     Args:
         vocab_size: number of token ids V.
-        d_model, num_heads, d_ff, num_layers, dropout, norm_first: as for ``Decoder``.
-            ``dropout`` also applies to the embeddings (with their positions).
+        d_model, num_heads, d_ff, num_layers, dropout: as for ``Decoder``. ``dropout`` also applies to
+            the embeddings (with their positions). Every argument after ``num_layers`` is keyword only.
         max_len: the longest sequence with an absolute position ("learned" or "sinusoidal");
             with ``position=None`` it is not a limit.
         position: "learned" (GPT), "sinusoidal" (the paper), or None for no absolute positions
             (a ``self_attention`` that puts positions inside attention, or none at all).
-        self_attention: what builds each layer's self-attention, as for ``Decoder``.
-        activation: the feed-forward activation, as for ``Decoder`` ("relu"; GPT-2: "gelu_tanh").
         scale_embedding: multiply the token embeddings by sqrt(d_model) (the paper; GPT-2 does not).
+        options: the ``LayerOptions`` of every layer, as for ``Decoder``; pre-LN by default (GPT-2),
+            with ``self_attention`` (what builds each layer's self-attention) and ``activation``
+            ("relu"; GPT-2: "gelu_tanh").
 
     Attributes:
         embed, positional_encoding (None when ``position`` is None), decoder, output (its
@@ -67,18 +66,16 @@ class DecoderOnlyLM(nn.Module):
     """
 
     def __init__(self, vocab_size: int, d_model: int = 128, num_heads: int = 4, d_ff: int = 512,
-                 num_layers: int = 4, max_len: int = 256, dropout: float = 0.1,
-                 position: str | None = "learned",
-                 self_attention: Callable[..., MultiHeadAttention] = MultiHeadAttention, norm_first: bool = True,
-                 activation: str = "relu", scale_embedding: bool = True):
+                 num_layers: int = 4, *, max_len: int = 256, dropout: float = 0.1,
+                 position: str | None = "learned", scale_embedding: bool = True,
+                 options: LayerOptions = LayerOptions(norm_first=True)):
         super().__init__()
         self.max_len = check_positive_int("max_len", max_len)
         self.position = position
         self.embed = TokenEmbedding(vocab_size, d_model, scale=scale_embedding)  # checks its arguments
         self.positional_encoding = _positional_encoding(position, d_model, max_len)
         self.dropout = nn.Dropout(check_fraction("dropout", dropout))
-        self.decoder = Decoder(num_layers, d_model, num_heads, d_ff, dropout, norm_first,
-                               cross_attention=False, self_attention=self_attention, activation=activation)
+        self.decoder = Decoder(num_layers, d_model, num_heads, d_ff, dropout, cross_attention=False, options=options)
         self.output = nn.Linear(d_model, vocab_size)  # logits = h E^T + b
         nn.init.zeros_(self.output.bias)
         self.output.weight = self.embed.weight  # (V, d_model): the same Parameter

@@ -8,7 +8,7 @@ Defined in the book's chapter "In place of CNNs: the Transformer finds the digit
 """
 
 
-__all__ = ['SetSelfAttention', 'DigitDetector']
+__all__ = ['DigitDetector']
 
 
 import torch
@@ -16,27 +16,18 @@ from torch import Tensor, nn
 
 from transformer.checks import check_positive_int, check_tensor
 from transformer.nn.decoder import Decoder
-from transformer.nn.encoder import Encoder
-from transformer.nn.multihead import AttentionCache, MultiHeadAttention
+from transformer.nn.encoder import Encoder, LayerOptions
 from transformer.nn.vision import PatchEmbedding
 
 
 # chapters/32_detection.md: The detector
-class SetSelfAttention(MultiHeadAttention):
-    """Self-attention among object queries, every query to every other: it sets aside the causal mask
-    ``DecoderLayer`` hands it, since a set has no order."""
-
-    def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
-                need_weights: bool = False, cache: AttentionCache | None = None) -> Tensor | tuple[Tensor, Tensor | None]:
-        return super().forward(query, key, value, mask=None, need_weights=need_weights, cache=cache)
-
-
 class DigitDetector(nn.Module):
     """DETR (Carion et al., 2020) from the book's parts: patches, ``Encoder``, object queries, ``Decoder``.
 
     Args: image_size, patch_size as for ``PatchEmbedding``; num_classes (the class head adds "no
     object"); num_queries T, the most objects an image may hold; d_model, num_heads, d_ff, dropout as for
-    ``Encoder`` and ``Decoder`` (pre-LN); encoder_layers, decoder_layers, the N of each stack.
+    ``Encoder`` and ``Decoder`` (pre-LN; the decoder without its causal mask, ``causal=False``: the
+    queries are a set); encoder_layers, decoder_layers, the N of each stack.
 
     Shape: images (B, 1, H, W) -> logits (B, T, num_classes + 1) and boxes (B, T, 4), (cx, cy, w, h) in (0, 1).
     """
@@ -47,10 +38,10 @@ class DigitDetector(nn.Module):
         super().__init__()
         self.patch_embed = PatchEmbedding(image_size, patch_size, 1, d_model)
         self.pos_embed = nn.Parameter(torch.randn(self.patch_embed.num_patches, d_model) * 0.02)
-        self.encoder = Encoder(encoder_layers, d_model, num_heads, d_ff, dropout, norm_first=True)
+        self.encoder = Encoder(encoder_layers, d_model, num_heads, d_ff, dropout, options=LayerOptions(norm_first=True))
         self.queries = nn.Parameter(torch.randn(check_positive_int("num_queries", num_queries), d_model))
-        self.decoder = Decoder(decoder_layers, d_model, num_heads, d_ff, dropout, norm_first=True,
-                               self_attention=SetSelfAttention)
+        self.decoder = Decoder(decoder_layers, d_model, num_heads, d_ff, dropout, causal=False,
+                               options=LayerOptions(norm_first=True))
         self.class_head = nn.Linear(d_model, check_positive_int("num_classes", num_classes) + 1)
         self.box_head = nn.Sequential(nn.Linear(d_model, d_model), nn.ReLU(), nn.Linear(d_model, d_model),
                                       nn.ReLU(), nn.Linear(d_model, 4))  # the paper's 3-layer perceptron

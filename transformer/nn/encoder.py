@@ -7,10 +7,11 @@ Defined in the book's chapter "The encoder" (chapters/08_encoder.md).
 """
 
 
-__all__ = ['EncoderLayer', 'Encoder']
+__all__ = ['LayerOptions', 'check_layer_options', 'EncoderLayer', 'Encoder']
 
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from torch import Tensor, nn
 
@@ -18,6 +19,46 @@ from transformer.checks import check_bool, check_fraction, check_dtype, check_fe
 from transformer.nn.feedforward import PositionwiseFeedForward
 from transformer.nn.multihead import MultiHeadAttention
 from transformer.nn.residual import LayerNorm, add_and_norm
+
+
+# chapters/08_encoder.md: One encoder layer
+@dataclass(frozen=True)
+class LayerOptions:
+    """What a layer does beyond the paper's ``d_model``, ``num_heads``, ``d_ff`` and ``dropout``.
+
+    One frozen object that a model hands to its stacks and a stack to every layer, unchanged: a new
+    option is one field, read where it is used. The defaults are the paper's layer.
+
+    Attributes:
+        norm_first: False for the paper's post-LN, ``LayerNorm(x + Sublayer(x))``; True for
+            pre-LN, ``x + Sublayer(LayerNorm(x))``.
+        attention_dropout: dropout on the attention weights (not in the paper; 0 by default).
+        activation_dropout: dropout on the feed-forward hidden units (not in the paper; 0 by
+            default). ``nn.TransformerEncoderLayer`` and ``nn.TransformerDecoderLayer`` use
+            ``dropout`` for all three: set both to ``dropout`` for the same layer.
+        activation: the feed-forward network's activation, "relu" (the paper) or another name
+            ``PositionwiseFeedForward`` accepts ("gelu", "gelu_tanh", "silu").
+        self_attention: what builds the self-attention, called as
+            ``self_attention(d_model, num_heads, dropout=attention_dropout)``: ``MultiHeadAttention``, or a
+            subclass that puts positions inside attention.
+
+    Example:
+        >>> LayerOptions(norm_first=True).activation
+        'relu'
+    """
+
+    norm_first: bool = False
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    activation: str = "relu"
+    self_attention: Callable[..., MultiHeadAttention] = MultiHeadAttention
+
+
+def check_layer_options(options: object) -> LayerOptions:
+    """Return ``options`` if it is a ``LayerOptions``, else raise TypeError naming the argument."""
+    if not isinstance(options, LayerOptions):
+        raise TypeError(f"options must be a LayerOptions, got {type(options).__name__}")
+    return options
 
 
 # chapters/08_encoder.md: One encoder layer
@@ -30,17 +71,8 @@ class EncoderLayer(nn.Module):
         d_ff: hidden width of the feed-forward network.
         dropout: the paper's P_drop, on each sublayer's output before the residual addition;
             active in training mode only.
-        attention_dropout: dropout on the attention weights (not in the paper; 0 by default).
-        activation_dropout: dropout on the feed-forward hidden units (not in the paper; 0 by
-            default). ``nn.TransformerEncoderLayer`` and ``nn.TransformerDecoderLayer`` use
-            ``dropout`` for all three: set both to ``dropout`` for the same layer.
-        norm_first: False for the paper's post-LN, ``LayerNorm(x + Sublayer(x))``; True for
-            pre-LN, ``x + Sublayer(LayerNorm(x))``.
-        activation: the feed-forward network's activation, "relu" (the paper) or another name
-            ``PositionwiseFeedForward`` accepts ("gelu", "gelu_tanh", "silu").
-        self_attention: what builds the self-attention, called as
-            ``self_attention(d_model, num_heads, dropout=attention_dropout)``: ``MultiHeadAttention``, or a
-            subclass that puts positions inside attention (as ``DecoderLayer`` takes it).
+        options: the ``LayerOptions`` beyond the paper (keyword only): ``norm_first``, the
+            attention and activation dropouts, the ``activation`` and the ``self_attention``.
 
     Example:
         >>> import torch
@@ -49,20 +81,21 @@ class EncoderLayer(nn.Module):
         torch.Size([2, 5, 8])
     """
 
-    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
-                 norm_first: bool = False, attention_dropout: float = 0.0, activation_dropout: float = 0.0,
-                 activation: str = "relu", self_attention: Callable[..., MultiHeadAttention] = MultiHeadAttention):
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1, *,
+                 options: LayerOptions = LayerOptions()):
         super().__init__()
-        check_bool("norm_first", norm_first)
-        if not callable(self_attention):
-            raise TypeError(f"self_attention must be callable (a class), got {type(self_attention).__name__}")
+        options = check_layer_options(options)
+        check_bool("norm_first", options.norm_first)
+        if not callable(options.self_attention):
+            raise TypeError(f"self_attention must be callable (a class), got {type(options.self_attention).__name__}")
         # MultiHeadAttention checks d_model, num_heads (and that it divides d_model) and its dropout.
-        self.self_attn = self_attention(d_model, num_heads, dropout=attention_dropout)
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=activation_dropout, activation=activation)
+        self.self_attn = options.self_attention(d_model, num_heads, dropout=options.attention_dropout)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=options.activation_dropout,
+                                                    activation=options.activation)
         self.norm1, self.norm2 = LayerNorm(d_model), LayerNorm(d_model)
         dropout = check_fraction("dropout", dropout)
         self.dropout1, self.dropout2 = nn.Dropout(dropout), nn.Dropout(dropout)
-        self.d_model, self.norm_first = self.self_attn.d_model, norm_first
+        self.d_model, self.norm_first = self.self_attn.d_model, options.norm_first
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         """Self-attention over all positions of ``x``, then the feed-forward network.
@@ -91,9 +124,9 @@ class Encoder(nn.Module):
 
     Args:
         num_layers: number of layers N (6 in the paper).
-        d_model, num_heads, d_ff, dropout, norm_first, attention_dropout, activation_dropout,
-            activation, self_attention: as for ``EncoderLayer``; every layer gets the same values and
-            weights of            its own.
+        d_model, num_heads, d_ff, dropout: as for ``EncoderLayer``; every layer gets the same values
+            and weights of its own.
+        options: the ``LayerOptions`` (keyword only), handed unchanged to every layer.
 
     Attributes:
         layers: the ``EncoderLayer``s, an ``nn.ModuleList``, each built fresh.
@@ -106,18 +139,13 @@ class Encoder(nn.Module):
         torch.Size([2, 5, 8])
     """
 
-    def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int,
-                 dropout: float = 0.1, norm_first: bool = False, attention_dropout: float = 0.0,
-                 activation_dropout: float = 0.0, activation: str = "relu",
-                 self_attention: Callable[..., MultiHeadAttention] = MultiHeadAttention):
+    def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1, *,
+                 options: LayerOptions = LayerOptions()):
         super().__init__()
         check_positive_int("num_layers", num_layers)
-        self.layers = nn.ModuleList(
-            [EncoderLayer(d_model, num_heads, d_ff, dropout, norm_first, attention_dropout, activation_dropout,
-                          activation=activation, self_attention=self_attention)
-             for _ in range(num_layers)]
-        )
-        self.norm = LayerNorm(d_model) if norm_first else None
+        self.layers = nn.ModuleList([EncoderLayer(d_model, num_heads, d_ff, dropout, options=options)
+                                     for _ in range(num_layers)])
+        self.norm = LayerNorm(d_model) if options.norm_first else None
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         """Run ``x`` through every layer in turn, with the same mask.

@@ -9,7 +9,7 @@ Defined in the book's chapter "The full model" (chapters/10_model.md).
 __all__ = ['Transformer']
 
 
-from typing import Any, cast
+from typing import cast
 
 from torch import Tensor, nn
 
@@ -17,7 +17,7 @@ from transformer.checks import check_bool, check_features, check_positive_int, c
 from transformer.nn.attention import check_attention_mask
 from transformer.nn.decoder import Decoder, StackCache
 from transformer.nn.embedding import TokenEmbedding
-from transformer.nn.encoder import Encoder, EncoderLayer
+from transformer.nn.encoder import Encoder, EncoderLayer, LayerOptions
 from transformer.nn.positional import SinusoidalPositionalEncoding, add_positions
 
 
@@ -39,15 +39,15 @@ class Transformer(nn.Module):
         d_model, num_heads, num_layers, d_ff, dropout: as in the paper (base model defaults);
             ``dropout`` is the paper's P_drop, on the embeddings with positions and on every
             sublayer's output.
-        attention_dropout, activation_dropout: dropout on the attention weights and on the
-            feed-forward hidden units, which the paper does not have (0 by default).
         max_len: the longest source or target sequence accepted.
         pad_id: optional padding id; its embedding is zero and gets no gradient.
         share_embeddings: use one embedding table for source and target (one vocabulary).
         tie_output: share the output layer's weight with the target embedding (the paper).
-        norm_first: pre-LN layers instead of the paper's post-LN.
-        activation: the feed-forward activation, "relu" (the paper), "gelu", "gelu_tanh" or "silu".
         scale_embedding: multiply the embeddings by sqrt(d_model) (the paper).
+        options: the ``LayerOptions`` of every encoder and decoder layer, beyond the paper:
+            pre-LN (``norm_first``), dropout on the attention weights and on the feed-forward hidden
+            units (0 by default), the feed-forward ``activation``. Every argument after ``dropout``
+            is keyword only.
 
     Shape:
         src (B, S), tgt (B, T) integer ids -> logits (B, T, tgt_vocab_size).
@@ -56,10 +56,9 @@ class Transformer(nn.Module):
     """
 
     def __init__(self, src_vocab_size: int, tgt_vocab_size: int, d_model: int = 512, num_heads: int = 8,
-                 num_layers: int = 6, d_ff: int = 2048, dropout: float = 0.1, max_len: int = 5000,
+                 num_layers: int = 6, d_ff: int = 2048, dropout: float = 0.1, *, max_len: int = 5000,
                  pad_id: int | None = None, share_embeddings: bool = False, tie_output: bool = True,
-                 norm_first: bool = False, attention_dropout: float = 0.0, activation_dropout: float = 0.0,
-                 activation: str = "relu", scale_embedding: bool = True):
+                 scale_embedding: bool = True, options: LayerOptions = LayerOptions()):
         super().__init__()
         check_positive_int("src_vocab_size", src_vocab_size)
         check_positive_int("tgt_vocab_size", tgt_vocab_size)
@@ -75,10 +74,8 @@ class Transformer(nn.Module):
         self.tgt_embed = (self.src_embed if share_embeddings
                           else TokenEmbedding(tgt_vocab_size, d_model, padding_idx=pad_id, scale=scale_embedding))
         self.positional_encoding = SinusoidalPositionalEncoding(d_model, max_len, dropout)
-        extra: dict[str, Any] = dict(attention_dropout=attention_dropout, activation_dropout=activation_dropout,
-                     activation=activation)
-        self.encoder = Encoder(num_layers, d_model, num_heads, d_ff, dropout, norm_first, **extra)
-        self.decoder = Decoder(num_layers, d_model, num_heads, d_ff, dropout, norm_first, **extra)
+        self.encoder = Encoder(num_layers, d_model, num_heads, d_ff, dropout, options=options)
+        self.decoder = Decoder(num_layers, d_model, num_heads, d_ff, dropout, options=options)
         self.output = nn.Linear(d_model, tgt_vocab_size)  # logits = h E^T + b
         nn.init.zeros_(self.output.bias)
         if tie_output:

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from transformer.checks import check_bool, check_non_negative_int, check_token_batch, check_token_ids
 from transformer.nn.embedding import TokenEmbedding
-from transformer.nn.encoder import Encoder
+from transformer.nn.encoder import Encoder, LayerOptions
 from transformer.nn.positional import LearnedPositionalEncoding
 from transformer.nn.residual import LayerNorm
 
@@ -30,12 +30,15 @@ class TextEncoder(nn.Module):
 
     Args:
         vocab_size: number of token ids V.
-        d_model, num_heads, d_ff, num_layers, dropout, attention_dropout, activation: as for ``Encoder``.
+        d_model, num_heads, d_ff, num_layers, dropout: as for ``Encoder``; the arguments after
+            ``num_layers`` are keyword only.
         max_len: number of positions with a learned vector (BERT's ``max_position_embeddings``).
         pad_id: the padding id, whose embedding receives no gradient.
         num_token_types: rows of the token-type (segment) table, BERT's ``type_vocab_size``; 0 for none.
         embedding_norm: a LayerNorm on the summed embeddings, before the first layer (BERT has one).
         norm_eps: the epsilon of every LayerNorm (BERT's ``layer_norm_eps``, 1e-12).
+        options: the ``LayerOptions`` of every layer: BERT's by default, post-LN, GELU and dropout
+            0.1 on the attention weights (``attention_probs_dropout_prob``).
 
     Shape:
         input_ids (B, S) -> hidden states (B, S, d_model).
@@ -48,9 +51,9 @@ class TextEncoder(nn.Module):
     """
 
     def __init__(self, vocab_size: int, d_model: int = 384, num_heads: int = 12, d_ff: int = 1536,
-                 num_layers: int = 6, max_len: int = 512, pad_id: int | None = 0, dropout: float = 0.1,
-                 attention_dropout: float = 0.1, activation: str = "gelu", num_token_types: int = 2,
-                 embedding_norm: bool = True, norm_eps: float = 1e-12):
+                 num_layers: int = 6, *, max_len: int = 512, pad_id: int | None = 0, dropout: float = 0.1,
+                 num_token_types: int = 2, embedding_norm: bool = True, norm_eps: float = 1e-12,
+                 options: LayerOptions = LayerOptions(attention_dropout=0.1, activation="gelu")):
         super().__init__()
         self.embed = TokenEmbedding(vocab_size, d_model, padding_idx=pad_id, scale=False)
         self.positional_encoding = LearnedPositionalEncoding(max_len, d_model)
@@ -58,8 +61,7 @@ class TextEncoder(nn.Module):
         self.token_type_embed = nn.Embedding(num_token_types, d_model) if num_token_types else None
         norm = LayerNorm(d_model, eps=norm_eps)  # checks norm_eps
         self.embed_norm = norm if check_bool("embedding_norm", embedding_norm) else None
-        self.encoder = Encoder(num_layers, d_model, num_heads, d_ff, dropout, norm_first=False,
-                               attention_dropout=attention_dropout, activation=activation)
+        self.encoder = Encoder(num_layers, d_model, num_heads, d_ff, dropout, options=options)
         self.dropout = nn.Dropout(dropout)  # on the embeddings; Encoder has checked the rate
         for module in self.encoder.modules():  # BERT's epsilon in every layer's norms too
             if isinstance(module, LayerNorm):

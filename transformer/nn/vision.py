@@ -22,7 +22,7 @@ from transformer.checks import check_fraction, check_positive_int, check_tensor
 from transformer.nn.multihead import MultiHeadAttention
 from transformer.nn.positional import sinusoidal_encoding
 from transformer.nn.relative import RelativeMultiHeadAttention
-from transformer.nn.encoder import Encoder
+from transformer.nn.encoder import Encoder, LayerOptions
 
 
 # chapters/29_images.md: An image as a sequence of patches
@@ -215,8 +215,8 @@ class VisionTransformer(nn.Module):
             attention = functools.partial(GridRelativeMultiHeadAttention, max_distance=max_distance,
                                           grid_size=self.patch_embed.grid_size)
         self.dropout = nn.Dropout(check_fraction("dropout", dropout))
-        self.encoder = Encoder(num_layers, d_model, num_heads, d_ff, dropout, norm_first=True,
-                               self_attention=attention)
+        self.encoder = Encoder(num_layers, d_model, num_heads, d_ff, dropout,
+                               options=LayerOptions(norm_first=True, self_attention=attention))
         self.head = nn.Linear(d_model, num_classes)
         self.d_model, self.positions = d_model, positions
 

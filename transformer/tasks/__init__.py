@@ -15,15 +15,15 @@ from transformer.tasks.metrics import corpus_scores
 from transformer.tasks.cards import MULTI30K_TERMS, model_card
 from transformer.tasks.brackets import (BRACKET_VOCAB, is_balanced, encode_brackets, decode_brackets, random_balanced,
     near_miss, bracket_split, bracket_dataset)
-from transformer.tasks.classifier import SequenceClassifier, accuracy, classification_loss, train_classifier
-from transformer.tasks.masked_lm import (IGNORE, mask_tokens, MaskedLanguageModel, MASK_TOKEN, one_line,
-    email_tokenizer, token_windows, mlm_loss, mlm_accuracy, train_mlm, load_mlm, classifier_from_mlm, first_tokens)
+from transformer.tasks.classifier import accuracy, classification_loss, train_classifier, SequenceClassifier
+from transformer.tasks.masked_lm import (IGNORE, mask_tokens, from_settings, MASK_TOKEN, one_line, email_tokenizer,
+    token_windows, mlm_loss, mlm_accuracy, train_mlm, load_mlm, classifier_from_mlm, first_tokens, MaskedLanguageModel)
 from transformer.tasks.email import (FOLDERS, CORPUS_SHA256, corpus_folder, corpus_digest, html_to_text, email_text,
     email_headers, Email, read_emails, duplicate_groups, split_emails, write_spam_jsonl)
 from transformer.tasks.baselines import words, word_vocabulary, bag_of_words, fit_logistic_regression
 from transformer.tasks.tagging import (CASES, MARKS, MARK_NAMES, TAG_LABELS, IGNORE_INDEX, word_label, text_labels,
-    restore_text, tag_targets, tagging_tensors, TokenClassifier, tagging_loss, train_tagger, per_label_scores,
-    facet_scores, decide_tags)
+    restore_text, tag_targets, tagging_tensors, tagging_loss, train_tagger, per_label_scores, facet_scores, decide_tags,
+    TokenClassifier)
 from transformer.tasks.language_model import (CharVocab, random_windows, loss_by_position, evaluate_language_model,
     next_token_loss, train_language_model)
 from transformer.tasks.digits import DIGITS_SHA256, load_digits, stratified_split
@@ -88,13 +88,13 @@ __all__ = [
     'near_miss',
     'bracket_split',
     'bracket_dataset',
-    'SequenceClassifier',
     'accuracy',
     'classification_loss',
     'train_classifier',
+    'SequenceClassifier',
     'IGNORE',
     'mask_tokens',
-    'MaskedLanguageModel',
+    'from_settings',
     'MASK_TOKEN',
     'one_line',
     'email_tokenizer',
@@ -105,6 +105,7 @@ __all__ = [
     'load_mlm',
     'classifier_from_mlm',
     'first_tokens',
+    'MaskedLanguageModel',
     'FOLDERS',
     'CORPUS_SHA256',
     'corpus_folder',
@@ -131,12 +132,12 @@ __all__ = [
     'restore_text',
     'tag_targets',
     'tagging_tensors',
-    'TokenClassifier',
     'tagging_loss',
     'train_tagger',
     'per_label_scores',
     'facet_scores',
     'decide_tags',
+    'TokenClassifier',
     'CharVocab',
     'random_windows',
     'loss_by_position',

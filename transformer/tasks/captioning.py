@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from transformer.checks import check_fraction, check_positive_int, check_token_batch
 from transformer.training.batch import Batch
 from transformer.nn.attention import check_attention_mask, padding_mask
+from transformer.nn.encoder import LayerOptions
 from transformer.nn.model import Transformer
 from transformer.tasks.scenes import CANVAS_SIZE, PIXEL_LEVELS
 from transformer.nn.vision import PatchEmbedding
@@ -79,7 +80,7 @@ class ImageCaptioner(Transformer):
                  num_heads: int = 4, num_layers: int = 2, d_ff: int = 128, dropout: float = 0.1,
                  max_len: int = 8, pad_id: int = 0):
         super().__init__(PIXEL_LEVELS, vocab_size, d_model, num_heads, num_layers, d_ff, dropout,
-                         max_len=max_len, pad_id=pad_id, norm_first=True)
+                         max_len=max_len, pad_id=pad_id, options=LayerOptions(norm_first=True))
         self.src_embed = PatchFrontEnd(image_size, patch_size, d_model, dropout)  # type: ignore[assignment]
         self.num_heads = num_heads
 

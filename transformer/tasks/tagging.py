@@ -2,7 +2,8 @@
 # edit the chapter, then run `make export`.
 """Tagging, one label per word: restoring the capitals and the commas and full stops of
 lower-cased, unpunctuated English. The labels read from the text and written back, a word's
-label given to its first subword piece, an encoder-only token classifier, its loss and
+label given to its first subword piece, an encoder-only token classifier (TokenClassifier, in
+nn/encoder_only.py), its loss and
 training with the package's loop, and per-label precision, recall and F1.
 
 Defined in the book's chapter "Tagging: restoring capitals and punctuation"
@@ -10,7 +11,7 @@ Defined in the book's chapter "Tagging: restoring capitals and punctuation"
 """
 
 
-__all__ = ['CASES', 'MARKS', 'MARK_NAMES', 'TAG_LABELS', 'IGNORE_INDEX', 'word_label', 'text_labels', 'restore_text', 'tag_targets', 'tagging_tensors', 'TokenClassifier', 'tagging_loss', 'train_tagger', 'per_label_scores', 'facet_scores', 'decide_tags']
+__all__ = ['CASES', 'MARKS', 'MARK_NAMES', 'TAG_LABELS', 'IGNORE_INDEX', 'word_label', 'text_labels', 'restore_text', 'tag_targets', 'tagging_tensors', 'tagging_loss', 'train_tagger', 'per_label_scores', 'facet_scores', 'decide_tags', 'TokenClassifier']
 
 
 import collections
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.checks import check_positive_int
-from transformer.tasks.classifier import SequenceClassifier
+from transformer.nn.encoder_only import TokenClassifier
 from transformer.training.loop import run_settings, run_steps
 from transformer.training.schedules import warmup_scheduler
 
@@ -98,38 +99,6 @@ def tagging_tensors(tokenizer: Any, data: Sequence[tuple[Sequence[str], Sequence
     for row, (ids, labels) in enumerate(rows):
         tokens[row, :len(ids)], targets[row, :len(labels)] = torch.tensor(ids), torch.tensor(labels)
     return tokens, targets
-
-
-# chapters/24_tagging.md: The tagger
-class TokenClassifier(SequenceClassifier):
-    """An encoder-only tagger: ``SequenceClassifier``'s embeddings, positions and encoder, and its
-    linear head applied at every position (no pooling, no class token).
-
-    Args:
-        vocab_size, num_classes: as for ``SequenceClassifier``.
-        **kwargs: ``SequenceClassifier``'s other arguments (d_model, num_heads, d_ff, num_layers,
-            dropout, max_len, pad_id, norm_first).
-
-    Shape:
-        tokens (B, S) integer ids -> logits (B, S, num_classes).
-    """
-
-    def __init__(self, vocab_size: int, num_classes: int, **kwargs: Any):
-        if "pooling" in kwargs:
-            raise TypeError("TokenClassifier has no pooling: it labels every position")
-        super().__init__(vocab_size, num_classes, pooling="mean", **kwargs)  # "mean": no class token
-
-    def forward(self, tokens: Tensor) -> Tensor:
-        """Scores of the labels at each position.
-
-        Args:
-            tokens: integer ids ``(B, S)``, padded with ``pad_id``.
-
-        Returns:
-            The logits ``(B, S, num_classes)``; those at padding positions mean nothing.
-        """
-        x, mask = self.encoder_inputs(tokens)  # (B, S, d_model), (B, 1, 1, S)
-        return self.head(self.encoder(x, mask=mask))  # (B, S, d_model) -> (B, S, num_classes)
 
 
 # chapters/24_tagging.md: Training
