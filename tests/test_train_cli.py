@@ -245,7 +245,7 @@ def test_token_weighted_shard_gradients_sum_to_the_whole_batch_gradient():
         return [p.grad.clone() for p in model.parameters()]
 
     hooks = [DataParallelHooks(rank, 2, pad_id=0) for rank in range(2)]
-    per_rank = [gradients(h.shard(batch)) for h in hooks]
+    per_rank = [gradients(h.on_step_begin(1, batch)) for h in hooks]
     shares = [h.token_share for h in hooks]
     counts = [int((shard_batch(batch, r, 2).tgt_out != 0).sum()) for r in range(2)]
     assert shares == pytest.approx([c / sum(counts) for c in counts]) and counts[0] != counts[1]
@@ -264,10 +264,10 @@ def test_data_parallel_options_are_nothing_alone_and_the_hooks_in_a_group():
 
     assert data_parallel_options(0, 1) == {}
     options = data_parallel_options(1, 3, pad_id=0)
-    assert set(options) == {"wrap_model", "shard"}
-    hooks = options["shard"].__self__
+    assert set(options) == {"wrap_model", "callbacks"}
+    [hooks] = options["callbacks"]
     assert isinstance(hooks, DataParallelHooks) and (hooks.rank, hooks.world_size) == (1, 3)
-    assert options["wrap_model"].__self__ is hooks  # one set of hooks: shard's share is what wrap weights by
+    assert options["wrap_model"].__self__ is hooks  # one set of hooks: the callback's share is what wrap weights by
 
 
 # --- two processes ----------------------------------------------------------------------------

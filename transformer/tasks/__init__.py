@@ -15,7 +15,7 @@ from transformer.tasks.metrics import corpus_scores
 from transformer.tasks.cards import MULTI30K_TERMS, model_card
 from transformer.tasks.brackets import (BRACKET_VOCAB, is_balanced, encode_brackets, decode_brackets, random_balanced,
     near_miss, bracket_split, bracket_dataset)
-from transformer.tasks.classifier import SequenceClassifier, accuracy, classification_loss, train_classifier
+from transformer.tasks.classifier import SequenceClassifier, accuracy, classification_loss, peak_rate, train_classifier
 from transformer.tasks.masked_lm import (IGNORE, mask_tokens, MaskedLanguageModel, MASK_TOKEN, one_line,
     email_tokenizer, token_windows, mlm_loss, mlm_accuracy, train_mlm, load_mlm, classifier_from_mlm, first_tokens)
 from transformer.tasks.email import (write_spam_jsonl, FOLDERS, CORPUS_SHA256, corpus_folder, corpus_digest,
@@ -91,6 +91,7 @@ __all__ = [
     'SequenceClassifier',
     'accuracy',
     'classification_loss',
+    'peak_rate',
     'train_classifier',
     'IGNORE',
     'mask_tokens',

@@ -12,7 +12,6 @@ Defined in the book's chapter "Pre-training an encoder on real email"
 __all__ = ['IGNORE', 'mask_tokens', 'MaskedLanguageModel', 'MASK_TOKEN', 'one_line', 'email_tokenizer', 'token_windows', 'mlm_loss', 'mlm_accuracy', 'train_mlm', 'load_mlm', 'classifier_from_mlm', 'first_tokens']
 
 
-import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,10 +26,10 @@ from transformer.nn.embedding import TokenEmbedding
 from transformer.nn.encoder import Encoder
 from transformer.nn.modes import evaluating
 from transformer.nn.positional import SinusoidalPositionalEncoding
-from transformer.tasks.classifier import SequenceClassifier
+from transformer.tasks.classifier import SequenceClassifier, peak_rate
+from transformer.training.schedules import make_adam
 from transformer.tasks.subwords import train_tokenizer
-from transformer.training.loop import run_settings, run_steps
-from transformer.training.schedules import warmup_scheduler
+from transformer.training.loop import Progress, run_settings, run_steps
 
 
 # chapters/24_pretraining.md: BERT's pre-training task
@@ -171,11 +170,11 @@ def train_mlm(model: MaskedLanguageModel, windows: Tensor, mask_id: int, first_i
     check_positive_int("batch_size", batch_size)
     history: dict[str, list] = {}
     with run_settings(seed, num_threads):
-        optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
-        scheduler = warmup_scheduler(optimizer, 1, warmup, factor=lr * math.sqrt(warmup), steps=steps, cooldown=0.25)
+        optimizer, scheduler = make_adam(model.parameters(), peak_rate(lr, warmup, steps, 0.25))
         batches = _masked_batches(windows, batch_size, mask_id, first_id, model.embed.vocab_size, seed)
         model.train()
-        run_steps(model, batches, optimizer, scheduler, mlm_loss, steps, history, clip=1.0, progress=progress)
+        run_steps(model, batches, optimizer, scheduler, mlm_loss, steps, history, clip=1.0,
+                  callbacks=[Progress()] if progress else [])
     model.eval()
     return history
 
