@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.checks import check_fraction, check_positive_int, check_token_batch
+from transformer.files import read_torch_file
 from transformer.nn.attention import padding_mask
 from transformer.nn.embedding import TokenEmbedding
 from transformer.nn.encoder import Encoder
@@ -184,7 +185,7 @@ def load_mlm(folder: Path) -> tuple[MaskedLanguageModel, Any]:
     """The masked language model and tokenizer that ``benchmarks/pretrain_spam.py`` wrote in ``folder``."""
     from tokenizers import Tokenizer
 
-    saved = torch.load(folder / "model.pt", map_location="cpu", weights_only=True)
+    saved = read_torch_file(folder / "model.pt", "masked language model")  # a clear error for a bad file
     model = MaskedLanguageModel(**saved["settings"])
     model.load_state_dict(saved["state_dict"])
     return model.eval(), Tokenizer.from_file(str(folder / "tokenizer.json"))
