@@ -126,7 +126,7 @@ def run(variant: str, seed: int) -> dict:
         stream = training_batches(train_numbers, config.batch_size, src_vocab, tgt_vocab, config.seed)
         history: dict[str, list] = {}
         run_steps(model.train(), stream, optimizer, scheduler, seq2seq_loss(config.label_smoothing, tgt_vocab.pad_id),
-                  config.steps, history, clip=config.clip, progress=False)
+                  config.steps, history, clip=config.clip)
     train_seconds = time.process_time() - start
     model.eval()
     batch = make_batch(test_numbers, src_vocab, tgt_vocab)

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 from transformer.tasks.classifier import classification_loss
 from transformer.tasks.language_model import next_token_loss
-from transformer.training.loop import optimizer_step, run_steps
+from transformer.training.checkpoint import SaveEvery
+from transformer.training.loop import Callback, Evaluate, optimizer_step, run_steps
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -55,8 +56,7 @@ def test_run_steps_takes_the_steps_of_the_loop_written_out(clip):
     optimizer, scheduler = _optimiser(model)
     torch.manual_seed(1)
     history: dict[str, list] = {}
-    assert run_steps(model, iter(batches), optimizer, scheduler, classification_loss, 5, history, clip=clip,
-                     progress=False) == 5
+    assert run_steps(model, iter(batches), optimizer, scheduler, classification_loss, 5, history, clip=clip) == 5
     assert history["loss"] == pytest.approx(losses, rel=1e-6)
     assert history["grad_norm"] == pytest.approx(norms, rel=1e-6)
     assert history["lr"] == pytest.approx([1e-2 / s for s in range(1, 6)])
@@ -74,10 +74,22 @@ def test_run_steps_records_the_metrics_of_the_loss_function_and_calls_back():
         history["valid_step"].append(step)
         return {"seen": str(step)}
 
-    run_steps(model, iter(batches), optimizer, scheduler, classification_loss, 5, history, eval_every=2,
-              progress=False, validate=validate, save=seen.append, save_every=3)
+    class Hooks(Callback):  # records every call, in order
+        def on_train_begin(self, first, last):
+            seen.append(("begin", first, last))
+
+        def on_evaluate(self, step, measured):
+            seen.append(("evaluate", step, measured))
+
+        def on_train_end(self, step):
+            seen.append(("end", step))
+
+    run_steps(model, iter(batches), optimizer, scheduler, classification_loss, 5, history,
+              callbacks=[Evaluate(validate, 2), SaveEvery(lambda step: seen.append(("save", step)), 3), Hooks()])
     assert list(history) == ["valid_step", "step", "lr", "loss", "accuracy", "grad_norm"]
-    assert history["step"] == [1, 2, 3, 4, 5] and history["valid_step"] == [2, 4, 5] and seen == [3]
+    assert history["step"] == [1, 2, 3, 4, 5] and history["valid_step"] == [2, 4, 5]
+    assert seen == [("begin", 1, 5), ("evaluate", 2, {"seen": "2"}), ("save", 3), ("evaluate", 4, {"seen": "4"}),
+                    ("evaluate", 5, {"seen": "5"}), ("end", 5)]
     assert all(0.0 <= a <= 1.0 for a in history["accuracy"])
 
 

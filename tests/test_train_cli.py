@@ -245,7 +245,7 @@ def test_token_weighted_shard_gradients_sum_to_the_whole_batch_gradient():
         return [p.grad.clone() for p in model.parameters()]
 
     hooks = [DataParallelHooks(rank, 2, pad_id=0) for rank in range(2)]
-    per_rank = [gradients(h.shard(batch)) for h in hooks]
+    per_rank = [gradients(h.on_step_begin(1, batch)) for h in hooks]
     shares = [h.token_share for h in hooks]
     counts = [int((shard_batch(batch, r, 2).tgt_out != 0).sum()) for r in range(2)]
     assert shares == pytest.approx([c / sum(counts) for c in counts]) and counts[0] != counts[1]
@@ -264,10 +264,10 @@ def test_data_parallel_options_are_nothing_alone_and_the_hooks_in_a_group():
 
     assert data_parallel_options(0, 1) == {}
     options = data_parallel_options(1, 3, pad_id=0)
-    assert set(options) == {"wrap_model", "shard"}
-    hooks = options["shard"].__self__
+    assert set(options) == {"wrap_model", "callbacks"}
+    [hooks] = options["callbacks"]
     assert isinstance(hooks, DataParallelHooks) and (hooks.rank, hooks.world_size) == (1, 3)
-    assert options["wrap_model"].__self__ is hooks  # one set of hooks: shard's share is what wrap weights by
+    assert options["wrap_model"].__self__ is hooks  # one set of hooks: the callback's share is what wrap weights by
 
 
 # --- two processes ----------------------------------------------------------------------------
@@ -462,6 +462,52 @@ def test_the_tasks_are_the_keys_of_the_trainers_table(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         train.main(["--help"])
     assert "echo" in capsys.readouterr().out  # --task's choices are read when the parser is built
+
+
+# Issue 43: `transformer train TASK ...`, one parser and one --help per task; `--task TASK` keeps working.
+def test_train_help_lists_the_tasks_and_each_task_has_its_own_help(capsys):
+    from transformer.cli import train
+
+    with pytest.raises(SystemExit) as stop:
+        train.main(["--help"], prog="transformer train")
+    listing = capsys.readouterr().out
+    assert stop.value.code == 0 and all(task in listing for task in train.TRAINERS)
+    assert "train TASK --help" in listing and "--reads" not in listing
+    for argv in (["classify", "--help"], ["--task", "classify", "--help"]):
+        with pytest.raises(SystemExit) as stop:
+            train.main(argv, prog="transformer train")
+        classify = capsys.readouterr().out
+        assert stop.value.code == 0 and "--reads {text,email}" in classify and "--label-smoothing" not in classify
+    with pytest.raises(SystemExit) as stop:
+        train.main(["multi30k", "--help"], prog="transformer train")
+    assert stop.value.code == 0 and "--batch-tokens" in capsys.readouterr().out
+
+
+def test_the_subcommand_and_the_task_option_parse_to_the_same_options(monkeypatch):
+    from transformer.cli import train
+
+    parsed = []
+    for name, build in (("multi30k", train.build_multi30k_parser), ("numbers", train.build_numbers_parser)):
+        monkeypatch.setitem(train.TRAINERS, name,
+                            lambda argv, prog, build=build: parsed.append(vars(build(prog).parse_args(argv))) or 0)
+        options = ["--steps", "7", "--seed", "3", "--no-progress"]
+        assert train.main([name, *options], prog="transformer train") == 0
+        assert train.main(["--task", name, *options], prog="transformer train") == 0
+        assert parsed[-1] == parsed[-2] and parsed[-1]["steps"] == 7 and parsed[-1]["task"] == name
+    assert train.main(["--steps", "7", "--seed", "3", "--no-progress"], prog="transformer train") == 0
+    assert parsed[-1] == parsed[-2]  # no task: the number words
+
+
+@pytest.mark.parametrize("argv", [["wmt14"], ["wmt14", "--steps", "3"], ["--task", "wmt14"]])
+def test_an_unknown_task_is_a_usage_error_of_one_message(argv, capsys):
+    from transformer.__main__ import command
+
+    with pytest.raises(SystemExit) as stop:
+        command(["train", *argv])
+    error = capsys.readouterr().err.splitlines()
+    assert stop.value.code == 2 and len(error) == 2, error
+    assert error[0] == "usage: transformer train [TASK | --task TASK] [options]"
+    assert error[1].startswith("transformer train: error: argument --task: invalid choice: 'wmt14'")
 
 
 # Issue 32: settings checked before anything starts, each message naming the file, field or flag.

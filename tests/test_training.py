@@ -9,13 +9,14 @@ import torch
 import torch.nn.functional as F
 
 from transformer import (TrainConfig, label_smoothed_cross_entropy, load_checkpoint, fit, run_steps, save_checkpoint,
-    warmup_scheduler)
-from transformer.training.schedules import cooldown_factor, warmup_lr
+    make_adam)
+from transformer.training.schedules import cooldown_factor, warmup_lr, warmup_rate
 from transformer.tasks.numbers_fit import evaluate_loss, exact_match, predict, training_batches
 from transformer.training.config import make_model, make_optimizer
 from transformer.nn.modes import evaluating
 from transformer.paths import model_cache_dir
-from transformer.training.loop import train_step
+from transformer.training.checkpoint import SaveEvery
+from transformer.training.loop import Callback, Evaluate, train_step
 from transformer.tasks.numbers import make_batch, source_vocab, split_numbers, target_vocab
 from transformer.training.losses import seq2seq_loss
 
@@ -56,8 +57,9 @@ def test_warmup_lr_peaks_at_warmup(d_model, warmup):
 
 def test_scheduler_sets_factor_times_the_formula_on_the_optimizer():
     weight = torch.nn.Parameter(torch.zeros(3))
-    optimizer = torch.optim.Adam([weight], lr=1.0, betas=(0.9, 0.98), eps=1e-9)
-    scheduler = warmup_scheduler(optimizer, d_model=32, warmup=10, factor=2.0)
+    optimizer, scheduler = make_adam([weight], warmup_rate(d_model=32, warmup=10, factor=2.0))
+    group = optimizer.param_groups[0]
+    assert type(optimizer) is torch.optim.Adam and group["betas"] == (0.9, 0.98) and group["eps"] == 1e-9
     for step in range(1, 40):
         assert math.isclose(optimizer.param_groups[0]["lr"], 2.0 * paper_rate(step, 32, 10))
         weight.grad = torch.ones(3)
@@ -83,8 +85,7 @@ def test_cooldown_is_a_line_to_zero_over_the_last_share_of_the_run():
 
 def test_scheduler_with_cooldown_multiplies_the_papers_rate_and_makes_the_config_default():
     weight = torch.nn.Parameter(torch.zeros(3))
-    optimizer = torch.optim.Adam([weight], lr=1.0)
-    scheduler = warmup_scheduler(optimizer, d_model=32, warmup=10, factor=0.5, steps=40, cooldown=0.25)
+    optimizer, scheduler = make_adam([weight], warmup_rate(d_model=32, warmup=10, factor=0.5, steps=40, cooldown=0.25))
     for step in range(1, 41):
         line = min(1.0, (40 - step + 1) / 10)  # written out, independently of cooldown_factor
         assert math.isclose(optimizer.param_groups[0]["lr"], 0.5 * paper_rate(step, 32, 10) * line)
@@ -100,15 +101,16 @@ def test_an_interrupted_run_with_a_cooldown_resumes_exactly(data, tmp_path):
     straight_model, straight = fit(config, train_numbers, valid_numbers, progress=False)
     taken = []
 
-    def stop_after_five(batch):  # the shard hook sees every batch: a stand-in for a crash
-        taken.append(1)
-        if len(taken) > 5:
-            raise KeyboardInterrupt
-        return batch
+    class StopAfterFive(Callback):  # a stand-in for a crash
+        def on_step_begin(self, step, batch):
+            taken.append(1)
+            if len(taken) > 5:
+                raise KeyboardInterrupt
+            return batch
 
     with pytest.raises(KeyboardInterrupt):
         fit(config, train_numbers, valid_numbers, progress=False, checkpoint_path=tmp_path / "run.pt",
-            checkpoint_every=5, shard=stop_after_five)
+            checkpoint_every=5, callbacks=[StopAfterFive()])
     assert torch.load(tmp_path / "run.pt", weights_only=True)["step"] == 5
     resumed_model, resumed = fit(config, train_numbers, valid_numbers, progress=False, resume_from=tmp_path / "run.pt")
     assert resumed["loss"] == straight["loss"] and resumed["lr"] == straight["lr"]
@@ -120,13 +122,11 @@ def test_an_interrupted_run_with_a_cooldown_resumes_exactly(data, tmp_path):
 @pytest.mark.parametrize("call, message", [
     (lambda: TrainConfig(cooldown=1.0), r"cooldown must be in \[0, 1\), got 1.0"),
     (lambda: cooldown_factor(0, 10, 0.5), "step must be a positive int"),
-    (lambda: warmup_scheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), 8, 4, cooldown=0.5),
-     "cooldown needs steps"),
+    (lambda: warmup_rate(8, 4, cooldown=0.5), "cooldown needs steps"),
     (lambda: warmup_lr(0, 512, 4000), "step must be a positive int"),
     (lambda: warmup_lr(1, 0, 4000), "d_model must be a positive int"),
     (lambda: warmup_lr(1, 512, -1), "warmup must be a positive int"),
-    (lambda: warmup_scheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), 8, 4, factor=0.0),
-     "factor must be > 0"),
+    (lambda: warmup_rate(8, 4, factor=0.0), "factor must be > 0"),
 ])
 def test_bad_schedule_arguments(call, message):
     with pytest.raises(ValueError, match=message):
@@ -264,7 +264,7 @@ def test_train_step_under_bfloat16_autocast_keeps_float32_weights_and_a_close_lo
     for autocast, net in ((None, model), (torch.bfloat16, other)):
         history: dict[str, list] = {}
         run_steps(net, iter([batch, batch]), *make_optimizer(config, net), seq2seq_loss(autocast=autocast),
-                  config.steps, history, progress=False)
+                  config.steps, history)
         losses.append(history["loss"])
     assert losses[0] != losses[1] and losses[1] == pytest.approx(losses[0], rel=2e-2)
 
@@ -281,17 +281,18 @@ def test_run_steps_takes_the_remaining_steps_and_calls_back_on_schedule():
         calls["validate"].append(step)
         return {"seen": str(step)}
 
-    def shard(batch):
-        calls["shard"] += 1
-        return batch
+    class Shard(Callback):
+        def on_step_begin(self, step, batch):
+            calls["shard"] += 1
+            return batch
 
     history: dict[str, list] = {}
     loss_fn = seq2seq_loss(autocast=torch.bfloat16)
     # a run of 2 steps, then on to 5
-    assert run_steps(model, stream, optimizer, scheduler, loss_fn, 2, history, eval_every=2, progress=False) == 2
-    assert run_steps(model, stream, optimizer, scheduler, loss_fn, config.steps, history, 2, eval_every=2,
-                     progress=False, shard=shard, validate=validate, save=lambda step: calls["save"].append(step),
-                     save_every=2) == 5
+    assert run_steps(model, stream, optimizer, scheduler, loss_fn, 2, history) == 2
+    assert run_steps(model, stream, optimizer, scheduler, loss_fn, config.steps, history, 2,
+                     callbacks=[Shard(), Evaluate(validate, 2),
+                                SaveEvery(lambda step: calls["save"].append(step), 2)]) == 5
     assert list(history) == ["step", "lr", "loss", "accuracy", "grad_norm"]
     assert history["step"] == [1, 2, 3, 4, 5] and calls["shard"] == 3
     assert calls["validate"] == [4, 5] and calls["save"] == [4]  # every 2 steps and at the last one
@@ -301,7 +302,7 @@ def test_run_steps_takes_the_remaining_steps_and_calls_back_on_schedule():
     with pytest.raises(StopIteration):
         next(stream)  # one batch a step
     # A run that is already complete takes no step.
-    assert run_steps(model, iter([]), optimizer, scheduler, loss_fn, config.steps, history, 5, progress=False) == 5
+    assert run_steps(model, iter([]), optimizer, scheduler, loss_fn, config.steps, history, 5) == 5
     assert len(history["loss"]) == 5
 
 

@@ -23,7 +23,7 @@ from transformer.nn.encoder import LayerOptions, EncoderLayer, Encoder
 from transformer.nn.decoder import DecoderLayer, Decoder
 from transformer.nn.model import Transformer
 from transformer.training.losses import label_smoothed_cross_entropy
-from transformer.training.schedules import warmup_scheduler
+from transformer.training.schedules import make_adam
 from transformer.training.loop import run_steps
 from transformer.generation.decoding import greedy_decode, beam_search
 from transformer.tasks.numbers_fit import fit
@@ -60,7 +60,7 @@ __all__ = [
     'Decoder',
     'Transformer',
     'label_smoothed_cross_entropy',
-    'warmup_scheduler',
+    'make_adam',
     'run_steps',
     'greedy_decode',
     'beam_search',

@@ -48,8 +48,8 @@ def build_numbers_parser(prog: str = "python -m transformer.train") -> argparse.
     """The options of ``python -m transformer.train`` (or ``transformer train``) for the number words."""
     parser = CommandParser(
         prog=prog,
-        description="Train the Transformer to turn English number words into digits "
-                    "(another --task has options of its own: --task multi30k --help).")
+        description="Train the Transformer to turn English number words into digits (the task numbers; "
+                    f"each of the tasks {', '.join(TRAINERS)} has options of its own: `train TASK --help`).")
     task = parser.add_argument_group("task")
     task.add_argument("--task", choices=tuple(TRAINERS) or None, default="numbers",
                       help="what to learn (default: numbers)")
@@ -234,13 +234,13 @@ def numbers_main(argv: Sequence[str] | None = None, prog: str = "python -m trans
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.train") -> int:
-    """``python -m transformer.train [options]`` (``transformer train``); ``argv`` defaults to the command line.
+    """``python -m transformer.train [TASK] [options]`` (``transformer train``); ``argv`` defaults to the command line.
 
-    ``--task`` picks the trainer in ``TRAINERS``: ``numbers_main`` (the default), ``multi30k_main``,
-    whose configuration has fields of its own, or one a later chapter registers.
-    """
+    The task, ``train TASK`` or ``train --task TASK``, picks the trainer in ``TRAINERS``, whose parser has its own
+    options and ``--help``: ``numbers_main`` (the default), ``multi30k_main``, or one a later chapter registers."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    task = CommandParser(prog=prog, add_help=False, usage=f"{prog} [--task {{{','.join(TRAINERS)}}}] [options]")
+    argv = ["--task", *argv] if argv and not argv[0].startswith("-") else argv  # `train TASK` is `train --task TASK`
+    task = CommandParser(prog=prog, add_help=False, usage=f"{prog} [TASK | --task TASK] [options]")
     task.add_argument("--task", choices=tuple(TRAINERS), default="numbers")
     return TRAINERS[task.parse_known_args(argv)[0].task](argv, prog)
 

@@ -15,7 +15,7 @@ from transformer.tasks.metrics import corpus_scores
 from transformer.tasks.cards import MULTI30K_TERMS, model_card
 from transformer.tasks.brackets import (BRACKET_VOCAB, is_balanced, encode_brackets, decode_brackets, random_balanced,
     near_miss, bracket_split, bracket_dataset)
-from transformer.tasks.classifier import accuracy, classification_loss, train_classifier, SequenceClassifier
+from transformer.tasks.classifier import accuracy, classification_loss, peak_rate, train_classifier, SequenceClassifier
 from transformer.tasks.masked_lm import (IGNORE, mask_tokens, from_settings, MASK_TOKEN, one_line, email_tokenizer,
     token_windows, mlm_loss, mlm_accuracy, train_mlm, load_mlm, classifier_from_mlm, first_tokens, MaskedLanguageModel)
 from transformer.tasks.email import (FOLDERS, CORPUS_SHA256, corpus_folder, corpus_digest, html_to_text, email_text,
@@ -90,6 +90,7 @@ __all__ = [
     'bracket_dataset',
     'accuracy',
     'classification_loss',
+    'peak_rate',
     'train_classifier',
     'SequenceClassifier',
     'IGNORE',

@@ -8,11 +8,11 @@ Defined in the book's chapter "Encoder-only: a sequence classifier"
 """
 
 
-__all__ = ['accuracy', 'classification_loss', 'train_classifier', 'SequenceClassifier']
+__all__ = ['accuracy', 'classification_loss', 'peak_rate', 'train_classifier', 'SequenceClassifier']
 
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -22,8 +22,8 @@ from torch import Tensor, nn
 from transformer.checks import check_positive_int, check_tensor, check_token_tensor
 from transformer.nn.encoder_only import SequenceClassifier
 from transformer.nn.modes import evaluating
-from transformer.training.loop import run_settings, run_steps
-from transformer.training.schedules import warmup_scheduler
+from transformer.training.loop import Evaluate, Progress, run_settings, run_steps
+from transformer.training.schedules import make_adam, warmup_rate
 
 
 # chapters/24_encoder_only.md: Training
@@ -84,6 +84,12 @@ def classification_loss(model: nn.Module, batch: tuple[Tensor, Tensor]) -> tuple
     return F.cross_entropy(logits, y), {"accuracy": (logits.detach().argmax(dim=-1) == y).float().mean()}
 
 
+def peak_rate(lr: float, warmup: int, steps: int, cooldown: float) -> Callable[[int], float]:
+    """The rate of the encoder tasks: the paper's shape with d_model = 1, times lr * sqrt(warmup), that is
+    lr * min(s / warmup, sqrt(warmup / s)) at step s, cooling down over the last share ``cooldown``."""
+    return warmup_rate(1, warmup, factor=lr * math.sqrt(warmup), steps=steps, cooldown=cooldown)
+
+
 def train_classifier(model: nn.Module, inputs: Tensor, labels: Tensor, steps: int = 600,
                      batch_size: int = 128, lr: float = 2e-3, warmup: int = 60, seed: int = 0,
                      valid: tuple[Tensor, Tensor] | None = None, eval_every: int = 50,
@@ -109,10 +115,7 @@ def train_classifier(model: nn.Module, inputs: Tensor, labels: Tensor, steps: in
     history: dict[str, list] = {key: [] for key in ("step", "lr", "loss", "accuracy", "grad_norm",
                                                     "valid_step", "valid_accuracy")}
     with run_settings(seed, num_threads):
-        optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
-        # the paper's schedule with d_model = 1, times lr * sqrt(warmup): lr * min(s / warmup, sqrt(warmup / s))
-        scheduler = warmup_scheduler(optimizer, 1, warmup, factor=lr * math.sqrt(warmup), steps=steps,
-                                     cooldown=cooldown)
+        optimizer, scheduler = make_adam(model.parameters(), peak_rate(lr, warmup, steps, cooldown))
         batches = ((x.to(device), y.to(device)) for x, y in _batches(inputs, labels, batch_size, seed, pad_id))
 
         def validate(step: int) -> dict[str, str]:
@@ -123,7 +126,8 @@ def train_classifier(model: nn.Module, inputs: Tensor, labels: Tensor, steps: in
 
         model.train()
         run_steps(model, batches, optimizer, scheduler, classification_loss, steps, history, clip=clip,
-                  eval_every=eval_every, progress=progress, validate=validate if valid is not None else None)
+                  callbacks=[*([Progress()] if progress else []),
+                             *([Evaluate(validate, eval_every)] if valid is not None else [])])
     model.eval()
     return history
 

@@ -23,9 +23,9 @@ from torch import Tensor, nn
 
 from transformer.checks import check_positive_int, check_tensor
 from transformer.nn.detector import DigitDetector
-from transformer.training.checkpoint import read_checkpoint, restore_checkpoint, save_checkpoint
+from transformer.training.checkpoint import SaveEvery, read_checkpoint, restore_checkpoint, save_checkpoint
 from transformer.training.loop import run_settings, run_steps
-from transformer.training.schedules import warmup_cosine
+from transformer.training.schedules import make_adam, warmup_cosine
 
 
 # chapters/32_detection.md: Boxes and their overlap
@@ -270,15 +270,15 @@ def train_detector(model: nn.Module, scenes: DigitScenes, steps: int, batch_size
         raise ValueError(f"cannot resume from {checkpoint}: it was saved by a run of {saved.get('recipe')}, this run is {recipe}")
     history: dict[str, list] = {} if saved is None else saved["history"]
     with run_settings(seed, num_threads):
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: warmup_cosine(done + 1, warmup, steps))
+        optimizer, schedule = make_adam(model.parameters(), lambda step: warmup_cosine(step, warmup, steps), lr,
+                                        betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-4)  # AdamW
         done = 0 if saved is None else restore_checkpoint(saved, model, optimizer, schedule)
         batches = itertools.islice(scene_batches(scenes, batch_size, seed), done, None)  # past the saved steps' batches
-        save = None if checkpoint is None else lambda step: save_checkpoint(
-            checkpoint, model, optimizer, schedule, step, history, extra={"recipe": recipe})
+        saving = [] if checkpoint is None or not save_every else [SaveEvery(lambda step: save_checkpoint(
+            checkpoint, model, optimizer, schedule, step, history, extra={"recipe": recipe}), save_every)]
         model.train()
         run_steps(model, batches, optimizer, schedule, detection_loss, steps, history, done, clip=0.1,
-                  progress=False, save=save, save_every=save_every)
+                  callbacks=saving)
     model.eval()
     return history
 

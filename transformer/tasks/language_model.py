@@ -21,8 +21,8 @@ from torch import Tensor, nn
 
 from transformer.checks import check_number, check_positive_int, check_token_ids, check_token_tensor
 from transformer.nn.modes import evaluating
-from transformer.training.loop import run_settings, run_steps
-from transformer.training.schedules import warmup_cosine
+from transformer.training.loop import Evaluate, Progress, run_settings, run_steps
+from transformer.training.schedules import make_adam, warmup_cosine
 
 
 # chapters/25_decoder_only.md: A vocabulary of characters
@@ -176,8 +176,8 @@ def train_language_model(model: nn.Module, data: Tensor, steps: int, batch_size:
     with run_settings(seed, num_threads):
         generator = torch.Generator().manual_seed(seed)
         random_windows(data, batch_size, seq_len, generator)  # checks data, batch_size and seq_len
-        optimizer = torch.optim.Adam(model.parameters(), lr=check_number("lr", lr), betas=(0.9, 0.98))
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: warmup_cosine(done + 1, warmup, steps))
+        optimizer, schedule = make_adam(model.parameters(), lambda step: warmup_cosine(step, warmup, steps),
+                                        check_number("lr", lr), eps=1e-8)
         windows: Iterator[tuple[Tensor, ...]] = (
             tuple(t.to(device) for t in random_windows(data, batch_size, seq_len, generator)) for _ in itertools.count())
 
@@ -189,6 +189,7 @@ def train_language_model(model: nn.Module, data: Tensor, steps: int, batch_size:
 
         model.train()
         run_steps(model, windows, optimizer, schedule, next_token_loss, steps, history, clip=clip,
-                  eval_every=eval_every, progress=progress, validate=validate if valid_data is not None else None)
+                  callbacks=[*([Progress()] if progress else []),
+                             *([Evaluate(validate, eval_every)] if valid_data is not None else [])])
     model.eval()
     return history

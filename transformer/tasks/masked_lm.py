@@ -12,7 +12,6 @@ Defined in the book's chapter "Pre-training an encoder on real email"
 __all__ = ['IGNORE', 'mask_tokens', 'from_settings', 'MASK_TOKEN', 'one_line', 'email_tokenizer', 'token_windows', 'mlm_loss', 'mlm_accuracy', 'train_mlm', 'load_mlm', 'classifier_from_mlm', 'first_tokens', 'MaskedLanguageModel']
 
 
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import fields
 from pathlib import Path
@@ -23,12 +22,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.checks import check_fraction, check_positive_int, check_token_batch
+from transformer.files import read_torch_file
 from transformer.nn.encoder import LayerOptions
 from transformer.nn.encoder_only import MaskedLanguageModel, SequenceClassifier
 from transformer.nn.modes import evaluating
+from transformer.tasks.classifier import peak_rate
+from transformer.training.schedules import make_adam
 from transformer.tasks.subwords import train_tokenizer
-from transformer.training.loop import run_settings, run_steps
-from transformer.training.schedules import warmup_scheduler
+from transformer.training.loop import Progress, run_settings, run_steps
 
 
 # chapters/24_pretraining.md: BERT's pre-training task
@@ -148,11 +149,11 @@ def train_mlm(model: MaskedLanguageModel, windows: Tensor, mask_id: int, first_i
     check_positive_int("batch_size", batch_size)
     history: dict[str, list] = {}
     with run_settings(seed, num_threads):
-        optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
-        scheduler = warmup_scheduler(optimizer, 1, warmup, factor=lr * math.sqrt(warmup), steps=steps, cooldown=0.25)
+        optimizer, scheduler = make_adam(model.parameters(), peak_rate(lr, warmup, steps, 0.25))
         batches = _masked_batches(windows, batch_size, mask_id, first_id, model.embed.vocab_size, seed)
         model.train()
-        run_steps(model, batches, optimizer, scheduler, mlm_loss, steps, history, clip=1.0, progress=progress)
+        run_steps(model, batches, optimizer, scheduler, mlm_loss, steps, history, clip=1.0,
+                  callbacks=[Progress()] if progress else [])
     model.eval()
     return history
 
@@ -162,7 +163,7 @@ def load_mlm(folder: Path) -> tuple[MaskedLanguageModel, Any]:
     """The masked language model and tokenizer that ``benchmarks/pretrain_spam.py`` wrote in ``folder``."""
     from tokenizers import Tokenizer
 
-    saved = torch.load(folder / "model.pt", map_location="cpu", weights_only=True)
+    saved = read_torch_file(folder / "model.pt", "masked language model")  # a clear error for a bad file
     model = from_settings(MaskedLanguageModel, saved["settings"])
     model.load_state_dict(saved["state_dict"])
     return model.eval(), Tokenizer.from_file(str(folder / "tokenizer.json"))

@@ -23,14 +23,15 @@ import torch
 from torch import nn
 
 from transformer.checks import check_positive_int
-from transformer.training.checkpoint import check_resume, read_checkpoint, restore_checkpoint, save_checkpoint
+from transformer.training.checkpoint import (SaveEvery, check_resume, read_checkpoint, restore_checkpoint,
+    save_checkpoint)
 from transformer.training.config import TrainConfig, make_model, make_optimizer
 from transformer.tasks.numbers import MAX_NUMBER, check_numbers, make_batch, source_vocab, target_vocab
 from transformer.training.batch import Batch
 from transformer.training.vocab import Vocab
 from transformer.generation.decoding import generated_ids, greedy_decode
 from transformer.training.losses import label_smoothed_cross_entropy, seq2seq_loss
-from transformer.training.loop import run_settings, run_steps
+from transformer.training.loop import Callback, Evaluate, Progress, run_settings, run_steps
 from transformer.nn.model import Transformer
 from transformer.nn.modes import evaluating
 
@@ -129,7 +130,7 @@ def fit(config: TrainConfig, train_numbers: Sequence[int], valid_numbers: Sequen
         checkpoint_path: str | Path | None = None, checkpoint_every: int | None = None,
         resume_from: str | Path | None = None, cache_dir: str | Path | None = None, load_cached: bool = True,
         wrap_model: Callable[[nn.Module], nn.Module] | None = None,
-        shard: Callable[[Batch], Batch] | None = None) -> tuple[Transformer, dict[str, list]]:
+        callbacks: Sequence[Callback] = ()) -> tuple[Transformer, dict[str, list]]:
     """Train a Transformer on the number-words task; return ``(model, history)``.
 
     Args:
@@ -143,8 +144,8 @@ def fit(config: TrainConfig, train_numbers: Sequence[int], valid_numbers: Sequen
         wrap_model: called once on the model before the first step; what it returns (e.g. the
             model in DistributedDataParallel) takes the training steps, while validation,
             checkpoints and the returned model use the model itself.
-        shard: called on every training batch; the step is taken on what it returns (e.g. this
-            process's rows of the global batch).
+        callbacks: more of the training loop's callbacks, after those of progress, validation and
+            saving (e.g. one that takes this process's rows of every global batch).
 
     Returns:
         The model (in eval mode) and the history: per step "step", "loss", "accuracy" (token
@@ -185,10 +186,11 @@ def fit(config: TrainConfig, train_numbers: Sequence[int], valid_numbers: Sequen
 
         loss_fn = seq2seq_loss(config.label_smoothing, tgt_vocab.pad_id)
         step = run_steps(net, stream, optimizer, scheduler, loss_fn, config.steps, history, step, clip=config.clip,
-                         eval_every=config.eval_every, progress=progress, shard=shard,
-                         validate=validate if valid_numbers and config.eval_size else None,
-                         save=save if checkpoint_path is not None and checkpoint_every else None,
-                         save_every=checkpoint_every)
+                         callbacks=[*([Progress()] if progress else []),
+                                    *([Evaluate(validate, config.eval_every)] if valid_numbers and config.eval_size
+                                      else []),
+                                    *([SaveEvery(save, checkpoint_every)] if checkpoint_path is not None
+                                      and checkpoint_every else []), *callbacks])
         for path in (checkpoint_path, cached):
             if path is not None:
                 save_checkpoint(path, model, optimizer, scheduler, step, history, **described)

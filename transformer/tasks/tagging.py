@@ -15,7 +15,6 @@ __all__ = ['CASES', 'MARKS', 'MARK_NAMES', 'TAG_LABELS', 'IGNORE_INDEX', 'word_l
 
 
 import collections
-import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -25,8 +24,9 @@ from torch import Tensor, nn
 
 from transformer.checks import check_positive_int
 from transformer.nn.encoder_only import TokenClassifier
-from transformer.training.loop import run_settings, run_steps
-from transformer.training.schedules import warmup_scheduler
+from transformer.tasks.classifier import peak_rate
+from transformer.training.schedules import make_adam
+from transformer.training.loop import Progress, run_settings, run_steps
 
 
 # chapters/24_tagging.md: Labels from the text
@@ -146,12 +146,10 @@ def train_tagger(model: nn.Module, tokens: Tensor, targets: Tensor, steps: int =
         raise ValueError(f"batch_size must be at most the number of rows, {len(tokens)}, got {batch_size}")
     history: dict[str, list] = {}
     with run_settings(seed, num_threads):
-        optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
-        scheduler = warmup_scheduler(optimizer, 1, warmup, factor=lr * math.sqrt(warmup), steps=steps,
-                                     cooldown=cooldown)
+        optimizer, scheduler = make_adam(model.parameters(), peak_rate(lr, warmup, steps, cooldown))
         model.train()
         run_steps(model, _tag_batches(tokens, targets, batch_size, seed, pad_id), optimizer, scheduler,
-                  tagging_loss, steps, history, clip=clip, progress=progress)
+                  tagging_loss, steps, history, clip=clip, callbacks=[Progress()] if progress else [])
     model.eval()
     return history
 

@@ -24,11 +24,12 @@ from tqdm import tqdm
 
 from transformer.checks import check_positive_int
 from transformer.nn.attention import padding_mask
-from transformer.training.checkpoint import check_resume, read_checkpoint, restore_checkpoint, save_checkpoint
+from transformer.training.checkpoint import (SaveEvery, check_resume, read_checkpoint, restore_checkpoint,
+    save_checkpoint)
 from transformer.training.config import make_optimizer
-from transformer.training.batch import Batch, pad_rows
+from transformer.training.batch import pad_rows
 from transformer.generation.decoding import beam_search, generated_ids, greedy_decode
-from transformer.training.loop import run_settings, run_steps
+from transformer.training.loop import Callback, Evaluate, Progress, run_settings, run_steps
 from transformer.training.losses import seq2seq_loss
 from transformer.tasks.metrics import corpus_scores
 from transformer.nn.model import Transformer
@@ -102,7 +103,7 @@ def fit_translation(config: TranslationConfig, train: tuple[Sequence[str], Seque
                     checkpoint_dir: str | os.PathLike | None = None, save_every: int | None = None,
                     save_checkpoints: bool = True, log: Callable[[str], object] | None = None,
                     wrap_model: Callable[[nn.Module], nn.Module] | None = None,
-                    shard: Callable[[Batch], Batch] | None = None) -> tuple[Transformer, Any, dict[str, list]]:
+                    callbacks: Sequence[Callback] = ()) -> tuple[Transformer, Any, dict[str, list]]:
     """Train a German-to-English Transformer on ``train = (german, english)``; return (model, tokenizer, history).
 
     The package's training loop (``run_steps``) on token-count batches: teacher forcing, label
@@ -118,7 +119,7 @@ def fit_translation(config: TranslationConfig, train: tuple[Sequence[str], Seque
             A run finds its ``checkpoint.pt`` there and continues from it. ``save_checkpoints=False``
             resumes from the folder but writes nothing (the other processes of a parallel run).
         log: called with a line of text at every validation (e.g. ``print``).
-        wrap_model, shard: as for ``fit`` (data parallelism).
+        wrap_model, callbacks: as for ``fit`` (e.g. data parallelism).
     """
     device = torch.device(device if device is not None else "cpu")
     folder = Path(checkpoint_dir) if checkpoint_dir is not None else None
@@ -168,10 +169,10 @@ def fit_translation(config: TranslationConfig, train: tuple[Sequence[str], Seque
         net = model if wrap_model is None else wrap_model(model)
         loss_fn = seq2seq_loss(config.label_smoothing, PAD_ID, autocast=torch.bfloat16 if config.bf16 else None)
         step = run_steps(net, stream, optimizer, scheduler, loss_fn, config.steps, history, step, clip=config.clip,
-                         eval_every=config.eval_every, progress=progress, shard=shard,
-                         validate=validate if valid and config.eval_size else None,
-                         save=save if folder is not None and save_every and save_checkpoints else None,
-                         save_every=save_every)
+                         callbacks=[*([Progress()] if progress else []),
+                                    *([Evaluate(validate, config.eval_every)] if valid and config.eval_size else []),
+                                    *([SaveEvery(save, save_every)] if folder is not None and save_every
+                                      and save_checkpoints else []), *callbacks])
         if folder is not None and save_checkpoints and (not save_every or step % save_every):
             save(step)
     return model.eval(), tokenizer, history

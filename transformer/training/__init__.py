@@ -5,11 +5,12 @@
 from transformer.training.vocab import Vocab
 from transformer.training.batch import Batch, pad_rows
 from transformer.training.losses import label_smoothed_cross_entropy, LossFunction, seq2seq_loss
-from transformer.training.schedules import warmup_lr, cooldown_factor, warmup_scheduler, warmup_cosine
-from transformer.training.loop import optimizer_step, train_step, run_steps, run_settings, free_cores
+from transformer.training.schedules import warmup_lr, cooldown_factor, warmup_rate, make_adam, warmup_cosine
+from transformer.training.loop import (optimizer_step, train_step, Callback, run_steps, Progress, Evaluate,
+    run_settings, free_cores)
 from transformer.training.config import TrainConfig, make_model, make_optimizer
 from transformer.training.checkpoint import (save_checkpoint, read_checkpoint, restore_checkpoint, load_checkpoint,
-    check_resume, average_checkpoints)
+    check_resume, SaveEvery, average_checkpoints)
 from transformer.training.distributed import (shard_batch, DataParallelHooks, data_parallel_options, world_size_of_run,
     init_distributed, replica_difference)
 
@@ -22,11 +23,15 @@ __all__ = [
     'seq2seq_loss',
     'warmup_lr',
     'cooldown_factor',
-    'warmup_scheduler',
+    'warmup_rate',
+    'make_adam',
     'warmup_cosine',
     'optimizer_step',
     'train_step',
+    'Callback',
     'run_steps',
+    'Progress',
+    'Evaluate',
     'run_settings',
     'free_cores',
     'TrainConfig',
@@ -37,6 +42,7 @@ __all__ = [
     'restore_checkpoint',
     'load_checkpoint',
     'check_resume',
+    'SaveEvery',
     'average_checkpoints',
     'shard_batch',
     'DataParallelHooks',

@@ -8,11 +8,11 @@ averaging, "Long runs" (chapters/21_long_runs.md).
 """
 
 
-__all__ = ['save_checkpoint', 'read_checkpoint', 'restore_checkpoint', 'load_checkpoint', 'check_resume', 'average_checkpoints']
+__all__ = ['save_checkpoint', 'read_checkpoint', 'restore_checkpoint', 'load_checkpoint', 'check_resume', 'SaveEvery', 'average_checkpoints']
 
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any, overload
 
@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from transformer.files import read_torch_file, save_torch_file
 from transformer.training.config import TrainConfig, make_model
+from transformer.training.loop import Callback
 from transformer.training.vocab import Vocab
 from transformer.nn.model import Transformer
 
@@ -155,6 +156,18 @@ def check_resume(checkpoint: dict, config: TrainConfig, path: str | os.PathLike)
     if differ:
         raise ValueError(f"cannot resume from {os.fspath(path)}: it was trained with other settings: "
                          + "; ".join(differ))
+
+
+class SaveEvery(Callback):
+    """The training loop's callback that calls ``save(step)`` every ``every`` steps: a run stopped
+    loses at most ``every`` steps."""
+
+    def __init__(self, save: Callable[[int], None], every: int):
+        self.save, self.every = save, every
+
+    def on_step_end(self, step: int, record: dict[str, float]) -> None:
+        if step % self.every == 0:
+            self.save(step)
 
 
 # chapters/21_long_runs.md: Averaging the last checkpoints

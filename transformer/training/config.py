@@ -18,7 +18,7 @@ from torch import nn
 from transformer.checks import check_fraction, check_non_negative_int, check_number, check_positive_int
 from transformer.training.vocab import Vocab
 from transformer.nn.model import Transformer
-from transformer.training.schedules import warmup_scheduler
+from transformer.training.schedules import make_adam, warmup_rate
 
 
 # chapters/14_training_run.md: The training loop
@@ -90,8 +90,8 @@ def make_model(config: TrainConfig, src_vocab: Vocab, tgt_vocab: Vocab) -> Trans
                        max_len=config.max_len, pad_id=tgt_vocab.pad_id)
 
 
-def make_optimizer(config: TrainConfig, model: nn.Module) -> tuple[torch.optim.Adam, torch.optim.lr_scheduler.LambdaLR]:
-    """Adam with the paper's betas and eps, and the warm-up schedule: (optimizer, scheduler)."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=config.betas, eps=config.adam_eps)
-    return optimizer, warmup_scheduler(optimizer, config.d_model, config.warmup, config.lr_factor, config.steps,
-                                       config.cooldown)
+def make_optimizer(config: TrainConfig,
+                   model: nn.Module) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """``make_adam`` with the configuration's betas, eps and warm-up schedule: (optimizer, scheduler)."""
+    rate = warmup_rate(config.d_model, config.warmup, config.lr_factor, config.steps, config.cooldown)
+    return make_adam(model.parameters(), rate, betas=config.betas, eps=config.adam_eps)

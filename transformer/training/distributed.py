@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from transformer.training.batch import Batch
+from transformer.training.loop import Callback
 
 
 # chapters/22_scaling_out.md: Data parallelism
@@ -42,8 +43,8 @@ def _weighted_sum(hooks: "DataParallelHooks", bucket: dist.GradBucket) -> torch.
     return dist.all_reduce(grads, async_op=True).get_future().then(lambda done: done.value()[0])
 
 
-class DataParallelHooks:
-    """What one process of a data-parallel run plugs into ``fit``: ``shard`` and ``wrap``.
+class DataParallelHooks(Callback):
+    """What one process of a data-parallel run plugs into ``fit``: a callback that shards, and ``wrap``.
 
     Args:
         rank, world_size: this process's number and the number of processes.
@@ -54,7 +55,7 @@ class DataParallelHooks:
         self.rank, self.world_size, self.pad_id = rank, world_size, pad_id
         self.token_share = 1.0 / world_size
 
-    def shard(self, batch: Batch) -> Batch:
+    def on_step_begin(self, step: int, batch: Batch) -> Batch:
         """This process's rows of a global batch; remembers its share of the target tokens."""
         part = shard_batch(batch, self.rank, self.world_size)
         tokens = (part.tgt_out != self.pad_id).sum() / (batch.tgt_out != self.pad_id).sum()
@@ -70,11 +71,11 @@ class DataParallelHooks:
 
 def data_parallel_options(rank: int, world_size: int, pad_id: int = 0) -> dict[str, Any]:
     """What ``fit`` (or any task's trainer) takes to train as process ``rank`` of ``world_size``: the
-    ``wrap_model`` and ``shard`` of a ``DataParallelHooks``; nothing when the process runs alone."""
+    ``wrap_model`` and ``callbacks`` of a ``DataParallelHooks``; nothing when the process runs alone."""
     if world_size == 1:
         return {}
     hooks = DataParallelHooks(rank, world_size, pad_id)
-    return {"wrap_model": hooks.wrap, "shard": hooks.shard}
+    return {"wrap_model": hooks.wrap, "callbacks": [hooks]}
 
 
 # chapters/22_scaling_out.md: One process per device

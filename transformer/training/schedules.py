@@ -7,12 +7,14 @@ Defined in the book's chapter "Training" (chapters/13_training.md).
 """
 
 
-__all__ = ['warmup_lr', 'cooldown_factor', 'warmup_scheduler', 'warmup_cosine']
+__all__ = ['warmup_lr', 'cooldown_factor', 'warmup_rate', 'make_adam', 'warmup_cosine']
 
 
 import math
+from collections.abc import Callable, Iterable
 
 import torch
+from torch import Tensor
 
 from transformer.checks import check_fraction, check_positive_int
 
@@ -35,16 +37,10 @@ def cooldown_factor(step: int, steps: int, cooldown: float) -> float:
 
 
 # chapters/13_training.md: Cooling down at the end
-def warmup_scheduler(optimizer: torch.optim.Optimizer, d_model: int, warmup: int,
-                     factor: float = 1.0, steps: int | None = None,
-                     cooldown: float = 0.0) -> torch.optim.lr_scheduler.LambdaLR:
-    """A scheduler that sets the learning rate to ``factor * warmup_lr(step, d_model, warmup)``.
-
-    With ``cooldown > 0`` (a share of the run's ``steps``), the rate is also multiplied by
-    ``cooldown_factor(step, steps, cooldown)``: it falls linearly to zero over the run's last steps.
-    Create the optimiser with ``lr=1.0``: LambdaLR multiplies that base rate. The rate of the
-    first ``optimizer.step()`` is that of step 1; call ``scheduler.step()`` after each one.
-    """
+def warmup_rate(d_model: int, warmup: int, factor: float = 1.0, steps: int | None = None,
+                cooldown: float = 0.0) -> Callable[[int], float]:
+    """The rate of step s = 1, 2, ...: ``factor * warmup_lr(s, d_model, warmup)``, and with ``cooldown``
+    (a share of the run's ``steps``) times ``cooldown_factor(s, steps, cooldown)``."""
     check_positive_int("d_model", d_model)
     check_positive_int("warmup", warmup)
     if not factor > 0:
@@ -54,8 +50,17 @@ def warmup_scheduler(optimizer: torch.optim.Optimizer, d_model: int, warmup: int
         raise ValueError("cooldown needs steps, the length of the run")
     if steps is not None:
         check_positive_int("steps", steps)
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: factor * warmup_lr(done + 1, d_model, warmup)
-                                             * cooldown_factor(done + 1, steps or 1, cooldown))  # done: steps taken
+    return lambda step: factor * warmup_lr(step, d_model, warmup) * cooldown_factor(step, steps or 1, cooldown)
+
+
+def make_adam(parameters: Iterable[Tensor], rate: Callable[[int], float], lr: float = 1.0, *,
+              betas: tuple[float, float] = (0.9, 0.98), eps: float = 1e-9,
+              weight_decay: float = 0.0) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """Adam with the paper's betas and eps (AdamW with ``weight_decay``), and a scheduler that sets the
+    rate of step s to ``lr * rate(s)``: (optimizer, scheduler); call ``scheduler.step()`` after each step."""
+    optimizer = (torch.optim.AdamW(parameters, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+                 if weight_decay else torch.optim.Adam(parameters, lr=lr, betas=betas, eps=eps))
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: rate(done + 1))  # done: steps taken
 
 
 # chapters/25_decoder_only.md: Training
