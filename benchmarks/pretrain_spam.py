@@ -1,4 +1,4 @@
-"""Pre-train the masked language model of chapters/24_pretraining.md longer than the book's build allows.
+"""Pre-train the masked language model of chapters/pretraining.md longer than the book's build allows.
 
 Reads the three ``-1`` folders of the SpamAssassin corpus (``transformer.tasks.email``), learns the
 BPE tokenizer on the training emails, pre-trains a ``MaskedLanguageModel`` on their 64-token windows

@@ -47,7 +47,7 @@ OPERATORS = {">": float.__gt__, ">=": float.__ge__, "<": float.__lt__, "<=": flo
 class Claim:
     """One asserted number: ``glued op threshold`` must hold in every run of ``chapter``."""
 
-    chapter: str  # the chapter's name without its number, "training" (chapters/NN_training.md)
+    chapter: str  # the chapter's file name, "training" (chapters/training.md)
     name: str  # the glue name the chapter records the number under
     op: str  # one of OPERATORS
     threshold: float
@@ -177,8 +177,10 @@ CLAIMS = [
 
 
 def chapter_path(name: str) -> Path:
-    """``chapters/NN_name.md``: claims name their chapter without its number, which a new chapter may change."""
-    (path,) = sorted((ROOT / "chapters").glob(f"[0-9][0-9]_{name}.md"))
+    """``chapters/<name>.md``, refused when there is no such chapter."""
+    path = ROOT / "chapters" / f"{name}.md"
+    if not path.is_file():
+        raise ValueError(f"no chapter {name!r}: {path} does not exist")
     return path
 
 

@@ -1,9 +1,9 @@
-"""The learning curve of chapters/24_pretraining.md: spam-vs-ham test accuracy and spam F1 against the
+"""The learning curve of chapters/pretraining.md: spam-vs-ham test accuracy and spam F1 against the
 number of labelled training emails, for (a) a bag-of-words logistic regression, (b) the encoder
 trained from scratch, (c) the encoder pre-trained as a masked LM (``models/spam-mlm``) and fine-tuned,
 (d) all-MiniLM-L6-v2 frozen with a linear head (a logistic regression on its sentence embeddings of
 each email's first ``--minilm-tokens`` WordPiece tokens, [CLS] and [SEP] included); over seeds. Writes
-``benchmarks/spam_curve_results.json``, which chapters/24_classify_command.md reads and
+``benchmarks/spam_curve_results.json``, which chapters/classify_command.md reads and
 ``tests/test_masked_lm.py`` checks. With ``--models``, only those models run, and their runs replace
 theirs in the file (the others' are kept); each run of the script adds a record of its command, machine
 and time.

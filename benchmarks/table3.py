@@ -1,6 +1,6 @@
-"""The paper's Table 3, in small: the number-words model of chapters/14_training_run.md, shortened,
+"""The paper's Table 3, in small: the number-words model of chapters/training_run.md, shortened,
 trained once per variant (one change each from the base), seed and arithmetic path; read by
-chapters/14_what_matters.md and checked by tests/test_table3.py.
+chapters/what_matters.md and checked by tests/test_table3.py.
 
 The variants follow the rows of the paper's Table 3: (A) one head, and sixteen, at equal cost
 (d_k = d_v = d_model / h); (B) narrower keys and queries (d_k = 8 and 4, h and d_v kept); no 1/sqrt(d_k)
@@ -117,7 +117,7 @@ def run(variant: str, seed: int) -> dict:
     """Train one variant with one seed on this process's arithmetic path; its row of the table."""
     config, options = variant_config(variant, seed)
     src_vocab, tgt_vocab = source_vocab(), target_vocab()
-    train_numbers, _, test_numbers = split_numbers(200_000, 1_000, 5_000, seed=0)  # chapter 14's split
+    train_numbers, _, test_numbers = split_numbers(200_000, 1_000, 5_000, seed=0)  # the training_run chapter's split
     test_numbers = test_numbers[:TEST_SIZE]
     start = time.process_time()
     with run_settings(config.seed, config.num_threads):

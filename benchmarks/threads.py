@@ -1,7 +1,7 @@
 """Threads beside a busy process: the committed translator on the first 50 test sentences, beam 4, with
 two threads (torch's default on a 2-core machine) and with one, while one other process keeps a core.
 
-This is the measurement that chapter "Long runs" (chapters/21_long_runs.md, "Threads on a shared
+This is the measurement that chapter "Long runs" (chapters/long_runs.md, "Threads on a shared
 machine") quotes. Each setting runs in a fresh child process, which loads
 ``models/multi30k/model.pt``, sets ``torch.set_num_threads``, translates five sentences to warm up and
 then times ``translate(model, tokenizer, first 50 test sentences, beam_size=4)``: the decoding alone,

@@ -1,4 +1,4 @@
-"""Tests for transformer/nn/alibi.py (chapters/28_train_short_test_long.md): ALiBi's slopes and distance
+"""Tests for transformer/nn/alibi.py (chapters/train_short_test_long.md): ALiBi's slopes and distance
 bias worked out by hand, attention against the formula, the cache, and what the bias depends on."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""Tests for transformer/nn/attention.py (chapters/04_attention.md).
+"""Tests for transformer/nn/attention.py (chapters/attention.md).
 
 The references are torch.nn.functional.scaled_dot_product_attention (with the mask
 inverted: it reads True as "may attend") and the formula softmax(Q K^T / sqrt(d_k)) V

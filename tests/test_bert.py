@@ -1,5 +1,5 @@
-"""Tests for transformer/nn/text_encoder.py and transformer/interop/bert.py (chapters/24_pretrained_encoder.md),
-and for ``from_huggingface`` on a ``BertModel`` (chapters/33_pretrained.md).
+"""Tests for transformer/nn/text_encoder.py and transformer/interop/bert.py (chapters/pretrained_encoder.md),
+and for ``from_huggingface`` on a ``BertModel`` (chapters/pretrained.md).
 
 The references are independent of the package: ``transformers``' ``BertModel`` (read from the same
 folder, or built from a small configuration with random weights), sentence-transformers' pooling written

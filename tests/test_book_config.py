@@ -87,8 +87,8 @@ def test_the_introductions_roadmap_names_every_chapter_of_the_table_of_contents(
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     chapters = [entry["file"] for part in toc["parts"] for entry in part["chapters"]
                 if entry["file"].startswith("chapters/")]
-    intro = (ROOT / "chapters" / "01_introduction.md").read_text()
+    intro = (ROOT / "chapters" / "introduction.md").read_text()
     roadmap = intro.split("## Roadmap", 1)[1].split("\n## ", 1)[0]
     named = set(re.findall(r"\{doc\}`([0-9]{2}_[a-z_]+)`", roadmap))
     missing = [c for c in chapters if c.removeprefix("chapters/") not in named]
-    assert len(chapters) > 20 and not missing, f"the roadmap of chapters/01_introduction.md does not name {missing}"
+    assert len(chapters) > 20 and not missing, f"the roadmap of chapters/introduction.md does not name {missing}"

@@ -18,7 +18,7 @@ from tools.chapters import ChapterError, chapter_paths, read_chapter, reading_or
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Chapters whose names any chapter may use, wherever they stand in the book.
-ANYWHERE = {"chapters/35_conventions.md"}
+ANYWHERE = {"chapters/conventions.md"}
 
 
 def definitions(modules: list[export.Module]) -> tuple[dict[str, str], dict[str, str]]:
@@ -78,7 +78,7 @@ def test_chapters_are_read_in_the_order_of_the_toc_not_of_their_file_names():
     paths = chapter_paths(ROOT)
     assert [p.relative_to(ROOT).as_posix() for p in paths] == reading_order(ROOT)
     names = [p.stem for p in paths]  # the book's case: the command's chapter follows its owner's
-    assert names.index("24_pretraining") < names.index("24_classify_command")
+    assert names.index("pretraining") < names.index("classify_command")
 
 
 def test_a_chapter_missing_from_the_toc_or_a_toc_entry_without_a_file_is_an_error(tmp_path):

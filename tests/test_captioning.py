@@ -1,4 +1,4 @@
-"""Tests for transformer/tasks/scenes.py and transformer/tasks/captioning.py (chapters/31_captioning.md)."""
+"""Tests for transformer/tasks/scenes.py and transformer/tasks/captioning.py (chapters/captioning.md)."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Tests for transformer/tasks/classifier.py (chapters/24_encoder_only.md)."""
+"""Tests for transformer/tasks/classifier.py (chapters/encoder_only.md)."""
 
 import itertools
 import math

@@ -1,4 +1,4 @@
-"""Tests for transformer/cli/classify.py (chapters/24_classify_command.md): ``transformer train --task
+"""Tests for transformer/cli/classify.py (chapters/classify_command.md): ``transformer train --task
 classify``, ``transformer classify`` and the committed spam classifier, models/spam-classifier."""
 
 import json

@@ -1,4 +1,4 @@
-"""Tests for transformer/book/complexity.py (chapters/19_complexity.md)."""
+"""Tests for transformer/book/complexity.py (chapters/complexity.md)."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Tests for transformer/nn/decoder.py (chapters/09_decoder.md)."""
+"""Tests for transformer/nn/decoder.py (chapters/decoder.md)."""
 
 import pytest
 import torch

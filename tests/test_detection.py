@@ -1,4 +1,4 @@
-"""Detection as set prediction (chapters/32_detection.md): scenes, boxes, matching, set loss, detector."""
+"""Detection as set prediction (chapters/detection.md): scenes, boxes, matching, set loss, detector."""
 
 import itertools
 

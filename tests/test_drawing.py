@@ -1,4 +1,4 @@
-"""Tests for transformer/tasks/drawing.py (chapters/32_drawing.md)."""
+"""Tests for transformer/tasks/drawing.py (chapters/drawing.md)."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Tests for transformer/tasks/email.py and transformer/tasks/baselines.py (chapters/24_pretraining.md)."""
+"""Tests for transformer/tasks/email.py and transformer/tasks/baselines.py (chapters/pretraining.md)."""
 
 import re
 from email.message import EmailMessage
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_no_code_of_the_book_names_a_folder_of_the_later_collection():
     later = re.compile(r"(spam|easy-ham|hard-ham)-" + "2")  # written in two pieces so that this file does not match
-    sources = [*ROOT.glob("transformer/**/*.py"), ROOT / "chapters/24_pretraining.md", *ROOT.glob("benchmarks/*.py"),
+    sources = [*ROOT.glob("transformer/**/*.py"), ROOT / "chapters/pretraining.md", *ROOT.glob("benchmarks/*.py"),
                *ROOT.glob("tests/*.py"), *ROOT.glob("models/spam*/*")]
     named = [str(path) for path in sources if path.is_file() and later.search(path.read_text(errors="replace"))]
     assert named == []

@@ -1,4 +1,4 @@
-"""Tests for transformer/nn/encoder.py (chapters/08_encoder.md)."""
+"""Tests for transformer/nn/encoder.py (chapters/encoder.md)."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Tests for transformer/nn/feedforward.py (chapters/06_feedforward.md)."""
+"""Tests for transformer/nn/feedforward.py (chapters/feedforward.md)."""
 
 import pytest
 import torch

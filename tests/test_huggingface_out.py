@@ -1,4 +1,4 @@
-"""Tests for transformer/interop/huggingface_out.py (chapters/34_exporting.md): the committed translator
+"""Tests for transformer/interop/huggingface_out.py (chapters/exporting.md): the committed translator
 written as a Hugging Face Marian model, and that model converted by CTranslate2, must give our logits
 and our greedy translations. Nothing reaches the network. The ONNX graphs: tests/test_onnx.py."""
 

@@ -1,4 +1,4 @@
-"""Tests for transformer/tasks/masked_lm.py (chapters/24_pretraining.md) and its committed model, models/spam-mlm."""
+"""Tests for transformer/tasks/masked_lm.py (chapters/pretraining.md) and its committed model, models/spam-mlm."""
 
 import json
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Tests for transformer/tasks/cards.py (chapters/21_long_runs.md): the model card that goes with a shared
+"""Tests for transformer/tasks/cards.py (chapters/long_runs.md): the model card that goes with a shared
 translator, checked against the records it is made from, read here independently."""
 
 import hashlib

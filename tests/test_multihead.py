@@ -1,4 +1,4 @@
-"""Tests for transformer/nn/multihead.py (chapters/05_multihead_attention.md)."""
+"""Tests for transformer/nn/multihead.py (chapters/multihead_attention.md)."""
 
 import re
 

@@ -1,4 +1,4 @@
-"""Tests for transformer/interop/onnx.py (chapters/34_exporting.md): the committed translator exported to
+"""Tests for transformer/interop/onnx.py (chapters/exporting.md): the committed translator exported to
 ONNX must give our logits and our greedy translations under onnxruntime. Nothing reaches the network."""
 
 import os

@@ -1,4 +1,4 @@
-"""Tests for transformer/interop/huggingface_in.py (chapters/33_pretrained.md): Hugging Face's Marian and GPT-2
+"""Tests for transformer/interop/huggingface_in.py (chapters/pretrained.md): Hugging Face's Marian and GPT-2
 models, built from small configurations with random weights (no network), loaded into the book's
 classes, must give the same logits and the same greedy tokens as `transformers` itself."""
 

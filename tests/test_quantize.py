@@ -1,4 +1,4 @@
-"""Tests for transformer/generation/quantize.py (chapters/16_fast_generation.md): int8 linear layers for
+"""Tests for transformer/generation/quantize.py (chapters/fast_generation.md): int8 linear layers for
 inference on the CPU, checked against the float32 model they come from, and the translate command's
 --int8. The chapter checks the BLEU of the committed translator on the whole test set."""
 

@@ -1,4 +1,4 @@
-"""Tests for transformer/files.py (chapters/12_subwords.md): reading the user's text lines."""
+"""Tests for transformer/files.py (chapters/subwords.md): reading the user's text lines."""
 
 import io
 

@@ -1,4 +1,4 @@
-"""Tests for transformer/nn/relative.py (chapters/27_positions_compared.md)."""
+"""Tests for transformer/nn/relative.py (chapters/positions_compared.md)."""
 
 import functools
 import math

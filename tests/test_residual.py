@@ -1,4 +1,4 @@
-"""Tests for transformer/nn/residual.py (chapters/07_add_and_norm.md)."""
+"""Tests for transformer/nn/residual.py (chapters/add_and_norm.md)."""
 
 import math
 

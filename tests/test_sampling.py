@@ -1,4 +1,4 @@
-"""Tests for transformer/generation/sampling.py (chapters/26_sampling.md): the nucleus (top-p) filter,
+"""Tests for transformer/generation/sampling.py (chapters/sampling.md): the nucleus (top-p) filter,
 against a hand computation and against Hugging Face transformers' ``TopPLogitsWarper``, and ``sample``
 with ``top_p``. Top-k and the rest of ``sample`` are tested in tests/test_language_model.py."""
 

@@ -1,4 +1,4 @@
-"""What the encoder and the decoder have in common (chapters/08_encoder.md, chapters/09_decoder.md),
+"""What the encoder and the decoder have in common (chapters/encoder.md, chapters/decoder.md),
 checked once for both: a stack of layers with its final LayerNorm, the parameter count of a base
 layer, layers that share no weights, dropout in training only, and the constructors' checks."""
 

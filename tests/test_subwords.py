@@ -1,4 +1,4 @@
-"""Tests for transformer/tasks/subwords.py (chapters/12_subwords.md)."""
+"""Tests for transformer/tasks/subwords.py (chapters/subwords.md)."""
 
 import gzip
 import hashlib

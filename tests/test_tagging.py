@@ -1,4 +1,4 @@
-"""Tests for transformer/tasks/tagging.py (chapters/24_tagging.md)."""
+"""Tests for transformer/tasks/tagging.py (chapters/tagging.md)."""
 
 import math
 

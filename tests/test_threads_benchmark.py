@@ -14,7 +14,7 @@ from transformer.training.loop import free_cores
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "threads_results.json"
-CHAPTER = ROOT / "chapters" / "21_long_runs.md"
+CHAPTER = ROOT / "chapters" / "long_runs.md"
 
 
 def test_the_recorded_measurement_is_complete_and_supports_the_chapter():

@@ -1,4 +1,4 @@
-"""Tests for transformer/tasks/translation.py (chapters/17_translation.md): token-count batches, translating,
+"""Tests for transformer/tasks/translation.py (chapters/translation.md): token-count batches, translating,
 sacreBLEU scores, saving, loading and averaging, the committed Multi30k model, and the two commands."""
 
 import copy

@@ -1,4 +1,4 @@
-"""Tests of ``transformer train --task translation`` (chapters/22_scaling_out.md): a translator trained on
+"""Tests of ``transformer train --task translation`` (chapters/scaling_out.md): a translator trained on
 the user's own parallel text files, the files it refuses, and ``transformer translate`` with the result."""
 
 import io

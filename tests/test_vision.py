@@ -1,4 +1,4 @@
-"""Tests for transformer/nn/vision.py (chapters/30_vision.md)."""
+"""Tests for transformer/nn/vision.py (chapters/vision.md)."""
 
 import gzip
 import hashlib

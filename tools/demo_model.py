@@ -1,4 +1,4 @@
-"""Write the files of the translator page (chapters/34_exporting.md) into a folder of the built site:
+"""Write the files of the translator page (chapters/exporting.md) into a folder of the built site:
 the committed model's two ONNX graphs and its BPE tokenizer as ``tokenizer.json``.
 
 Run by `make assets` (so by `make book` and `make html`):

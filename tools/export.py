@@ -95,7 +95,7 @@ LINE_WIDTH = 120
 class Cell:
     """One exported code cell: where it comes from and its source."""
 
-    chapter: str  # e.g. "chapters/02_embeddings.md"
+    chapter: str  # e.g. "chapters/embeddings.md"
     section: str  # the last heading above it
     source: str
     owner_class: str | None = None  # "# export: methods of NAME": the class the cell adds methods to
@@ -114,7 +114,7 @@ class Cell:
 class Module:
     """One generated module: its owner, its docstring and the cells that fill it."""
 
-    chapter: str  # the owning chapter, e.g. "chapters/02_embeddings.md"
+    chapter: str  # the owning chapter, e.g. "chapters/embeddings.md"
     path: str  # e.g. "transformer/nn/embedding.py"
     docstring: str
     cells: list[Cell] = field(default_factory=list)

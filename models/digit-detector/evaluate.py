@@ -16,7 +16,7 @@ from transformer.nn.detector import DigitDetector
 from transformer.tasks.detection import coco_average_precision, detections, make_digit_scenes, predicted_set
 from transformer.tasks.digits import load_digits, stratified_split
 
-TEST_SCENES = {"count": 500, "seed": 2}  # chapters/32_detection.md's test scenes, from the held-out digits
+TEST_SCENES = {"count": 500, "seed": 2}  # chapters/detection.md's test scenes, from the held-out digits
 
 
 def scores(folder: Path) -> dict:

@@ -1,4 +1,4 @@
-"""Train the committed digit detector (chapters/32_detection.md). From the repository's root:
+"""Train the committed digit detector (chapters/detection.md). From the repository's root:
 
     OMP_NUM_THREADS=1 .venv/bin/python models/digit-detector/train.py --steps 10000 --out models/digit-detector
 
@@ -48,7 +48,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     checkpoint = args.out / "checkpoint.pt"
     images, labels = load_digits()
-    train_index, _ = stratified_split(labels)  # the split of chapters/29_images.md: training digits only
+    train_index, _ = stratified_split(labels)  # the split of chapters/images.md: training digits only
     scenes = make_digit_scenes(images[train_index], labels[train_index], args.scenes, seed=1)
     start = time.perf_counter()
     with torch.random.fork_rng(devices=[]):

@@ -1,4 +1,4 @@
-"""The translator page of chapters/34_exporting.md in headless Chromium: five test sentences typed
+"""The translator page of chapters/exporting.md in headless Chromium: five test sentences typed
 into the page must come back as the package's own greedy translations, computed in the page by
 onnxruntime-web on single-threaded WebAssembly, with the cross-attention heatmap drawn and no request
 leaving the local server. Run by `make browser` against a built site; it also prints the page's
@@ -12,7 +12,7 @@ from transformer.paths import book_root
 from transformer.tasks.multi30k import load_multi30k
 from transformer.tasks.translation import load_translator, translate
 
-PAGE = "chapters/34_exporting.html"
+PAGE = "chapters/exporting.html"
 
 
 @pytest.fixture(scope="module")

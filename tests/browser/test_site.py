@@ -21,7 +21,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 SITE = ROOT / "_build" / "html"
 SCREENSHOTS = ROOT / "_build" / "screenshots"
-SCREENSHOT_PAGES = {"chapters/03_positional_encoding", "chapters/04_attention"}
+SCREENSHOT_PAGES = {"chapters/positional_encoding", "chapters/attention"}
 
 
 def toc_pages() -> list[str]:
@@ -96,7 +96,7 @@ def equations_cut_without_a_cue(page) -> list[dict]:
 def test_an_equation_wider_than_the_column_scrolls_with_a_cue(visit):
     """The check above is not vacuous: an equation made too wide for the column is found wider than its
     box, and scrolls with its cue; without the book's styles it would be reported."""
-    page = visit("chapters/05_multihead_attention.html").page
+    page = visit("chapters/multihead_attention.html").page
     page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=30_000)
     page.evaluate("""async () => {
       await MathJax.startup.promise;
@@ -117,7 +117,7 @@ def test_an_equation_wider_than_the_column_scrolls_with_a_cue(visit):
 
 def test_chapter_pages_have_equations_and_figures(visit):
     """The check above is not vacuous: the chapters do carry math and images."""
-    v = visit("chapters/03_positional_encoding.html")
+    v = visit("chapters/positional_encoding.html")
     assert v.page.locator(".math").count() > 10
     assert v.page.locator("figure img").count() >= 2
 
@@ -158,5 +158,5 @@ def test_search_finds_attention(visit):
         "() => (document.querySelector('#search-results .search-summary')?.innerText || '').includes('found')",
         timeout=60_000)
     hits = v.page.eval_on_selector_all("#search-results li a", "els => els.map(e => e.href)")
-    assert any("04_attention" in href for href in hits), hits
+    assert any("attention" in href for href in hits), hits
     assert v.errors == [] and v.outside == []

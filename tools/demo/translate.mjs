@@ -1,4 +1,4 @@
-// The translator of chapters/34_exporting.md in the reader's browser: the committed model's two ONNX
+// The translator of chapters/exporting.md in the reader's browser: the committed model's two ONNX
 // graphs (encoder, one decoder step) run by onnxruntime-web on WebAssembly, single-threaded (GitHub
 // Pages gives no cross-origin isolation, so no SharedArrayBuffer and no worker threads), the book's
 // BPE tokenizer by @huggingface/tokenizers. Every file comes from this folder of the site; nothing
