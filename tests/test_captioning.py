@@ -1,4 +1,5 @@
-"""Tests for transformer/tasks/scenes.py and transformer/tasks/captioning.py (chapters/captioning.md)."""
+"""Tests for transformer/tasks/scenes.py, transformer/nn/captioner.py and transformer/tasks/captioning.py
+(chapters/captioning.md)."""
 
 import pytest
 import torch
@@ -7,7 +8,9 @@ import torch.nn.functional as F
 from transformer.nn.cache import DecoderCache
 from transformer.tasks.captioning import ImageCaptioner, caption_batches, caption_scores
 from transformer.generation.decoding import beam_search, greedy_decode
-from transformer.tasks.scenes import CANVAS_SIZE, DIGIT_NAMES, CaptionVocab, is_held_out, make_scenes, pixel_tokens
+from transformer.nn.model import Transformer
+from transformer.tasks.scenes import (CANVAS_SIZE, DIGIT_NAMES, PIXEL_LEVELS, CaptionVocab, is_held_out, make_scenes,
+                                     pixel_tokens)
 from transformer.nn.vision import patches
 
 
@@ -141,3 +144,20 @@ def test_caption_batches():
     batch = next(caption_batches(src, captions, 4, 16, seed=0))
     assert torch.equal(batch.src[:, 0], batch.tgt_in[:, 0]) and batch.src_mask.shape == (4, 1, 1, 16)
     assert torch.equal(batch.tgt_out, batch.tgt_in)  # constant rows: the shift is by one position
+
+
+def test_the_captioner_lives_in_nn_and_plugs_its_front_end_into_transformer():
+    import transformer.nn.captioner as captioner
+    import transformer.tasks.captioning as task
+
+    assert task.ImageCaptioner is captioner.ImageCaptioner and task.PatchFrontEnd is captioner.PatchFrontEnd
+    model = ImageCaptioner(16)
+    assert isinstance(model.src_embed, captioner.PatchFrontEnd)
+    assert (model.src_embed.image_size, model.src_embed.vocab_size) == (CANVAS_SIZE, PIXEL_LEVELS)  # the scenes'
+    assert type(model).encode is Transformer.encode  # the front-end hook, no encode of its own
+    table = [name for name, p in model.named_parameters() if p.shape[0] == PIXEL_LEVELS]
+    assert table == []  # no token table of the grey levels built and thrown away
+    other = ImageCaptioner(16, image_size=8, patch_size=4, pixel_levels=5)
+    assert other.src_embed.vocab_size == 5 and other.encode(torch.randint(0, 5, (2, 64))).shape == (2, 4, 64)
+    with pytest.raises(ValueError, match="pixel_levels must be at least 2"):
+        ImageCaptioner(16, pixel_levels=1)

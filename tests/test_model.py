@@ -284,3 +284,40 @@ def test_errors_name_what_the_user_passed():
         model(src, tgt, src_mask=torch.zeros(1, 1, 1, 4))
     with pytest.raises(ValueError, match=r"src_mask: mask must broadcast .* got shape \(3, 1, 1, 4\)"):
         model(src, tgt, src_mask=torch.zeros(3, 1, 1, 4, dtype=torch.bool))
+
+
+class _Projected(torch.nn.Module):
+    """A source front-end of its own: float features (B, S, 3) -> (B, S, 16), no token ids."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(3, 16)
+
+    def forward(self, features):
+        return self.proj(features)
+
+
+def test_a_source_front_end_replaces_the_token_embedding_and_its_positions(batch):
+    _, tgt, _ = batch
+    model = small_transformer(src_embed=_Projected())
+    features = torch.randn(3, 4, 3)  # (B, S, 3): no ids, so no vocabulary to check
+    mask = torch.zeros(3, 1, 1, 4, dtype=torch.bool)
+    torch.testing.assert_close(model.encode(features, mask), model.encoder(model.src_embed(features), mask=mask))
+    assert model(features, tgt, mask).shape == (3, 5, TGT_VOCAB)
+    paper = [k for k in small_transformer().state_dict() if k != "src_embed.weight"]
+    assert sorted(model.state_dict()) == sorted(paper + ["src_embed.proj.weight", "src_embed.proj.bias"])
+    with pytest.raises(ValueError, match="src_mask"):
+        model.encode(features, torch.zeros(3, 1, 1, 5, dtype=torch.bool))  # 5 keys, the front-end gives 4
+
+
+def test_the_default_front_end_keeps_the_state_dict_keys():
+    keys = list(small_transformer().state_dict())
+    assert keys[0] == "src_embed.weight" and "tgt_embed.weight" in keys
+    assert not any(k.startswith("src_embed.") and k != "src_embed.weight" for k in keys)
+
+
+def test_a_bad_source_front_end_is_refused():
+    with pytest.raises(TypeError, match="src_embed must be an nn.Module.*got function"):
+        Transformer(11, 13, 16, 2, 1, 32, src_embed=lambda src: src)
+    with pytest.raises(TypeError, match="a TokenEmbedding to share it.*share_embeddings=True"):
+        Transformer(11, 11, 16, 2, 1, 32, share_embeddings=True, src_embed=_Projected())

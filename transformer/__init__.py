@@ -39,7 +39,7 @@ from transformer.nn.decoder_only import DecoderOnlyLM
 from transformer.generation.sampling import sample
 from transformer.nn.relative import RelativeMultiHeadAttention, RotaryMultiHeadAttention
 from transformer.nn.vision import VisionTransformer
-from transformer.tasks.captioning import ImageCaptioner
+from transformer.nn.captioner import ImageCaptioner
 from transformer.interop.huggingface_in import from_huggingface
 from transformer.interop.huggingface_out import to_huggingface
 

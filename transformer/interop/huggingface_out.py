@@ -103,7 +103,7 @@ def marian_state_dict(model: Transformer) -> dict[str, Tensor]:
              "cross_attn.w_v", "feed_forward.w_1")
     writes = ("self_attn.w_o", "cross_attn.w_o", "feed_forward.w_2")
     ff = {"feed_forward.w_1": "fc1", "feed_forward.w_2": "fc2"}
-    state = {"model.shared.weight": model.src_embed.weight[:, inv],
+    state = {"model.shared.weight": model.src_embed.get_parameter("weight")[:, inv],  # src_embed: any module, typed
              "final_logits_bias": model.output.bias[None]}  # (V,) -> (1, V)
     for i, layer in enumerate(model.encoder.layers):
         state.update(_weights(layer, inv, f"model.encoder.layers.{i}", reads, writes,

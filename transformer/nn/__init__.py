@@ -22,6 +22,7 @@ from transformer.nn.relative import relative_positions, RelativeMultiHeadAttenti
 from transformer.nn.alibi import alibi_slopes, ALiBiMultiHeadAttention
 from transformer.nn.vision import (patches, PatchEmbedding, sinusoidal_encoding_2d, grid_relations,
     GridRelativeMultiHeadAttention, VisionTransformer)
+from transformer.nn.captioner import PatchFrontEnd, ImageCaptioner
 from transformer.nn.detector import DigitDetector
 
 __all__ = [
@@ -73,5 +74,7 @@ __all__ = [
     'grid_relations',
     'GridRelativeMultiHeadAttention',
     'VisionTransformer',
+    'PatchFrontEnd',
+    'ImageCaptioner',
     'DigitDetector',
 ]

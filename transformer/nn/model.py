@@ -48,6 +48,9 @@ class Transformer(nn.Module):
             pre-LN (``norm_first``), dropout on the attention weights and on the feed-forward hidden
             units (0 by default), the feed-forward ``activation``. Every argument after ``dropout``
             is keyword only.
+        src_embed: the source front-end. None (the paper): a ``TokenEmbedding`` of ``src_vocab_size``
+            ids, whose output gets ``positional_encoding``; any other module maps ``src`` to vectors
+            with their positions, (B, S, d_model), and checks its own input.
 
     Shape:
         src (B, S), tgt (B, T) integer ids -> logits (B, T, tgt_vocab_size).
@@ -58,7 +61,8 @@ class Transformer(nn.Module):
     def __init__(self, src_vocab_size: int, tgt_vocab_size: int, d_model: int = 512, num_heads: int = 8,
                  num_layers: int = 6, d_ff: int = 2048, dropout: float = 0.1, *, max_len: int = 5000,
                  pad_id: int | None = None, share_embeddings: bool = False, tie_output: bool = True,
-                 scale_embedding: bool = True, options: LayerOptions = LayerOptions()):
+                 scale_embedding: bool = True, options: LayerOptions = LayerOptions(),
+                 src_embed: nn.Module | None = None):
         super().__init__()
         check_positive_int("src_vocab_size", src_vocab_size)
         check_positive_int("tgt_vocab_size", tgt_vocab_size)
@@ -69,9 +73,14 @@ class Transformer(nn.Module):
                 "share_embeddings needs one vocabulary, got "
                 f"src_vocab_size={src_vocab_size} and tgt_vocab_size={tgt_vocab_size}"
             )
+        if src_embed is None:  # the paper's front-end: token ids, then positions (added in encode)
+            src_embed = TokenEmbedding(src_vocab_size, d_model, padding_idx=pad_id, scale=scale_embedding)
+        if not isinstance(src_embed, nn.Module) or (share_embeddings and not isinstance(src_embed, TokenEmbedding)):
+            raise TypeError(f"src_embed must be an nn.Module, and a TokenEmbedding to share it, got "
+                            f"{type(src_embed).__name__} with share_embeddings={share_embeddings}")
         self.d_model = d_model
-        self.src_embed = TokenEmbedding(src_vocab_size, d_model, padding_idx=pad_id, scale=scale_embedding)
-        self.tgt_embed = (self.src_embed if share_embeddings
+        self.src_embed = src_embed
+        self.tgt_embed = (src_embed if share_embeddings and isinstance(src_embed, TokenEmbedding)
                           else TokenEmbedding(tgt_vocab_size, d_model, padding_idx=pad_id, scale=scale_embedding))
         self.positional_encoding = SinusoidalPositionalEncoding(d_model, max_len, dropout)
         self.encoder = Encoder(num_layers, d_model, num_heads, d_ff, dropout, options=options)
@@ -82,10 +91,13 @@ class Transformer(nn.Module):
             self.output.weight = self.tgt_embed.weight  # (V, d_model): the same Parameter
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
-        """Read the source: ids (B, S) -> memory (B, S, d_model)."""
-        src = check_token_batch("src", src, self.src_embed.vocab_size, self.positional_encoding.max_len)
-        _check_src_mask(self, src_mask, (src.shape[0], src.shape[1], src.shape[1]))  # (B, S, S)
-        x = self.positional_encoding(self.src_embed(src))  # (B, S) -> (B, S, d_model)
+        """Read the source through the front-end: ids (B, S) -> memory (B, S, d_model)."""
+        if isinstance(self.src_embed, TokenEmbedding):  # the paper's: ids, embedded, then positions
+            src = check_token_batch("src", src, self.src_embed.vocab_size, self.positional_encoding.max_len)
+            x = self.positional_encoding(self.src_embed(src))  # (B, S) -> (B, S, d_model)
+        else:
+            x = self.src_embed(src)  # its own front-end: src -> (B, S, d_model), positions included
+        _check_src_mask(self, src_mask, (x.shape[0], x.shape[1], x.shape[1]))  # (B, S, S)
         return self.encoder(x, mask=src_mask)  # (B, S, d_model)
 
     def decode(self, tgt: Tensor, memory: Tensor, src_mask: Tensor | None = None,
