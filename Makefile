@@ -127,6 +127,7 @@ NBVAL_ENV ?= ATEN_CPU_CAPABILITY=default
 NBVAL_NOTEBOOKS := _build/nbval
 nbval: setup
 	rm -rf $(NBVAL_NOTEBOOKS) $(NBVAL_NOTEBOOKS).txt
+	mkdir -p $(dir $(NBVAL_NOTEBOOKS))
 	$(BIN)/python -m tools.notebooks --out $(NBVAL_NOTEBOOKS) $$($(BIN)/python -m tools.nbval_chapters) > $(NBVAL_NOTEBOOKS).txt
 	$(NBVAL_ENV) $(BIN)/python -m pytest --nbval-lax $$(cat $(NBVAL_NOTEBOOKS).txt)
 
