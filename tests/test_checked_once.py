@@ -162,3 +162,14 @@ def test_the_model_names_its_cache_and_no_class_registers_itself():
     src, _, src_mask, _ = batch()
     assert isinstance(DecoderState(model, model.encode(src, src_mask), src_mask).cache, DecoderCache)
     assert DecoderState(model, model.encode(src, src_mask), src_mask, use_cache=False).cache is None
+
+
+def test_attention_maps_read_through_hooks_still_find_every_layer():
+    from transformer.book.reading import ATTENTION_KINDS, attention_maps
+
+    model = translator(2)
+    src, tgt, src_mask, tgt_mask = batch()
+    maps = attention_maps(model, src, tgt, src_mask, tgt_mask)  # replays each hooked call, checked=True kept
+    assert sorted(maps) == sorted((kind, i) for kind in ATTENTION_KINDS for i in range(2))
+    assert maps["cross-attention", 1].shape == (2, 2, 4, 5)  # (B, H, T, S)
+    assert (maps["cross-attention", 1][1, :, :, 3:] == 0).all()  # the source's padding gets no weight

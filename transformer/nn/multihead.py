@@ -69,10 +69,9 @@ class AttentionCache(ABC):
 
 
 # chapters/multihead_attention.md: The module
-def _check_inputs(query: Tensor, key: Tensor, value: Tensor, d_model: int,
-                  cache: object = None) -> tuple[int, int, int]:
+def _check_inputs(query: Tensor, key: Tensor, value: Tensor, d_model: int, cache: object = None) -> None:
     """Check query (B, L, d_model), key and value (B, S, d_model), and that a cache is an
-    ``AttentionCache``; return (B, L, S)."""
+    ``AttentionCache``."""
     if cache is not None and not isinstance(cache, AttentionCache):
         raise TypeError(f"cache must be an AttentionCache or None, got {type(cache).__name__}")
     for name, x in (("query", query), ("key", key), ("value", value)):
@@ -87,7 +86,6 @@ def _check_inputs(query: Tensor, key: Tensor, value: Tensor, d_model: int,
             f"value must have the batch size and length of key, (B, S) = {tuple(key.shape[:2])}, "
             f"got value {tuple(value.shape)}"
         )
-    return query.shape[0], query.shape[1], key.shape[1]
 
 
 # chapters/multihead_attention.md: The module
