@@ -51,8 +51,9 @@ class DecoderState:
         model, memory, src_mask: the ``Transformer``, its encoder's output ``(B, S, d_model)`` (one row
             per source) and the source's mask, e.g. ``(B, 1, 1, S)``, or None.
         beams: k, the rows per source (beam search), each reading its source's memory.
-        use_cache, max_len: keep the keys and values in a ``GenerationCache.default`` for ``max_len``
-            target positions (the key/value cache of the chapter "Fast generation"), if one is defined.
+        use_cache, max_len: keep the keys and values in the ``GenerationCache`` the model names,
+            ``model.new_cache(capacity=max_len)`` (the key/value cache of the chapter "Fast generation"),
+            if it has that method.
     """
 
     def __init__(self, model: Transformer, memory: Tensor, src_mask: Tensor | None, beams: int = 1,
@@ -60,8 +61,8 @@ class DecoderState:
         self.model, self.beams = model, beams
         self.memory = memory.repeat_interleave(beams, dim=0)  # (B * k, S, d_model)
         self.src_mask = _expand_beams(src_mask, beams)  # (B * k, 1, 1, S), or a mask that broadcasts
-        built = GenerationCache.default if use_cache else None
-        self.cache = None if built is None else built(len(model.decoder.layers), capacity=max_len)
+        new_cache = getattr(model, "new_cache", None) if use_cache else None  # the model names its cache
+        self.cache: GenerationCache | None = None if new_cache is None else new_cache(capacity=max_len)
         if self.cache is not None:  # the memory's keys and values, projected once per source for its k beams
             self.cache.share([layer.cross_attn for layer in model.decoder.layers], memory, beams)
 

@@ -152,7 +152,7 @@ class DecoderLayerCache(LayerCache):
         return self.self_attn.causal_mask(new, device)
 
 
-class DecoderCache(GenerationCache, default=True):
+class DecoderCache(GenerationCache):
     """The caches of every layer of a decoder: ``layers[i]`` is the ``DecoderLayerCache`` of layer i.
 
     ``capacity``: the target positions to allocate once in every self-attention cache (e.g. the

@@ -12,8 +12,8 @@ __all__ = ['LayerCache', 'DecoderLayer', 'StackCache', 'Decoder', 'GenerationCac
 
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -28,15 +28,16 @@ from transformer.nn.residual import LayerNorm, add_and_norm
 
 # chapters/decoder.md: One decoder layer
 def _check_decoder_inputs(x: Tensor, memory: Tensor | None, memory_mask: Tensor | None, d_model: int,
-                          num_heads: int, cross_attention: bool = True) -> None:
-    """Check x (B, T, d_model), memory (B, S, d_model) and the cross-attention's mask.
+                          num_heads: int, cross_attention: bool = True, memory_mask_name: str = "memory_mask") -> None:
+    """Check x (B, T, d_model), memory (B, S, d_model) and the cross-attention's mask (named
+    ``memory_mask_name`` in the messages, e.g. a model's ``"src_mask"``).
 
     A layer without cross-attention takes no memory and no memory mask.
     """
     check_features("x", x, d_model)
     B, T, _ = x.shape
     if not cross_attention:
-        for name, value in (("memory", memory), ("memory_mask", memory_mask)):
+        for name, value in (("memory", memory), (memory_mask_name, memory_mask)):
             if value is not None:
                 raise ValueError(f"{name} must be None for a layer built with cross_attention=False, "
                                  f"got a {type(value).__name__}")
@@ -48,7 +49,7 @@ def _check_decoder_inputs(x: Tensor, memory: Tensor | None, memory_mask: Tensor 
             f"memory must have the batch size of x, B = {B}, got memory {tuple(memory.shape)} "
             f"and x {tuple(x.shape)}"
         )
-    check_attention_mask(memory_mask, (B, num_heads, T, S), name="memory_mask")
+    check_attention_mask(memory_mask, (B, num_heads, T, S), name=memory_mask_name)
 
 
 # chapters/decoder.md: Always causal
@@ -134,7 +135,8 @@ class DecoderLayer(nn.Module):
         self.d_model, self.num_heads, self.norm_first = d_model, num_heads, options.norm_first
 
     def forward(self, x: Tensor, memory: Tensor | None = None, tgt_mask: Tensor | None = None,
-                memory_mask: Tensor | None = None, cache: LayerCache | None = None) -> Tensor:
+                memory_mask: Tensor | None = None, cache: LayerCache | None = None, *,
+                checked: bool = False) -> Tensor:
         """Causal self-attention over ``x``, attention from ``x`` to ``memory``, feed-forward.
 
         Args:
@@ -149,6 +151,8 @@ class DecoderLayer(nn.Module):
             cache: optional ``LayerCache`` (generation, the book's chapter "Fast generation").
                 ``x`` is then only the new positions, after the ``p`` cached ones; a ``tgt_mask``
                 broadcasts to ``(B, num_heads, T, p + T)``.
+            checked: True when the caller (a stack) has checked the arguments, with
+                ``check_inputs``: the layer and its sublayers check nothing again.
 
         Returns:
             The output vectors, ``(B, T, d_model)``.
@@ -156,27 +160,40 @@ class DecoderLayer(nn.Module):
         Shape:
             x ``(B, T, d_model)``, memory ``(B, S, d_model)`` -> ``(B, T, d_model)``.
         """
+        if not checked:
+            self.check_inputs(x, memory, tgt_mask, memory_mask, cache)
+        self_cache, cross_cache = (None, None) if cache is None else (cache.self_attn, cache.cross_attn)
+        T = x.shape[1]
+        causal = causal_mask(T, device=x.device) if cache is None else cache.causal_mask(T, x.device)  # (T, p + T)
+        self_mask = _self_attention_mask(tgt_mask, causal if self.causal else None)  # to (B, H, T, p + T)
+        x = add_and_norm(x, lambda y: self.self_attn(y, y, y, mask=self_mask, cache=self_cache, checked=True),
+                         self.norm1, self.dropout1, self.norm_first, checked=True)  # (B, T, d_model)
+        cross_attn = self.cross_attn
+        if cross_attn is not None:
+            # memory was checked; norm2 and dropout2 are built with cross_attn
+            assert memory is not None and self.norm2 is not None and self.dropout2 is not None
+            x = add_and_norm(x, lambda y: cross_attn(y, memory, memory, mask=memory_mask, cache=cross_cache,
+                                                     checked=True),
+                             self.norm2, self.dropout2, self.norm_first, checked=True)  # (B, T, d_model)
+        return add_and_norm(x, lambda y: self.feed_forward(y, checked=True), self.norm3, self.dropout3,
+                            self.norm_first, checked=True)
+
+    def check_inputs(self, x: Tensor, memory: Tensor | None, tgt_mask: Tensor | None, memory_mask: Tensor | None,
+                     cache: LayerCache | None = None, memory_mask_name: str = "memory_mask") -> None:
+        """Check the arguments of ``forward``: ``x`` and ``memory`` in the dtype of the layer, both masks
+        (``memory_mask`` named ``memory_mask_name`` in the messages, e.g. a model's ``"src_mask"``) and
+        the cache's type."""
         if cache is not None and not isinstance(cache, LayerCache):
             raise TypeError(f"cache must be a LayerCache or None, got {type(cache).__name__}")
-        self_cache, cross_cache = (None, None) if cache is None else (cache.self_attn, cache.cross_attn)
         _check_decoder_inputs(x, memory, memory_mask, self.d_model, self.num_heads,
-                              cross_attention=self.cross_attn is not None)
+                              cross_attention=self.cross_attn is not None, memory_mask_name=memory_mask_name)
         B, T, _ = x.shape
-        causal = causal_mask(T, device=x.device) if cache is None else cache.causal_mask(T, x.device)
-        check_attention_mask(tgt_mask, (B, self.num_heads, T, causal.shape[1]), name="tgt_mask")  # (T, p + T)
+        if tgt_mask is not None:  # keys: the T new positions, after the p a cache holds
+            keys = T if cache is None else cache.causal_mask(T, x.device).shape[1]
+            check_attention_mask(tgt_mask, (B, self.num_heads, T, keys), name="tgt_mask")
         for name, value in (("x", x), ("memory", memory)):
             if value is not None:
                 check_dtype(name, value, self.norm1.weight.dtype)  # before any LayerNorm or projection
-        self_mask = _self_attention_mask(tgt_mask, causal if self.causal else None)  # to (B, H, T, p + T)
-        x = add_and_norm(x, lambda y: self.self_attn(y, y, y, mask=self_mask, cache=self_cache),
-                         self.norm1, self.dropout1, self.norm_first)  # (B, T, d_model)
-        cross_attn = self.cross_attn
-        if cross_attn is not None:
-            # memory was checked above; norm2 and dropout2 are built with cross_attn
-            assert memory is not None and self.norm2 is not None and self.dropout2 is not None
-            x = add_and_norm(x, lambda y: cross_attn(y, memory, memory, mask=memory_mask, cache=cross_cache),
-                             self.norm2, self.dropout2, self.norm_first)  # (B, T, d_model)
-        return add_and_norm(x, self.feed_forward, self.norm3, self.dropout3, self.norm_first)
 
 
 # chapters/decoder.md: A stack of layers
@@ -227,7 +244,8 @@ class Decoder(nn.Module):
         self.norm = LayerNorm(d_model) if options.norm_first else None
 
     def forward(self, x: Tensor, memory: Tensor | None = None, tgt_mask: Tensor | None = None,
-                memory_mask: Tensor | None = None, cache: StackCache | None = None) -> Tensor:
+                memory_mask: Tensor | None = None, cache: StackCache | None = None, *,
+                checked: bool = False) -> Tensor:
         """Run the target ``x`` through every layer in turn, each attending to ``memory``.
 
         Args:
@@ -241,6 +259,8 @@ class Decoder(nn.Module):
                 ``(B, num_heads, T, S)``, e.g. the source's padding ``(B, 1, 1, S)``.
             cache: optional ``StackCache`` with one ``LayerCache`` per layer (generation);
                 ``x`` is then only the target positions after the cached ones.
+            checked: True when the caller (a model) has checked the arguments; otherwise they are
+                checked here, once for all the layers, which are told so.
 
         Returns:
             The decoder's output, ``(B, T, d_model)``: row t depends on target rows 0..t only.
@@ -248,9 +268,13 @@ class Decoder(nn.Module):
         Shape:
             x ``(B, T, d_model)``, memory ``(B, S, d_model)`` -> ``(B, T, d_model)``.
         """
-        for layer, layer_cache in zip(self.layers, self._layer_caches(cache)):
-            x = layer(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask, cache=layer_cache)  # (B, T, d_model)
-        return x if self.norm is None else self.norm(x)
+        caches = self._layer_caches(cache)
+        if not checked:  # every layer takes the same arguments: the first one's check is every layer's
+            cast(DecoderLayer, self.layers[0]).check_inputs(x, memory, tgt_mask, memory_mask, caches[0])
+        for layer, layer_cache in zip(self.layers, caches):
+            x = layer(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask, cache=layer_cache,
+                      checked=True)  # (B, T, d_model)
+        return x if self.norm is None else self.norm(x, checked=True)
 
     def _layer_caches(self, cache: StackCache | None) -> list[LayerCache | None]:
         """The caches of the layers, one each, or Nones without a cache."""
@@ -265,16 +289,9 @@ class Decoder(nn.Module):
 # chapters/training.md: Reading the answer: greedy decoding
 class GenerationCache(StackCache):
     """What ``DecoderState`` asks of a decoder's key/value cache (the hook of generation), besides
-    ``StackCache``'s ``layers`` and ``length``. A subclass declared with ``default=True`` (the book's
-    chapter "Fast generation": ``DecoderCache``) is the one ``use_cache=True`` builds, as
-    ``default(num_layers, capacity=max_len)``."""
-
-    default: ClassVar[Callable[..., "GenerationCache"] | None] = None  # None: no cache is defined yet
-
-    def __init_subclass__(cls, default: bool = False, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if default:
-            GenerationCache.default = cls
+    ``StackCache``'s ``layers`` and ``length``. The model names its cache: ``use_cache=True`` builds
+    ``model.new_cache(capacity=max_len)`` (the book's chapter "Fast generation" gives ``Transformer``
+    that method, which builds a ``DecoderCache``)."""
 
     @abstractmethod
     def share(self, cross_attentions: list[Any], memory: Tensor, beams: int) -> None:

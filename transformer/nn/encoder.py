@@ -12,10 +12,12 @@ __all__ = ['LayerOptions', 'check_layer_options', 'EncoderLayer', 'Encoder']
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from torch import Tensor, nn
 
 from transformer.checks import check_bool, check_fraction, check_dtype, check_features, check_positive_int
+from transformer.nn.attention import check_attention_mask
 from transformer.nn.feedforward import PositionwiseFeedForward
 from transformer.nn.multihead import MultiHeadAttention
 from transformer.nn.residual import LayerNorm, add_and_norm
@@ -97,13 +99,15 @@ class EncoderLayer(nn.Module):
         self.dropout1, self.dropout2 = nn.Dropout(dropout), nn.Dropout(dropout)
         self.d_model, self.norm_first = self.self_attn.d_model, options.norm_first
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None = None, *, checked: bool = False) -> Tensor:
         """Self-attention over all positions of ``x``, then the feed-forward network.
 
         Args:
             x: the input vectors, ``(B, S, d_model)``.
             mask: optional bool mask, True where a position may not be attended to, broadcastable
                 to ``(B, num_heads, S, S)``; typically a padding mask ``(B, 1, 1, S)``.
+            checked: True when the caller (a stack) has checked ``x`` and ``mask``, with
+                ``check_inputs``: the layer and its sublayers check nothing again.
 
         Returns:
             The output vectors, ``(B, S, d_model)``.
@@ -111,11 +115,20 @@ class EncoderLayer(nn.Module):
         Shape:
             ``(B, S, d_model) -> (B, S, d_model)``.
         """
+        if not checked:
+            self.check_inputs(x, mask)
+        x = add_and_norm(x, lambda y: self.self_attn(y, y, y, mask=mask, checked=True), self.norm1, self.dropout1,
+                         self.norm_first, checked=True)  # (B, S, d_model)
+        return add_and_norm(x, lambda y: self.feed_forward(y, checked=True), self.norm2, self.dropout2,
+                            self.norm_first, checked=True)
+
+    def check_inputs(self, x: Tensor, mask: Tensor | None, mask_name: str | None = None) -> None:
+        """Check ``x`` ``(B, S, d_model)``, in the dtype of the layer, and ``mask`` (named ``mask_name``
+        in the messages, e.g. a model's ``"src_mask"``), which must broadcast to ``(B, num_heads, S, S)``."""
         check_features("x", x, self.d_model)
         check_dtype("x", x, self.norm1.weight.dtype)  # before the first LayerNorm or projection
-        x = add_and_norm(x, lambda y: self.self_attn(y, y, y, mask=mask), self.norm1, self.dropout1,
-                         self.norm_first)  # (B, S, d_model)
-        return add_and_norm(x, self.feed_forward, self.norm2, self.dropout2, self.norm_first)
+        B, S, _ = x.shape
+        check_attention_mask(mask, (B, self.self_attn.num_heads, S, S), name=mask_name)
 
 
 # chapters/encoder.md: A stack of layers
@@ -147,13 +160,15 @@ class Encoder(nn.Module):
                                      for _ in range(num_layers)])
         self.norm = LayerNorm(d_model) if options.norm_first else None
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None = None, *, checked: bool = False) -> Tensor:
         """Run ``x`` through every layer in turn, with the same mask.
 
         Args:
             x: the input vectors (embedded source tokens with positions), ``(B, S, d_model)``.
             mask: optional bool mask, True where a position may not be attended to, broadcastable
                 to ``(B, num_heads, S, S)``; typically a padding mask ``(B, 1, 1, S)``.
+            checked: True when the caller (a model) has checked ``x`` and ``mask``; otherwise they
+                are checked here, once for all the layers, which are told so.
 
         Returns:
             The encoder's output, the *memory* the decoder attends to, ``(B, S, d_model)``.
@@ -161,6 +176,8 @@ class Encoder(nn.Module):
         Shape:
             ``(B, S, d_model) -> (B, S, d_model)``.
         """
+        if not checked:  # every layer takes the same x and mask: the first one's check is every layer's
+            cast(EncoderLayer, self.layers[0]).check_inputs(x, mask)
         for layer in self.layers:
-            x = layer(x, mask=mask)  # (B, S, d_model) -> (B, S, d_model)
-        return x if self.norm is None else self.norm(x)
+            x = layer(x, mask=mask, checked=True)  # (B, S, d_model) -> (B, S, d_model)
+        return x if self.norm is None else self.norm(x, checked=True)

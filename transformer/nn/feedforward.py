@@ -70,13 +70,15 @@ class PositionwiseFeedForward(nn.Module):
         self.w_2 = nn.Linear(d_ff, d_model)  # W_2 = w_2.weight.T, (d_ff, d_model); b_2 = w_2.bias
         self.dropout = nn.Dropout(check_fraction("dropout", dropout))
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, *, checked: bool = False) -> Tensor:
         """Apply the network to every position of ``x``.
 
         Args:
             x: a floating-point tensor whose last dimension is ``d_model``: usually
                 ``(B, S, d_model)``, but any leading dimensions are accepted, since every vector
                 is transformed on its own.
+            checked: True when the caller has checked ``x`` (a layer of a stack, which checks its
+                input once for all its layers): it is not checked again.
 
         Returns:
             FFN(x), a tensor of the same shape as ``x``.
@@ -84,9 +86,10 @@ class PositionwiseFeedForward(nn.Module):
         Shape:
             ``(B, S, d_model)`` -> ``(B, S, d_model)``; in general ``(..., d_model)`` -> ``(..., d_model)``.
         """
-        check_tensor("x", x)
-        check_features("x", x, self.d_model, ndim=max(x.dim(), 1))  # any leading dims, last d_model
-        check_dtype("x", x, input_dtype(self.w_1))  # float64 into a float32 network: say so, not mat1/mat2
+        if not checked:
+            check_tensor("x", x)
+            check_features("x", x, self.d_model, ndim=max(x.dim(), 1))  # any leading dims, last d_model
+            check_dtype("x", x, input_dtype(self.w_1))  # float64 into a float32 network: say so, not mat1/mat2
         # ReLU works in place: the (B, S, d_ff) product is fresh, so it may overwrite it instead of
         # allocating another tensor of the largest size in the layer (autograd allows it: ReLU's
         # backward needs only its output).

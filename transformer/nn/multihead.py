@@ -69,10 +69,9 @@ class AttentionCache(ABC):
 
 
 # chapters/multihead_attention.md: The module
-def _check_inputs(query: Tensor, key: Tensor, value: Tensor, d_model: int,
-                  cache: object = None) -> tuple[int, int, int]:
+def _check_inputs(query: Tensor, key: Tensor, value: Tensor, d_model: int, cache: object = None) -> None:
     """Check query (B, L, d_model), key and value (B, S, d_model), and that a cache is an
-    ``AttentionCache``; return (B, L, S)."""
+    ``AttentionCache``."""
     if cache is not None and not isinstance(cache, AttentionCache):
         raise TypeError(f"cache must be an AttentionCache or None, got {type(cache).__name__}")
     for name, x in (("query", query), ("key", key), ("value", value)):
@@ -87,7 +86,6 @@ def _check_inputs(query: Tensor, key: Tensor, value: Tensor, d_model: int,
             f"value must have the batch size and length of key, (B, S) = {tuple(key.shape[:2])}, "
             f"got value {tuple(value.shape)}"
         )
-    return query.shape[0], query.shape[1], key.shape[1]
 
 
 # chapters/multihead_attention.md: The module
@@ -133,7 +131,8 @@ class MultiHeadAttention(nn.Module):
                 nn.init.zeros_(linear.bias)
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
-                need_weights: bool = False, cache: AttentionCache | None = None) -> Tensor | tuple[Tensor, Tensor | None]:
+                need_weights: bool = False, cache: AttentionCache | None = None, *,
+                checked: bool = False) -> Tensor | tuple[Tensor, Tensor | None]:
         """Attend from each query position to the key positions, with every head.
 
         Args:
@@ -147,6 +146,8 @@ class MultiHeadAttention(nn.Module):
             cache: optional ``AttentionCache`` (generation, the book's chapter "Fast generation"): the
                 keys and values of earlier calls are attended to as well, S counts them, and the mask
                 must broadcast to that longer S.
+            checked: True when the caller has checked these arguments (a layer of a stack that
+                checked them once for all its layers): nothing is checked again.
 
         Returns:
             The output, or ``(output, weights)`` when ``need_weights`` is True (the weights after
@@ -157,13 +158,16 @@ class MultiHeadAttention(nn.Module):
             query ``(B, L, d_model)``, key and value ``(B, S, d_model)`` -> output
             ``(B, L, d_model)``, weights ``(B, num_heads, L, S)``.
         """
-        B, L, _ = _check_inputs(query, key, value, self.d_model, cache)
-        check_dtype("query", query, input_dtype(self.w_q))  # an int8 layer's too
-        check_bool("need_weights", need_weights)
+        if not checked:
+            _check_inputs(query, key, value, self.d_model, cache)
+            check_dtype("query", query, input_dtype(self.w_q))  # an int8 layer's too
+            check_bool("need_weights", need_weights)
+        B, L = query.shape[:2]
         query_start = 0 if cache is None else cache.query_start  # the positions held before query[:, 0]
         q = _split_heads(self.w_q(query), self.num_heads)  # (B, L, d_model) -> (B, H, L, d_k)
         k, v = self.keys_values(key, value) if cache is None else cache.keys_values(self, key, value)  # the hook
-        mask = check_attention_mask(mask, (B, self.num_heads, L, k.shape[2]))  # (B, H, S, d_k): S counts the cached
+        if not checked:  # k is (B, H, S, d_k): S counts the cached positions
+            check_attention_mask(mask, (B, self.num_heads, L, k.shape[2]))
         dropout_p = self.dropout if self.training else 0.0
         heads, weights = self.attend(q, k, v, mask, dropout_p, need_weights, query_start)  # (B, H, L, d_v)
         output = self.w_o(_merge_heads(heads))  # (B, L, H * d_v) @ W^O -> (B, L, d_model)

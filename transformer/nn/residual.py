@@ -12,7 +12,7 @@ __all__ = ['LayerNorm', 'add_and_norm']
 
 import math
 import numbers
-from typing import Callable
+from typing import Callable, cast
 
 import torch
 import torch.nn.functional as F
@@ -56,11 +56,13 @@ class LayerNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(self.d_model))  # the gain g
         self.bias = nn.Parameter(torch.zeros(self.d_model))  # the bias b
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, *, checked: bool = False) -> Tensor:
         """Normalise every vector along the last dimension.
 
         Args:
             x: a floating-point tensor whose last dimension is ``d_model``.
+            checked: True when the caller has checked ``x`` (a layer, through ``add_and_norm``):
+                it is not checked again.
 
         Returns:
             A tensor of the shape and dtype of ``x``.
@@ -68,8 +70,9 @@ class LayerNorm(nn.Module):
         Shape:
             ``(..., d_model)`` -> ``(..., d_model)``
         """
-        check_tensor("x", x)
-        check_features("x", x, self.d_model, ndim=max(x.dim(), 1))
+        if not checked:
+            check_tensor("x", x)
+            check_features("x", x, self.d_model, ndim=max(x.dim(), 1))
         # The equation, in one fused kernel (statistics in float32 for half-precision inputs).
         return F.layer_norm(x, (self.d_model,), self.weight, self.bias, self.eps)  # (..., d_model)
 
@@ -78,8 +81,11 @@ class LayerNorm(nn.Module):
 
 
 # chapters/add_and_norm.md: Add & Norm, in two orders
-def _check_sublayer_output(output: object, x: Tensor) -> Tensor:
-    """The residual sum needs a sublayer output of exactly the shape of its input."""
+def _check_sublayer_output(output: object, x: Tensor, checked: bool = False) -> Tensor:
+    """The residual sum needs a sublayer output of exactly the shape of its input (unless the caller
+    built the sublayer and ``checked`` its input)."""
+    if checked:
+        return cast(Tensor, output)  # the caller's own sublayer, on checked input
     if not isinstance(output, Tensor):
         raise TypeError(f"sublayer must return a torch.Tensor, got {type(output).__name__}")
     if output.shape != x.shape:
@@ -91,7 +97,7 @@ def _check_sublayer_output(output: object, x: Tensor) -> Tensor:
 
 # chapters/add_and_norm.md: Add & Norm, in two orders
 def add_and_norm(x: Tensor, sublayer: Callable[[Tensor], Tensor], norm: nn.Module,
-                 dropout: nn.Module, norm_first: bool) -> Tensor:
+                 dropout: nn.Module, norm_first: bool, *, checked: bool = False) -> Tensor:
     """Post-LN (the paper): norm(x + dropout(sublayer(x)));
     pre-LN: x + dropout(sublayer(norm(x))).
 
@@ -102,6 +108,9 @@ def add_and_norm(x: Tensor, sublayer: Callable[[Tensor], Tensor], norm: nn.Modul
         norm: the layer normalisation (``LayerNorm(d_model)`` or ``nn.LayerNorm(d_model)``).
         dropout: applied to the sublayer's output before the sum (``nn.Dropout``: training only).
         norm_first: False for the paper's post-LN order, True for pre-LN.
+        checked: True when the caller, a layer of the package, has checked ``x`` and built
+            ``sublayer`` and ``norm`` (a ``LayerNorm``) itself: nothing is checked, and ``norm`` is
+            told so (``norm(y, checked=True)``).
 
     Returns:
         The new residual stream, of the shape of ``x``.
@@ -109,11 +118,13 @@ def add_and_norm(x: Tensor, sublayer: Callable[[Tensor], Tensor], norm: nn.Modul
     Shape:
         ``(..., d_model)`` -> ``(..., d_model)``
     """
-    check_tensor("x", x)
-    for name, fn in (("sublayer", sublayer), ("norm", norm), ("dropout", dropout)):
-        if not callable(fn):
-            raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
-    check_bool("norm_first", norm_first)
+    if not checked:
+        check_tensor("x", x)
+        for name, fn in (("sublayer", sublayer), ("norm", norm), ("dropout", dropout)):
+            if not callable(fn):
+                raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
+        check_bool("norm_first", norm_first)
+    normalise = (lambda y: norm(y, checked=True)) if checked else norm  # a layer's own LayerNorm: x is checked
     if norm_first:
-        return x + dropout(_check_sublayer_output(sublayer(norm(x)), x))  # pre-LN
-    return norm(x + dropout(_check_sublayer_output(sublayer(x), x)))  # post-LN, the paper
+        return x + dropout(_check_sublayer_output(sublayer(normalise(x)), x, checked))  # pre-LN
+    return normalise(x + dropout(_check_sublayer_output(sublayer(x), x, checked)))  # post-LN, the paper
