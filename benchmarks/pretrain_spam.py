@@ -24,6 +24,7 @@ import torch
 from transformer.tasks.email import read_emails, split_emails
 from transformer.tasks.masked_lm import (IGNORE, MASK_TOKEN, MaskedLanguageModel, email_tokenizer, mask_tokens,
                                          mlm_accuracy, token_windows, train_mlm)
+from transformer.training.checkpoint import save_checkpoint
 
 FIRST_ID = 4  # after <pad>, <bos>, <eos>, <unk>
 
@@ -69,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m benchmarks.pretrain_spam " + " ".join(sys.argv[1:] if argv is None else argv),
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    torch.save({"settings": model.settings, "state_dict": model.state_dict()}, args.out / "model.pt")
+    save_checkpoint(args.out / "model.pt", model, None, None, args.steps, history, config=model.settings,
+                    kind="masked_lm")
     tokenizer.save(str(args.out / "tokenizer.json"))
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))

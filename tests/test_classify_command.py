@@ -13,6 +13,7 @@ from transformer.cli.classify import load_classifier, read_jsonl, what_is_read
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parent.parent
+TRANSLATOR = ROOT / "models" / "multi30k" / "model.pt"  # a checkpoint of another kind
 
 
 def write_lines(path, rows):
@@ -88,7 +89,10 @@ def test_bad_files_are_refused_with_one_line_and_status_2(tmp_path, capsys):
     cases = [
         (["classify", "--checkpoint", str(tmp_path / "none.pt"), "--input", str(good)], "no checkpoint at " + str(tmp_path / "none.pt")),
         (["classify", "--checkpoint", str(good), "--input", str(good)], "good.jsonl cannot be read as a torch checkpoint: it is not a torch file"),
-        (["classify", "--checkpoint", str(not_a_checkpoint), "--input", str(good)], "its task: multi30k"),
+        (["classify", "--checkpoint", str(not_a_checkpoint), "--input", str(good)],
+         "model.pt is not a checkpoint of save_checkpoint (no 'model' and 'step' entries)"),
+        (["classify", "--checkpoint", str(TRANSLATOR), "--input", str(good)],
+         "model.pt is a translator's checkpoint, not a classifier's: load_checkpoint(path) loads any kind"),
         (["train", "--task", "classify", "--train", str(tmp_path / "x.jsonl"), "--valid", str(good)], "x.jsonl: no such file"),
         (["train", "--task", "classify", "--train", str(one_label), "--valid", str(good)], "two or more"),
     ]

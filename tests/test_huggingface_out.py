@@ -181,7 +181,8 @@ def test_the_command_refuses_a_checkpoint_of_another_task(tmp_path, capsys):
     save_checkpoint(path, small_transformer(), None, None, 0, None)
     with pytest.raises(SystemExit) as exit_:
         command(["export", "huggingface", "--checkpoint", str(path), "--out", str(tmp_path / "out")])
-    assert exit_.value.code == 2 and "not a translation checkpoint" in capsys.readouterr().err
+    assert exit_.value.code == 2 and "numbers.pt is a training state's (no model described) checkpoint, not a " \
+        "translator's" in capsys.readouterr().err
 
 
 def test_a_missing_extra_names_the_pip_line(monkeypatch, committed, tmp_path):

@@ -171,5 +171,5 @@ def test_a_point_of_the_frozen_minilm_curve_is_reproduced():
 
 def test_load_mlm_names_a_file_that_is_not_a_saved_model(tmp_path):
     (tmp_path / "model.pt").write_bytes(b"not a model")
-    with pytest.raises(ValueError, match=r"model\.pt cannot be read as a torch masked language model: it is not a torch"):
+    with pytest.raises(ValueError, match=r"model\.pt cannot be read as a torch checkpoint: it is not a torch"):
         load_mlm(tmp_path)

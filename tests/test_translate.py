@@ -485,7 +485,7 @@ def test_load_translator_refuses_what_is_not_a_translation_checkpoint(tmp_path):
     numbers = make_model(TrainConfig(), source_vocab(), target_vocab())
     save_checkpoint(tmp_path / "numbers.pt", numbers, None, None, step=1, config=TrainConfig(),
                     src_vocab=source_vocab(), tgt_vocab=target_vocab())
-    with pytest.raises(ValueError, match="numbers.pt is not a translation checkpoint: it holds no tokenizer"):
+    with pytest.raises(ValueError, match="numbers.pt is the number words' checkpoint, not a translator's"):
         load_translator(tmp_path / "numbers.pt")
     for name, content in [("empty.pt", b""), ("random.pt", random.Random(0).randbytes(1000)),
                           ("zip.pt", b"PK\x03\x04 not a zip archive")]:
@@ -671,7 +671,8 @@ def test_translate_command_refuses_a_number_words_checkpoint(tmp_path, capsys):
     save_checkpoint(tmp_path / "numbers.pt", make_model(TrainConfig(), source_vocab(), target_vocab()), None, None, 1)
     with pytest.raises(SystemExit) as stop:
         main(["--checkpoint", str(tmp_path / "numbers.pt")])
-    assert stop.value.code == 2 and "it holds no tokenizer" in capsys.readouterr().err
+    assert stop.value.code == 2 and "numbers.pt is a training state's (no model described) checkpoint, not a translator's" \
+        in capsys.readouterr().err
 
 
 TRAIN = ["--task", "multi30k", "--d-model", "32", "--num-heads", "2", "--num-layers", "1", "--d-ff", "64",

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import torch
 
-from transformer.files import read_torch_file
-from transformer.nn.detector import DigitDetector
+from transformer.training.checkpoint import load_checkpoint
 from transformer.tasks.detection import coco_average_precision, detections, make_digit_scenes, predicted_set
 from transformer.tasks.digits import load_digits, stratified_split
 
@@ -24,11 +23,7 @@ def scores(folder: Path) -> dict:
     images, labels = load_digits()
     _, test_index = stratified_split(labels)
     test = make_digit_scenes(images[test_index], labels[test_index], **TEST_SCENES)
-    saved = read_torch_file(folder / "model.pt", "detector")
-    if not isinstance(saved, dict) or not {"settings", "state_dict"} <= saved.keys():
-        raise ValueError(f"{folder / 'model.pt'} is not a detector as train.py writes it (settings and state_dict)")
-    model = DigitDetector(**saved["settings"]).eval()
-    model.load_state_dict(saved["state_dict"])
+    model = load_checkpoint(folder / "model.pt", kind="detector")  # the one format, or the older one committed
     with torch.no_grad():
         logits, boxes = model(test.images)
     counts = torch.tensor([len(c) for c in test.classes])

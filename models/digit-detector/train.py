@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from transformer.files import save_torch_file
 from transformer.nn.detector import DigitDetector
 from transformer.tasks.detection import make_digit_scenes, train_detector
 from transformer.tasks.digits import load_digits, stratified_split
+from transformer.training.checkpoint import save_checkpoint
 
 SETTINGS = dict(image_size=32, patch_size=4, num_classes=10, num_queries=8, d_model=64, num_heads=4, d_ff=128,
                 encoder_layers=2, decoder_layers=2, dropout=0.0)
@@ -62,10 +62,9 @@ def main() -> None:
     except ValueError as error:  # a checkpoint of another recipe in --out
         fail(str(error))
     took = time.perf_counter() - start
-    save_torch_file({"settings": SETTINGS, "state_dict": model.state_dict(), "step": args.steps,
-                     "seconds": took, "command": vars(args) | {"out": str(args.out)},
-                     "machine": f"{platform.processor() or platform.machine()}, torch {torch.__version__}"},
-                    args.out / "model.pt")
+    save_checkpoint(args.out / "model.pt", model, None, None, args.steps, history, config=SETTINGS, kind="detector",
+                    extra={"seconds": took, "command": vars(args) | {"out": str(args.out)},
+                           "machine": f"{platform.processor() or platform.machine()}, torch {torch.__version__}"})
     checkpoint.unlink(missing_ok=True)
     print(json.dumps({"step": args.steps, "seconds (this process)": round(took),
                       "mean loss of the last 100 steps": sum(history["loss"][-100:]) / 100}), flush=True)

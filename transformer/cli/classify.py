@@ -9,24 +9,26 @@ Defined in the book's chapter "Your own classifier: two commands" (chapters/clas
 """
 
 
-__all__ = ['read_jsonl', 'what_is_read', 'TASK', 'save_classifier', 'load_classifier', 'build_train_parser', 'train_main', 'main']
+__all__ = ['read_jsonl', 'what_is_read', 'TASK', 'classifier_model', 'save_classifier', 'load_classifier', 'build_train_parser', 'train_main', 'main']
 
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from transformer.cli.options import CommandParser, positive_int
-from transformer.files import read_lines, read_torch_file, save_torch_file
+from transformer.files import read_lines
 from transformer.nn.encoder_only import SequenceClassifier
 from transformer.tasks.classifier import accuracy, train_classifier
 from transformer.tasks.email import email_text
 from transformer.tasks.masked_lm import classifier_from_mlm, email_tokenizer, first_tokens, from_settings, load_mlm
+from transformer.training.checkpoint import model_of, read_checkpoint, save_checkpoint
 
 
 # chapters/classify_command.md: Reading the files
@@ -71,12 +73,19 @@ def what_is_read(text: str, reads: str) -> str:
 TASK = "classify"
 
 
+def classifier_model(checkpoint: dict, path: str | os.PathLike) -> SequenceClassifier:
+    """The untrained classifier a checkpoint describes (``BUILDERS["classifier"]``): its settings,
+    one class per label, mean pooling."""
+    return from_settings(SequenceClassifier, checkpoint["config"], num_classes=len(checkpoint["labels"]),
+                         pooling="mean")
+
+
 def save_classifier(path: Path, model: SequenceClassifier, settings: dict, tokenizer: Any, labels: list[str],
                     length: int, reads: str) -> None:
-    """Write the classifier's checkpoint to ``path`` atomically (temporary file, fsync, rename)."""
-    checkpoint = {"task": TASK, "settings": settings, "state_dict": model.state_dict(), "labels": labels,
-                  "tokenizer": tokenizer.to_str(), "length": length, "reads": reads}
-    save_torch_file(checkpoint, path)
+    """Write the classifier's checkpoint to ``path`` with ``save_checkpoint`` (atomic: temporary file,
+    fsync, rename): kind "classifier", its settings as the configuration, and what labelling needs."""
+    save_checkpoint(path, model, None, None, None, config=settings, kind="classifier",
+                    extra={"labels": labels, "tokenizer": tokenizer.to_str(), "length": length, "reads": reads})
 
 
 def load_classifier(path: str | Path) -> tuple[SequenceClassifier, Any, dict]:
@@ -86,16 +95,9 @@ def load_classifier(path: str | Path) -> tuple[SequenceClassifier, Any, dict]:
     """
     from tokenizers import Tokenizer
 
-    path = Path(path)
-    checkpoint = read_torch_file(path, "checkpoint")  # a missing, truncated or unsafe file: one line naming it
-    if not isinstance(checkpoint, dict) or checkpoint.get("task") != TASK:
-        task = checkpoint.get("task", "unknown") if isinstance(checkpoint, dict) else "unknown"
-        raise ValueError(f"{path}: not a classifier checkpoint (its task: {task}); "
-                         "`transformer train --task classify` writes one")
-    model = from_settings(SequenceClassifier, checkpoint["settings"], num_classes=len(checkpoint["labels"]),
-                          pooling="mean")
-    model.load_state_dict(checkpoint["state_dict"])
-    return model.eval(), Tokenizer.from_str(checkpoint["tokenizer"]), checkpoint
+    checkpoint = read_checkpoint(path, kind="classifier")  # a missing, unsafe or other file: one line naming it
+    model = cast(SequenceClassifier, model_of(checkpoint, path))
+    return model, Tokenizer.from_str(checkpoint["tokenizer"]), checkpoint
 
 
 # chapters/classify_command.md: Training: `transformer train --task classify`

@@ -8,7 +8,7 @@ from transformer.tasks.subwords import (WORD_START, pre_tokenize, word_counts, l
     SPECIAL_TOKENS, train_tokenizer, SENTENCE_END, split_encoding, check_text)
 from transformer.tasks.numbers_fit import training_batches, predict, exact_match, evaluate_loss, fit
 from transformer.tasks.translation import (translate, step_files, fit_translation, tokenizer_from_checkpoint,
-    load_translator, save_translator)
+    translator_model, load_translator, save_translator)
 from transformer.tasks.multi30k import (MULTI30K_SHA256, MULTI30K_SPLITS, load_multi30k, TranslationConfig,
     make_translation_model, encode_lines, pair_batch, token_batches, translation_batches)
 from transformer.tasks.metrics import corpus_scores
@@ -17,7 +17,8 @@ from transformer.tasks.brackets import (BRACKET_VOCAB, is_balanced, encode_brack
     near_miss, bracket_split, bracket_dataset)
 from transformer.tasks.classifier import accuracy, classification_loss, peak_rate, train_classifier, SequenceClassifier
 from transformer.tasks.masked_lm import (IGNORE, mask_tokens, from_settings, MASK_TOKEN, one_line, email_tokenizer,
-    token_windows, mlm_loss, mlm_accuracy, train_mlm, load_mlm, classifier_from_mlm, first_tokens, MaskedLanguageModel)
+    token_windows, mlm_loss, mlm_accuracy, train_mlm, masked_lm_model, load_mlm, classifier_from_mlm, first_tokens,
+    MaskedLanguageModel)
 from transformer.tasks.email import (FOLDERS, CORPUS_SHA256, corpus_folder, corpus_digest, html_to_text, email_text,
     email_headers, Email, read_emails, duplicate_groups, split_emails, write_spam_jsonl)
 from transformer.tasks.baselines import words, word_vocabulary, bag_of_words, fit_logistic_regression
@@ -35,7 +36,7 @@ from transformer.tasks.drawing import (PROMPT_WORDS, DRAWING_VOCAB_SIZE, PIXELS,
 from transformer.tasks.detection import (box_cxcywh_to_xyxy, box_xyxy_to_cxcywh, check_boxes, box_iou,
     generalized_box_iou, DIGIT_SIZES, DigitScenes, tight_box, make_digit_scenes, NO_OBJECT_WEIGHT, match_cost,
     hungarian_match, set_loss, detections, predicted_set, coco_average_precision, detection_loss, scene_batches,
-    train_detector, non_maximum_suppression)
+    train_detector, detector_model, non_maximum_suppression)
 
 __all__ = [
     'MAX_NUMBER',
@@ -66,6 +67,7 @@ __all__ = [
     'step_files',
     'fit_translation',
     'tokenizer_from_checkpoint',
+    'translator_model',
     'load_translator',
     'save_translator',
     'MULTI30K_SHA256',
@@ -103,6 +105,7 @@ __all__ = [
     'mlm_loss',
     'mlm_accuracy',
     'train_mlm',
+    'masked_lm_model',
     'load_mlm',
     'classifier_from_mlm',
     'first_tokens',
@@ -190,5 +193,6 @@ __all__ = [
     'detection_loss',
     'scene_batches',
     'train_detector',
+    'detector_model',
     'non_maximum_suppression',
 ]

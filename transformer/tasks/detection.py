@@ -9,10 +9,11 @@ Defined in the book's chapter "In place of CNNs: the Transformer finds the digit
 """
 
 
-__all__ = ['box_cxcywh_to_xyxy', 'box_xyxy_to_cxcywh', 'check_boxes', 'box_iou', 'generalized_box_iou', 'DIGIT_SIZES', 'DigitScenes', 'tight_box', 'make_digit_scenes', 'NO_OBJECT_WEIGHT', 'match_cost', 'hungarian_match', 'set_loss', 'detections', 'predicted_set', 'coco_average_precision', 'detection_loss', 'scene_batches', 'train_detector', 'non_maximum_suppression']
+__all__ = ['box_cxcywh_to_xyxy', 'box_xyxy_to_cxcywh', 'check_boxes', 'box_iou', 'generalized_box_iou', 'DIGIT_SIZES', 'DigitScenes', 'tight_box', 'make_digit_scenes', 'NO_OBJECT_WEIGHT', 'match_cost', 'hungarian_match', 'set_loss', 'detections', 'predicted_set', 'coco_average_precision', 'detection_loss', 'scene_batches', 'train_detector', 'detector_model', 'non_maximum_suppression']
 
 
 import itertools
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -23,7 +24,7 @@ from torch import Tensor, nn
 
 from transformer.checks import check_positive_int, check_tensor
 from transformer.nn.detector import DigitDetector
-from transformer.training.checkpoint import SaveEvery, read_checkpoint, restore_checkpoint, save_checkpoint
+from transformer.training.checkpoint import SaveEvery, read_checkpoint, resume, save_checkpoint
 from transformer.training.loop import run_settings, run_steps
 from transformer.training.schedules import make_adam, warmup_cosine
 
@@ -266,21 +267,26 @@ def train_detector(model: nn.Module, scenes: DigitScenes, steps: int, batch_size
     ``save_every`` steps and a run of the same recipe resumes from it: a kill loses at most ``save_every`` steps."""
     recipe = dict(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed, scenes=len(scenes.images))
     saved = read_checkpoint(checkpoint) if checkpoint is not None and Path(checkpoint).is_file() else None
-    if saved is not None and saved.get("recipe") != recipe:
-        raise ValueError(f"cannot resume from {checkpoint}: it was saved by a run of {saved.get('recipe')}, this run is {recipe}")
-    history: dict[str, list] = {} if saved is None else saved["history"]
+    history: dict[str, list] = {}
     with run_settings(seed, num_threads):
         optimizer, schedule = make_adam(model.parameters(), lambda step: warmup_cosine(step, warmup, steps), lr,
                                         betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-4)  # AdamW
-        done = 0 if saved is None else restore_checkpoint(saved, model, optimizer, schedule)
+        done = 0
+        if saved is not None and checkpoint is not None:  # the same recipe only: every setting, steps too
+            done, history = resume(saved, checkpoint, model, optimizer, schedule, recipe, may_change=())
         batches = itertools.islice(scene_batches(scenes, batch_size, seed), done, None)  # past the saved steps' batches
         saving = [] if checkpoint is None or not save_every else [SaveEvery(lambda step: save_checkpoint(
-            checkpoint, model, optimizer, schedule, step, history, extra={"recipe": recipe}), save_every)]
+            checkpoint, model, optimizer, schedule, step, history, config=recipe), save_every)]
         model.train()
         run_steps(model, batches, optimizer, schedule, detection_loss, steps, history, done, clip=0.1,
                   callbacks=saving)
     model.eval()
     return history
+
+
+def detector_model(checkpoint: dict, path: str | os.PathLike) -> DigitDetector:
+    """The untrained detector a checkpoint's settings describe (``BUILDERS["detector"]``)."""
+    return DigitDetector(**checkpoint["config"])
 
 
 # chapters/detection.md: The committed detector against a sliding window

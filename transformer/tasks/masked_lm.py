@@ -9,26 +9,27 @@ Defined in the book's chapter "Pre-training an encoder on real email"
 """
 
 
-__all__ = ['IGNORE', 'mask_tokens', 'from_settings', 'MASK_TOKEN', 'one_line', 'email_tokenizer', 'token_windows', 'mlm_loss', 'mlm_accuracy', 'train_mlm', 'load_mlm', 'classifier_from_mlm', 'first_tokens', 'MaskedLanguageModel']
+__all__ = ['IGNORE', 'mask_tokens', 'from_settings', 'MASK_TOKEN', 'one_line', 'email_tokenizer', 'token_windows', 'mlm_loss', 'mlm_accuracy', 'train_mlm', 'masked_lm_model', 'load_mlm', 'classifier_from_mlm', 'first_tokens', 'MaskedLanguageModel']
 
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.checks import check_fraction, check_positive_int, check_token_batch
-from transformer.files import read_torch_file
 from transformer.nn.encoder import LayerOptions
 from transformer.nn.encoder_only import MaskedLanguageModel, SequenceClassifier
 from transformer.nn.modes import evaluating
 from transformer.tasks.classifier import peak_rate
 from transformer.training.schedules import make_adam
 from transformer.tasks.subwords import train_tokenizer
+from transformer.training.checkpoint import load_checkpoint
 from transformer.training.loop import Progress, run_settings, run_steps
 
 
@@ -159,14 +160,18 @@ def train_mlm(model: MaskedLanguageModel, windows: Tensor, mask_id: int, first_i
 
 
 # chapters/pretraining.md: A longer run, committed
+def masked_lm_model(checkpoint: dict, path: str | os.PathLike) -> MaskedLanguageModel:
+    """The untrained masked language model a checkpoint's settings describe (``BUILDERS["masked_lm"]``)."""
+    return from_settings(MaskedLanguageModel, checkpoint["config"])
+
+
 def load_mlm(folder: Path) -> tuple[MaskedLanguageModel, Any]:
-    """The masked language model and tokenizer that ``benchmarks/pretrain_spam.py`` wrote in ``folder``."""
+    """The masked language model and tokenizer that ``benchmarks/pretrain_spam.py`` wrote in ``folder``:
+    ``model.pt``, a checkpoint of kind "masked_lm" (``load_checkpoint``), and ``tokenizer.json``."""
     from tokenizers import Tokenizer
 
-    saved = read_torch_file(folder / "model.pt", "masked language model")  # a clear error for a bad file
-    model = from_settings(MaskedLanguageModel, saved["settings"])
-    model.load_state_dict(saved["state_dict"])
-    return model.eval(), Tokenizer.from_file(str(folder / "tokenizer.json"))
+    model = cast(MaskedLanguageModel, load_checkpoint(folder / "model.pt", kind="masked_lm"))  # one line if bad
+    return model, Tokenizer.from_file(str(folder / "tokenizer.json"))
 
 
 # chapters/pretraining.md: Fine-tuning: spam or ham

@@ -23,8 +23,7 @@ import torch
 from torch import nn
 
 from transformer.checks import check_positive_int
-from transformer.training.checkpoint import (SaveEvery, check_resume, read_checkpoint, restore_checkpoint,
-    save_checkpoint)
+from transformer.training.checkpoint import SaveEvery, read_checkpoint, restore_checkpoint, resume, save_checkpoint
 from transformer.training.config import TrainConfig, make_model, make_optimizer
 from transformer.tasks.numbers import MAX_NUMBER, check_numbers, make_batch, source_vocab, target_vocab
 from transformer.training.batch import Batch
@@ -165,10 +164,7 @@ def fit(config: TrainConfig, train_numbers: Sequence[int], valid_numbers: Sequen
             return model.eval(), checkpoint["history"]
         history, step = _new_history(), 0
         if resume_from is not None:
-            checkpoint = read_checkpoint(resume_from)
-            check_resume(checkpoint, config, resume_from)
-            step, history = restore_checkpoint(checkpoint, model, optimizer, scheduler), checkpoint["history"]
-            torch.set_rng_state(checkpoint["rng_state"])
+            step, history = resume(read_checkpoint(resume_from), resume_from, model, optimizer, scheduler, config)
         stream = training_batches(train_numbers, config.batch_size, src_vocab, tgt_vocab, config.seed, step, device)
         # what rebuilds the model
         described: dict[str, Any] = dict(config=config, src_vocab=src_vocab, tgt_vocab=tgt_vocab)

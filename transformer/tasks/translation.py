@@ -9,14 +9,14 @@ Defined in the book's chapter "Translating German" (chapters/translation.md).
 """
 
 
-__all__ = ['translate', 'step_files', 'fit_translation', 'tokenizer_from_checkpoint', 'load_translator', 'save_translator']
+__all__ = ['translate', 'step_files', 'fit_translation', 'tokenizer_from_checkpoint', 'translator_model', 'load_translator', 'save_translator']
 
 
 import copy
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -24,8 +24,7 @@ from tqdm import tqdm
 
 from transformer.checks import check_positive_int
 from transformer.nn.attention import padding_mask
-from transformer.training.checkpoint import (SaveEvery, check_resume, read_checkpoint, restore_checkpoint,
-    save_checkpoint)
+from transformer.training.checkpoint import SaveEvery, check_resume, model_of, read_checkpoint, resume, save_checkpoint
 from transformer.training.config import make_optimizer
 from transformer.training.batch import pad_rows
 from transformer.generation.decoding import beam_search, generated_ids, greedy_decode
@@ -123,11 +122,11 @@ def fit_translation(config: TranslationConfig, train: tuple[Sequence[str], Seque
     """
     device = torch.device(device if device is not None else "cpu")
     folder = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    resume = folder / "checkpoint.pt" if folder is not None and (folder / "checkpoint.pt").is_file() else None
-    checkpoint = read_checkpoint(resume) if resume is not None else None
-    if checkpoint is not None and resume is not None:
-        check_resume(checkpoint, config, resume)
-        tokenizer = tokenizer_from_checkpoint(checkpoint, resume)
+    saved = folder / "checkpoint.pt" if folder is not None and (folder / "checkpoint.pt").is_file() else None
+    checkpoint = read_checkpoint(saved) if saved is not None else None
+    if checkpoint is not None and saved is not None:
+        check_resume(checkpoint, config, saved)  # before its tokenizer is used
+        tokenizer = tokenizer_from_checkpoint(checkpoint, saved)
     if tokenizer is None:
         tokenizer = train_tokenizer([*train[0], *train[1]], config.vocab_size)
     src_rows, tgt_rows = encode_lines(tokenizer, train[0]), encode_lines(tokenizer, train[1])
@@ -139,9 +138,8 @@ def fit_translation(config: TranslationConfig, train: tuple[Sequence[str], Seque
         model = make_translation_model(config, tokenizer.get_vocab_size()).to(device)
         optimizer, scheduler = make_optimizer(config, model)
         history, step = _new_history(), 0
-        if checkpoint is not None:
-            step, history = restore_checkpoint(checkpoint, model, optimizer, scheduler), checkpoint["history"]
-            torch.set_rng_state(checkpoint["rng_state"])
+        if checkpoint is not None and saved is not None:
+            step, history = resume(checkpoint, saved, model, optimizer, scheduler)
         stream = translation_batches(src_rows, tgt_rows, config, step, device)
         extra = {"tokenizer": tokenizer.to_str()}
 
@@ -159,9 +157,10 @@ def fit_translation(config: TranslationConfig, train: tuple[Sequence[str], Seque
         def save(step: int) -> None:
             assert folder is not None
             # the step's file first: a run killed between the two resumes from the step before, whose file is there
-            save_checkpoint(folder / f"step-{step:06d}.pt", model, None, None, step, None, config=config, extra=extra)
+            save_checkpoint(folder / f"step-{step:06d}.pt", model, None, None, step, None, config=config,
+                            kind="translator", extra=extra)
             save_checkpoint(folder / "checkpoint.pt", model, optimizer, scheduler, step, history, config=config,
-                            extra=extra)
+                            kind="translator", extra=extra)
             for old in step_files(folder)[:-config.keep_last]:
                 old.unlink()
 
@@ -197,18 +196,22 @@ def _config_of(checkpoint: dict, path: str | os.PathLike) -> TranslationConfig:
         raise ValueError(f"{os.fspath(path)} has a configuration this version cannot build: {err}") from None
 
 
+def translator_model(checkpoint: dict, path: str | os.PathLike) -> Transformer:
+    """The untrained translator a checkpoint describes (``BUILDERS["translator"]``): its
+    configuration's model over its tokenizer's vocabulary, in float32."""
+    vocab_size = tokenizer_from_checkpoint(checkpoint, path).get_vocab_size()
+    return make_translation_model(_config_of(checkpoint, path), vocab_size)
+
+
 def load_translator(path: str | os.PathLike, device: torch.device | str | None = None) -> tuple[Transformer, Any]:
     """The model (float32, eval mode, on ``device``) and tokenizer of a translation checkpoint.
 
-    Reads the file with ``weights_only=True``: checkpoints of ``fit_translation`` and the
-    float16 files of ``save_translator`` both load.
+    Reads the file with ``read_checkpoint`` (weights only): checkpoints of ``fit_translation`` and
+    the float16 files of ``save_translator`` both load, as ``load_checkpoint`` loads any kind.
     """
-    checkpoint = read_checkpoint(path)  # FileNotFoundError, or a ValueError saying what the file is
-    tokenizer = tokenizer_from_checkpoint(checkpoint, path)
-    model = make_translation_model(_config_of(checkpoint, path), tokenizer.get_vocab_size())
-    checkpoint["model"] = {name: tensor.float() for name, tensor in checkpoint["model"].items()}
-    restore_checkpoint(checkpoint, model)
-    return model.to(device if device is not None else "cpu").eval(), tokenizer
+    checkpoint = read_checkpoint(path, kind="translator")  # FileNotFoundError, or a ValueError saying what it is
+    model = cast(Transformer, model_of(checkpoint, path))
+    return model.to(device if device is not None else "cpu"), tokenizer_from_checkpoint(checkpoint, path)
 
 
 # chapters/translation.md: Saving, loading and averaging
@@ -217,5 +220,5 @@ def save_translator(path: str | os.PathLike, model: Transformer, tokenizer: Any,
     """Save a model to share: its weights in ``dtype`` (half the size in float16), configuration,
     tokenizer and a ``note`` (e.g. which checkpoints were averaged); ``load_translator`` reads it."""
     copy_ = copy.deepcopy(model).to("cpu", dtype)
-    save_checkpoint(path, copy_, None, None, step, None, config=config,
+    save_checkpoint(path, copy_, None, None, step, None, config=config, kind="translator",
                     extra={"tokenizer": tokenizer.to_str(), "note": note or {}})
