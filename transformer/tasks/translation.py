@@ -16,7 +16,7 @@ import copy
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
@@ -24,7 +24,8 @@ from tqdm import tqdm
 
 from transformer.checks import check_positive_int
 from transformer.nn.attention import padding_mask
-from transformer.training.checkpoint import SaveEvery, check_resume, model_of, read_checkpoint, resume, save_checkpoint
+from transformer.training.checkpoint import (SaveEvery, check_resume, read_checkpoint, restore_checkpoint, resume,
+    save_checkpoint)
 from transformer.training.config import make_optimizer
 from transformer.training.batch import pad_rows
 from transformer.generation.decoding import beam_search, generated_ids, greedy_decode
@@ -210,7 +211,9 @@ def load_translator(path: str | os.PathLike, device: torch.device | str | None =
     the float16 files of ``save_translator`` both load, as ``load_checkpoint`` loads any kind.
     """
     checkpoint = read_checkpoint(path, kind="translator")  # FileNotFoundError, or a ValueError saying what it is
-    model = cast(Transformer, model_of(checkpoint, path))
+    model = translator_model(checkpoint, path)
+    restore_checkpoint(checkpoint, model)
+    model.eval()
     return model.to(device if device is not None else "cpu"), tokenizer_from_checkpoint(checkpoint, path)
 
 
