@@ -226,7 +226,10 @@ def test_smollm2_logits_and_greedy_tokens_equal_transformers(smollm2, reference)
     with torch.no_grad():
         assert (model(ids) - reference(ids).logits).abs().max() < 1e-4
         expected = reference.generate(ids, max_new_tokens=20, do_sample=False)
-    assert torch.equal(sample(model, ids, 20, top_k=1), expected)
+    ours = sample(model, ids, 20, top_k=1)
+    # generate stops at the end of the turn, <|im_end|>; sample writes on: the same tokens up to there
+    assert expected.shape[1] == ours.shape[1] or expected[0, -1] == tokenizer.token_to_id("<|im_end|>")
+    assert expected.shape[1] > ids.shape[1] + 5 and torch.equal(ours[:, :expected.shape[1]], expected)
 
 
 @pytest.mark.slow
