@@ -38,7 +38,6 @@ from transformer.tasks.language_model import train_language_model
 from transformer.nn.decoder_only import DecoderOnlyLM
 from transformer.generation.sampling import sample
 from transformer.nn.relative import RelativeMultiHeadAttention, RotaryMultiHeadAttention
-from transformer.nn.modern import LlamaLM
 from transformer.nn.vision import VisionTransformer
 from transformer.nn.captioner import ImageCaptioner
 from transformer.interop.huggingface_in import from_huggingface
@@ -81,7 +80,6 @@ __all__ = [
     'sample',
     'RelativeMultiHeadAttention',
     'RotaryMultiHeadAttention',
-    'LlamaLM',
     'VisionTransformer',
     'ImageCaptioner',
     'from_huggingface',

@@ -8,7 +8,7 @@ from transformer.nn.positional import (sinusoidal_encoding, SinusoidalPositional
 from transformer.nn.attention import (causal_mask, padding_mask, masked_softmax, scaled_dot_product_attention,
     check_attention_mask, check_query_key_value)
 from transformer.nn.multihead import AttentionCache, MultiHeadAttention
-from transformer.nn.feedforward import PositionwiseFeedForward
+from transformer.nn.feedforward import activation_function, PositionwiseFeedForward
 from transformer.nn.residual import LayerNorm, add_and_norm
 from transformer.nn.encoder import LayerOptions, check_layer_options, EncoderLayer, Encoder
 from transformer.nn.decoder import LayerCache, DecoderLayer, StackCache, Decoder, GenerationCache
@@ -41,6 +41,7 @@ __all__ = [
     'check_query_key_value',
     'AttentionCache',
     'MultiHeadAttention',
+    'activation_function',
     'PositionwiseFeedForward',
     'LayerNorm',
     'add_and_norm',

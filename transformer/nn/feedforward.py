@@ -7,7 +7,7 @@ Defined in the book's chapter "Position-wise feed-forward networks" (chapters/fe
 """
 
 
-__all__ = ['PositionwiseFeedForward']
+__all__ = ['activation_function', 'PositionwiseFeedForward']
 
 
 from collections.abc import Callable
@@ -38,6 +38,12 @@ def _check_activation(activation: object) -> str:
     if activation not in _ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
     return activation
+
+
+def activation_function(activation: object) -> Callable[[Tensor], Tensor]:
+    """The function that the name ``activation`` stands for, checked: "relu" (in place: give it a
+    fresh tensor), "gelu", "gelu_tanh", "silu" or "swish". For other networks that take these names."""
+    return _ACTIVATIONS[_check_activation(activation)]
 
 
 # chapters/feedforward.md: The module

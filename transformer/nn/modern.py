@@ -18,14 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer.checks import check_positive_int, check_token_batch
+from transformer.checks import check_number, check_positive_int, check_token_batch
 from transformer.nn.cache import DecoderCache
 from transformer.nn.decoder_only import DecoderOnlyLM
 from transformer.nn.encoder import LayerOptions
-from transformer.nn.feedforward import _ACTIVATIONS, _check_activation
-from transformer.nn.multihead import MultiHeadAttention, _split_heads
+from transformer.nn.feedforward import activation_function
+from transformer.nn.multihead import MultiHeadAttention
 from transformer.nn.relative import RotaryMultiHeadAttention
-from transformer.nn.residual import _check_eps
 
 
 # chapters/modern_decoder.md: RMSNorm
@@ -47,7 +46,7 @@ class RMSNorm(nn.Module):
     def __init__(self, d_model: int, eps: float = 1e-5):
         super().__init__()
         self.d_model = check_positive_int("d_model", d_model)
-        self.eps = _check_eps(eps)
+        self.eps = check_number("eps", eps)
         self.weight = nn.Parameter(torch.ones(self.d_model))  # the gain g
 
     def forward(self, x: Tensor) -> Tensor:
@@ -79,7 +78,8 @@ class GatedFeedForward(nn.Module):
     def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "silu", bias: bool = True):
         super().__init__()
         self.d_model, self.d_ff = check_positive_int("d_model", d_model), check_positive_int("d_ff", d_ff)
-        self.activation = _check_activation(activation)
+        self.activation = activation
+        self.function = activation_function(activation)  # checks the name
         self.w = nn.Linear(d_model, d_ff, bias=bias)  # W = w.weight.T, (d_model, d_ff): the gate
         self.v = nn.Linear(d_model, d_ff, bias=bias)  # V, (d_model, d_ff): what the gate lets through
         self.w_2 = nn.Linear(d_ff, d_model, bias=bias)  # W_2, (d_ff, d_model)
@@ -87,7 +87,7 @@ class GatedFeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``(..., d_model) -> (..., d_model)``, every position on its own."""
-        gate = _ACTIVATIONS[self.activation](self.w(x))  # (..., d_model) @ W -> (..., d_ff)
+        gate = self.function(self.w(x))  # (..., d_model) @ W -> (..., d_ff)
         return self.w_2(self.dropout(gate * self.v(x)))  # (..., d_ff) @ W_2 -> (..., d_model)
 
 
@@ -122,8 +122,8 @@ class GroupedQueryAttention(MultiHeadAttention):
 
     def keys_values(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """The keys and values of the g heads: ``(B, S, d_model)`` -> ``(B, g, S, d_k)`` each."""
-        k = _split_heads(self.w_k(key), self.num_kv_heads)  # (B, S, g * d_k) -> (B, g, S, d_k)
-        v = _split_heads(self.w_v(value), self.num_kv_heads)  # (B, S, g * d_k) -> (B, g, S, d_k)
+        k = self.w_k(key).unflatten(-1, (self.num_kv_heads, self.d_k)).transpose(1, 2)  # (B, S, g * d_k) -> (B, g, S, d_k)
+        v = self.w_v(value).unflatten(-1, (self.num_kv_heads, self.d_k)).transpose(1, 2)  # (B, g, S, d_v)
         return k, v
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float,
