@@ -24,7 +24,7 @@ from tools import fetch_smollm2
 from transformer import from_huggingface
 from transformer.generation.sampling import sample
 from transformer.interop.bert import file_sha256
-from transformer.interop.gguf import (SMOLLM2_SHA256, chat_prompt, gguf_tokenizer, gguf_to_book_name, llama_from_gguf,
+from transformer.interop.gguf import (SMOLLM2_SHA256, chat, chat_prompt, gguf_tokenizer, gguf_to_book_name, llama_from_gguf,
                                       load_smollm2, read_gguf, smollm2_path)
 from transformer.nn.decoder import DecoderLayer
 from transformer.nn.decoder_only import DecoderOnlyLM
@@ -217,6 +217,17 @@ def test_smollm2_cached_decoding_equals_the_full_pass(smollm2):
     model, tokenizer = smollm2[3], smollm2[4]
     ids = torch.tensor([tokenizer.encode("Once upon a time, a small model").ids])
     assert torch.equal(sample(model, ids, 8, top_k=1), sample(model, ids, 8, top_k=1, use_cache=False))
+
+
+def test_chat_answers_in_english_and_stops_at_the_end_of_the_turn(smollm2):
+    model, tokenizer = smollm2[3], smollm2[4]
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    reply = chat(model, tokenizer, messages, max_new_tokens=24, top_k=1)
+    assert "Paris" in reply and "<|im_end|>" not in reply
+    prompt = tokenizer.encode(chat_prompt(messages)).ids
+    written = sample(model, torch.tensor([prompt]), 24, top_k=1)[0].tolist()
+    end = tokenizer.token_to_id("<|im_end|>")
+    assert written[:written.index(end, len(prompt)) + 1] == prompt + tokenizer.encode(reply).ids + [end]
 
 
 @pytest.mark.slow

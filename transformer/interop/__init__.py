@@ -7,7 +7,7 @@ from transformer.interop.bert import (BERT_LAYER_NAMES, BERT_EMBEDDING_NAMES, be
     MINILM_SHA256, MINILM_MAX_TOKENS, load_bert, minilm_folder, file_sha256, load_minilm, mean_pool, embed_sentences)
 from transformer.interop.gguf import (SMOLLM2_FILE, SMOLLM2_SHA256, smollm2_path, read_gguf, GGUF_NAMES,
     GGUF_LAYER_NAMES, gguf_to_book_name, llama_from_gguf, GGUF_PRE_TOKENIZERS, gguf_tokenizer, SMOLLM2_SYSTEM,
-    chat_prompt, load_smollm2)
+    chat_prompt, load_smollm2, chat)
 from transformer.interop.huggingface_in import (import_transformers, marian_permutation, HF_ACTIVATIONS,
     LLAMA_LAYER_NAMES, LLAMA_NAMES, from_huggingface, load_pretrained)
 from transformer.interop.huggingface_out import (marian_config, marian_state_dict, to_huggingface, hf_greedy,
@@ -42,6 +42,7 @@ __all__ = [
     'SMOLLM2_SYSTEM',
     'chat_prompt',
     'load_smollm2',
+    'chat',
     'import_transformers',
     'marian_permutation',
     'HF_ACTIVATIONS',

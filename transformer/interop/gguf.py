@@ -10,7 +10,7 @@ Defined in the book's chapter "From the paper's decoder to today's" (chapters/mo
 """
 
 
-__all__ = ['SMOLLM2_FILE', 'SMOLLM2_SHA256', 'smollm2_path', 'read_gguf', 'GGUF_NAMES', 'GGUF_LAYER_NAMES', 'gguf_to_book_name', 'llama_from_gguf', 'GGUF_PRE_TOKENIZERS', 'gguf_tokenizer', 'SMOLLM2_SYSTEM', 'chat_prompt', 'load_smollm2']
+__all__ = ['SMOLLM2_FILE', 'SMOLLM2_SHA256', 'smollm2_path', 'read_gguf', 'GGUF_NAMES', 'GGUF_LAYER_NAMES', 'gguf_to_book_name', 'llama_from_gguf', 'GGUF_PRE_TOKENIZERS', 'gguf_tokenizer', 'SMOLLM2_SYSTEM', 'chat_prompt', 'load_smollm2', 'chat']
 
 
 import importlib
@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from transformer.interop.bert import file_sha256
+from transformer.generation.sampling import sample
 from transformer.nn.modern import LlamaLM
 from transformer.paths import book_root
 
@@ -186,3 +187,15 @@ def load_smollm2(path: str | os.PathLike | None = None) -> tuple[LlamaLM, Any]:
     dequantized) with its tokenizer; ``path`` (default ``smollm2_path()``) must be the pinned file."""
     metadata, tensors = read_gguf(smollm2_path() if path is None else path, sha256=SMOLLM2_SHA256)
     return llama_from_gguf(metadata, tensors), gguf_tokenizer(metadata)
+
+
+# chapters/modern_decoder.md: It writes
+def chat(model: LlamaLM, tokenizer: Any, messages: list[dict[str, str]], max_new_tokens: int = 64,
+         **knobs: Any) -> str:
+    """The assistant's next turn after ``messages``: ``chat_prompt`` encoded by ``tokenizer``, continued
+    by ``sample`` with its ``knobs`` (``temperature``, ``top_k``, ``top_p``, ``generator``), and cut
+    at the model's end of turn, ``<|im_end|>`` (if it comes within ``max_new_tokens``)."""
+    prompt = torch.tensor([tokenizer.encode(chat_prompt(messages)).ids])  # (1, P)
+    new = sample(model, prompt, max_new_tokens, **knobs)[0, prompt.shape[1]:].tolist()
+    end = tokenizer.token_to_id("<|im_end|>")
+    return tokenizer.decode(new[:new.index(end)] if end in new else new)
