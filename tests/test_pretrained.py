@@ -167,7 +167,7 @@ def test_unrepresentable_configurations_are_refused_naming_the_field(make, field
 
 
 def test_other_models_are_refused():
-    with pytest.raises(TypeError, match="MarianMTModel, GPT2LMHeadModel or BertModel, got Linear"):
+    with pytest.raises(TypeError, match="MarianMTModel, GPT2LMHeadModel, LlamaForCausalLM or BertModel, got Linear"):
         from_huggingface(nn.Linear(2, 2))
     with pytest.raises(TypeError, match="name_or_path must be a str or a path, got int"):
         load_pretrained(3)

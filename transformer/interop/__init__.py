@@ -5,8 +5,11 @@
 from transformer.interop.torch_nn import TORCH_NN_RENAMES, torch_names
 from transformer.interop.bert import (BERT_LAYER_NAMES, BERT_EMBEDDING_NAMES, bert_names, text_encoder_from_bert,
     MINILM_SHA256, MINILM_MAX_TOKENS, load_bert, minilm_folder, file_sha256, load_minilm, mean_pool, embed_sentences)
+from transformer.interop.gguf import (SMOLLM2_FILE, SMOLLM2_SHA256, smollm2_path, read_gguf, GGUF_NAMES,
+    GGUF_LAYER_NAMES, gguf_to_book_name, llama_from_gguf, GGUF_PRE_TOKENIZERS, gguf_tokenizer, SMOLLM2_SYSTEM,
+    chat_prompt, load_smollm2, chat)
 from transformer.interop.huggingface_in import (import_transformers, marian_permutation, HF_ACTIVATIONS,
-    from_huggingface, load_pretrained)
+    LLAMA_LAYER_NAMES, LLAMA_NAMES, from_huggingface, load_pretrained)
 from transformer.interop.huggingface_out import (marian_config, marian_state_dict, to_huggingface, hf_greedy,
     export_huggingface, ctranslate2_folder)
 from transformer.interop.onnx import EncoderGraph, DecoderStepGraph, export_onnx, onnx_sessions, onnx_greedy
@@ -26,9 +29,25 @@ __all__ = [
     'load_minilm',
     'mean_pool',
     'embed_sentences',
+    'SMOLLM2_FILE',
+    'SMOLLM2_SHA256',
+    'smollm2_path',
+    'read_gguf',
+    'GGUF_NAMES',
+    'GGUF_LAYER_NAMES',
+    'gguf_to_book_name',
+    'llama_from_gguf',
+    'GGUF_PRE_TOKENIZERS',
+    'gguf_tokenizer',
+    'SMOLLM2_SYSTEM',
+    'chat_prompt',
+    'load_smollm2',
+    'chat',
     'import_transformers',
     'marian_permutation',
     'HF_ACTIVATIONS',
+    'LLAMA_LAYER_NAMES',
+    'LLAMA_NAMES',
     'from_huggingface',
     'load_pretrained',
     'marian_config',

@@ -9,11 +9,12 @@ Defined in the book's chapter "Pretrained weights" (chapters/pretrained.md).
 """
 
 
-__all__ = ['import_transformers', 'marian_permutation', 'HF_ACTIVATIONS', 'from_huggingface', 'load_pretrained']
+__all__ = ['import_transformers', 'marian_permutation', 'HF_ACTIVATIONS', 'LLAMA_LAYER_NAMES', 'LLAMA_NAMES', 'from_huggingface', 'load_pretrained']
 
 
 import importlib
 import os
+import re
 from typing import Any
 
 import torch
@@ -24,6 +25,7 @@ from transformer.interop.bert import text_encoder_from_bert
 from transformer.nn.decoder_only import DecoderOnlyLM
 from transformer.nn.encoder import LayerOptions
 from transformer.nn.model import Transformer
+from transformer.nn.modern import LlamaLM
 
 
 # chapters/pretrained.md: Pretrained weights
@@ -238,13 +240,69 @@ def _from_gpt2(hf: Any) -> DecoderOnlyLM:
     return model
 
 
+# chapters/pretrained.md: Llama → `LlamaLM`
+#: Hugging Face's Llama names inside layer i (``model.layers.{i}.<name>``) -> the book's (``decoder.layers.{i}.<name>``).
+LLAMA_LAYER_NAMES = {"input_layernorm": "norm1", "self_attn.q_proj": "self_attn.w_q", "self_attn.k_proj": "self_attn.w_k",
+                     "self_attn.v_proj": "self_attn.w_v", "self_attn.o_proj": "self_attn.w_o",
+                     "post_attention_layernorm": "norm3", "mlp.gate_proj": "feed_forward.w",
+                     "mlp.up_proj": "feed_forward.v", "mlp.down_proj": "feed_forward.w_2"}
+LLAMA_NAMES = {"model.embed_tokens": "embed", "model.norm": "decoder.norm", "lm_head": "output"}
+
+
+def _llama_model(config: Any) -> LlamaLM:
+    """An empty ``LlamaLM`` of the sizes and choices of a ``LlamaConfig``."""
+    activation = HF_ACTIVATIONS[_require(config, "hidden_act", tuple(HF_ACTIVATIONS),
+                                         "the activations of GatedFeedForward")]
+    rope = getattr(config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": config.rope_theta}
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"LlamaConfig.rope_parameters = {rope!r} cannot be represented by this package (the "
+                         "book's rotary has no scaling); supported: rope_type 'default'")
+    if config.head_dim != config.hidden_size // config.num_attention_heads:
+        raise ValueError(f"LlamaConfig.head_dim = {config.head_dim} cannot be represented by this package (heads "
+                         f"cut d_model into num_heads parts); supported: {config.hidden_size // config.num_attention_heads}")
+    return LlamaLM(config.vocab_size, config.hidden_size, config.num_attention_heads, config.intermediate_size,
+                   config.num_hidden_layers, num_kv_heads=config.num_key_value_heads,
+                   context_length=config.max_position_embeddings, rope_base=rope["rope_theta"],
+                   eps=config.rms_norm_eps, bias=config.attention_bias or config.mlp_bias, activation=activation,
+                   tie_embeddings=config.tie_word_embeddings)
+
+
+def _rotary_rows(num_heads: int, d_k: int) -> Tensor:
+    """The rows of Hugging Face's W^Q (or W^K) in the book's order: head by head, ``marian_permutation(d_k)``."""
+    heads = torch.arange(num_heads)[:, None] * d_k  # (H, 1): the first row of each head
+    return (heads + marian_permutation(d_k)).flatten()  # (H, d_k) -> (H * d_k,)
+
+
+def _from_llama(hf: Any) -> LlamaLM:
+    """The ``LlamaLM`` equal to a ``LlamaForCausalLM``: names by the tables, W^Q and W^K rows permuted;
+    a bias Llama does not have (the output's, or one side's of ``attention_bias``/``mlp_bias``) is zero."""
+    config, model = hf.config, _llama_model(hf.config)
+    ours = dict(model.named_parameters())  # a tied output.weight is listed once, as embed.weight
+    with torch.no_grad():
+        for name, parameter in ours.items():
+            if name.endswith(".bias"):
+                parameter.zero_()
+    rows = {"self_attn.q_proj": _rotary_rows(config.num_attention_heads, config.head_dim),
+            "self_attn.k_proj": _rotary_rows(config.num_key_value_heads, config.head_dim)}
+    for name, tensor in hf.state_dict().items():
+        layer = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", name)
+        module, kind = (layer[2], layer[3]) if layer else name.rsplit(".", 1)
+        if module in rows:
+            tensor = tensor[rows[module]]  # (H * d_k, d_model) or (H * d_k,): rotary pairs side by side
+        target = (f"decoder.layers.{layer[1]}.{LLAMA_LAYER_NAMES[module]}" if layer else LLAMA_NAMES[module]) + f".{kind}"
+        if target in ours:  # not so: lm_head.weight of a tied model, which is embed.weight
+            _copy(target, ours[target], tensor)
+    return model
+
+
 # chapters/pretrained.md: The package's entry points
 def from_huggingface(model: nn.Module) -> nn.Module:
     """The model of this package equal to a Hugging Face ``transformers`` model, weights copied.
 
     Args:
         model: a ``transformers.MarianMTModel`` (gives a ``Transformer``), a
-            ``transformers.GPT2LMHeadModel`` (a ``DecoderOnlyLM``) or a ``transformers.BertModel``
+            ``transformers.GPT2LMHeadModel`` (a ``DecoderOnlyLM``), a ``transformers.LlamaForCausalLM``
+            (a ``LlamaLM``) or a ``transformers.BertModel``
             (a ``TextEncoder``, whose output is BertModel's ``last_hidden_state``).
 
     Returns:
@@ -261,10 +319,12 @@ def from_huggingface(model: nn.Module) -> nn.Module:
         ours: nn.Module = _from_marian(model)
     elif isinstance(model, transformers.GPT2LMHeadModel):
         ours = _from_gpt2(model)
+    elif isinstance(model, transformers.LlamaForCausalLM):  # chapters/modern_decoder.md
+        ours = _from_llama(model)
     elif isinstance(model, transformers.BertModel):  # chapters/pretrained_encoder.md
         ours = text_encoder_from_bert(model.config.to_dict(), model.state_dict())
     else:
-        raise TypeError("model must be a transformers MarianMTModel, GPT2LMHeadModel or BertModel, "
+        raise TypeError("model must be a transformers MarianMTModel, GPT2LMHeadModel, LlamaForCausalLM or BertModel, "
                         f"got {type(model).__name__}")
     reference = next(model.parameters())
     return ours.to(device=reference.device, dtype=reference.dtype).train(model.training)

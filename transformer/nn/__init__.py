@@ -8,7 +8,7 @@ from transformer.nn.positional import (sinusoidal_encoding, SinusoidalPositional
 from transformer.nn.attention import (causal_mask, padding_mask, masked_softmax, scaled_dot_product_attention,
     check_attention_mask, check_query_key_value)
 from transformer.nn.multihead import AttentionCache, MultiHeadAttention
-from transformer.nn.feedforward import PositionwiseFeedForward
+from transformer.nn.feedforward import activation_function, PositionwiseFeedForward
 from transformer.nn.residual import LayerNorm, add_and_norm
 from transformer.nn.encoder import LayerOptions, check_layer_options, EncoderLayer, Encoder
 from transformer.nn.decoder import LayerCache, DecoderLayer, StackCache, Decoder, GenerationCache
@@ -20,6 +20,8 @@ from transformer.nn.text_encoder import TextEncoder
 from transformer.nn.decoder_only import DecoderOnlyLM
 from transformer.nn.relative import relative_positions, RelativeMultiHeadAttention, rotary, RotaryMultiHeadAttention
 from transformer.nn.alibi import alibi_slopes, ALiBiMultiHeadAttention
+from transformer.nn.modern import (RMSNorm, GatedFeedForward, GroupedQueryAttention, RotaryGroupedQueryAttention,
+    llama_options, LlamaLM)
 from transformer.nn.vision import (patches, PatchEmbedding, sinusoidal_encoding_2d, grid_relations,
     GridRelativeMultiHeadAttention, VisionTransformer)
 from transformer.nn.captioner import PatchFrontEnd, ImageCaptioner
@@ -39,6 +41,7 @@ __all__ = [
     'check_query_key_value',
     'AttentionCache',
     'MultiHeadAttention',
+    'activation_function',
     'PositionwiseFeedForward',
     'LayerNorm',
     'add_and_norm',
@@ -68,6 +71,12 @@ __all__ = [
     'RotaryMultiHeadAttention',
     'alibi_slopes',
     'ALiBiMultiHeadAttention',
+    'RMSNorm',
+    'GatedFeedForward',
+    'GroupedQueryAttention',
+    'RotaryGroupedQueryAttention',
+    'llama_options',
+    'LlamaLM',
     'patches',
     'PatchEmbedding',
     'sinusoidal_encoding_2d',

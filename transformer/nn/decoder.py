@@ -18,12 +18,11 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
-from transformer.checks import check_bool, check_fraction, check_dtype, check_features, check_positive_int
+from transformer.checks import check_bool, check_fraction, check_dtype, check_features, check_positive_int, input_dtype
 from transformer.nn.attention import causal_mask, check_attention_mask
 from transformer.nn.encoder import LayerOptions, check_layer_options
-from transformer.nn.feedforward import PositionwiseFeedForward
 from transformer.nn.multihead import AttentionCache, MultiHeadAttention
-from transformer.nn.residual import LayerNorm, add_and_norm
+from transformer.nn.residual import add_and_norm
 
 
 # chapters/decoder.md: One decoder layer
@@ -121,16 +120,18 @@ class DecoderLayer(nn.Module):
             raise TypeError(f"self_attention must be callable (a class), got {type(options.self_attention).__name__}")
         # MultiHeadAttention checks d_model, num_heads (and that it divides d_model) and its dropout.
         dropout = check_fraction("dropout", dropout)
-        self.self_attn = options.self_attention(d_model, num_heads, dropout=options.attention_dropout)
+        self.self_attn = options.self_attention(d_model, num_heads, dropout=options.attention_dropout,
+                                                **options.bias_argument())
         self.cross_attn: MultiHeadAttention | None = None
-        self.norm2: LayerNorm | None = None
+        self.norm2: nn.Module | None = None
         self.dropout2: nn.Dropout | None = None
         if cross_attention:
-            self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout=options.attention_dropout)
-            self.norm2, self.dropout2 = LayerNorm(d_model), nn.Dropout(dropout)
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=options.activation_dropout,
-                                                    activation=options.activation)
-        self.norm1, self.norm3 = LayerNorm(d_model), LayerNorm(d_model)
+            self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout=options.attention_dropout,
+                                                 **options.bias_argument())
+            self.norm2, self.dropout2 = options.norm(d_model), nn.Dropout(dropout)
+        self.feed_forward = options.feed_forward(d_model, d_ff, dropout=options.activation_dropout,
+                                                 activation=options.activation, **options.bias_argument())
+        self.norm1, self.norm3 = options.norm(d_model), options.norm(d_model)
         self.dropout1, self.dropout3 = nn.Dropout(dropout), nn.Dropout(dropout)
         self.d_model, self.num_heads, self.norm_first = d_model, num_heads, options.norm_first
 
@@ -193,7 +194,7 @@ class DecoderLayer(nn.Module):
             check_attention_mask(tgt_mask, (B, self.num_heads, T, keys), name="tgt_mask")
         for name, value in (("x", x), ("memory", memory)):
             if value is not None:
-                check_dtype(name, value, self.norm1.weight.dtype)  # before any LayerNorm or projection
+                check_dtype(name, value, input_dtype(self.norm1))  # before any LayerNorm or projection
 
 
 # chapters/decoder.md: A stack of layers
@@ -225,7 +226,8 @@ class Decoder(nn.Module):
 
     Attributes:
         layers: the ``DecoderLayer``s, an ``nn.ModuleList``, each built fresh.
-        norm: the final ``LayerNorm`` of a pre-LN stack (``norm_first=True``), else None.
+        norm: the final normalisation (``options.norm``, a ``LayerNorm`` by default) of a pre-LN stack
+            (``norm_first=True``), else None.
 
     Example:
         >>> import torch
@@ -241,7 +243,7 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList([DecoderLayer(d_model, num_heads, d_ff, dropout, cross_attention=cross_attention,
                                                   causal=causal, options=options)
                                      for _ in range(num_layers)])
-        self.norm = LayerNorm(d_model) if options.norm_first else None
+        self.norm = options.norm(d_model) if options.norm_first else None
 
     def forward(self, x: Tensor, memory: Tensor | None = None, tgt_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, cache: StackCache | None = None, *,

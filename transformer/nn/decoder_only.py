@@ -13,7 +13,7 @@ __all__ = ['DecoderOnlyLM']
 
 from torch import Tensor, nn
 
-from transformer.checks import check_fraction, check_positive_int, check_token_batch
+from transformer.checks import check_bool, check_fraction, check_positive_int, check_token_batch
 from transformer.nn.cache import DecoderCache
 from transformer.nn.decoder import Decoder
 from transformer.nn.embedding import TokenEmbedding
@@ -55,11 +55,14 @@ class DecoderOnlyLM(nn.Module):
         scale_embedding: multiply the token embeddings by sqrt(d_model) (the paper; GPT-2 does not).
         options: the ``LayerOptions`` of every layer, as for ``Decoder``; pre-LN by default (GPT-2),
             with ``self_attention`` (what builds each layer's self-attention) and ``activation``
-            ("relu"; GPT-2: "gelu_tanh").
+            ("relu"; GPT-2: "gelu_tanh"). ``options.bias`` also says whether the output layer has a bias.
+        tie_embeddings: True (the paper, GPT-2) for an output layer whose weight is the embedding's;
+            False gives it weights of its own.
 
     Attributes:
         embed, positional_encoding (None when ``position`` is None), decoder, output (its
-        ``weight`` is ``embed.weight``), max_len, position.
+        ``weight`` is ``embed.weight`` when tied; its bias None when ``options.bias`` is False),
+        max_len, position.
 
     Shape:
         tokens (B, T) integer ids -> logits (B, T, V); row t scores the token after tokens[:, :t + 1].
@@ -68,7 +71,7 @@ class DecoderOnlyLM(nn.Module):
     def __init__(self, vocab_size: int, d_model: int = 128, num_heads: int = 4, d_ff: int = 512,
                  num_layers: int = 4, *, max_len: int = 256, dropout: float = 0.1,
                  position: str | None = "learned", scale_embedding: bool = True,
-                 options: LayerOptions = LayerOptions(norm_first=True)):
+                 options: LayerOptions = LayerOptions(norm_first=True), tie_embeddings: bool = True):
         super().__init__()
         self.max_len = check_positive_int("max_len", max_len)
         self.position = position
@@ -76,9 +79,11 @@ class DecoderOnlyLM(nn.Module):
         self.positional_encoding = _positional_encoding(position, d_model, max_len)
         self.dropout = nn.Dropout(check_fraction("dropout", dropout))
         self.decoder = Decoder(num_layers, d_model, num_heads, d_ff, dropout, cross_attention=False, options=options)
-        self.output = nn.Linear(d_model, vocab_size)  # logits = h E^T + b
-        nn.init.zeros_(self.output.bias)
-        self.output.weight = self.embed.weight  # (V, d_model): the same Parameter
+        self.output = nn.Linear(d_model, vocab_size, **options.bias_argument())  # logits = h E^T + b
+        if self.output.bias is not None:
+            nn.init.zeros_(self.output.bias)
+        if check_bool("tie_embeddings", tie_embeddings):
+            self.output.weight = self.embed.weight  # (V, d_model): the same Parameter
 
     @property
     def vocab_size(self) -> int:

@@ -16,7 +16,7 @@ from typing import cast
 
 from torch import Tensor, nn
 
-from transformer.checks import check_bool, check_fraction, check_dtype, check_features, check_positive_int
+from transformer.checks import check_bool, check_fraction, check_dtype, check_features, check_positive_int, input_dtype
 from transformer.nn.attention import check_attention_mask
 from transformer.nn.feedforward import PositionwiseFeedForward
 from transformer.nn.multihead import MultiHeadAttention
@@ -43,6 +43,19 @@ class LayerOptions:
         self_attention: what builds the self-attention, called as
             ``self_attention(d_model, num_heads, dropout=attention_dropout)``: ``MultiHeadAttention``, or a
             subclass that puts positions inside attention.
+        norm: what builds each normalisation, called as ``norm(d_model)``: ``LayerNorm`` (the paper), or
+            another module of the same shapes with a ``weight`` (RMSNorm, in the book's chapter "From the
+            paper's decoder to today's").
+        feed_forward: what builds the feed-forward network, called as ``feed_forward(d_model, d_ff,
+            dropout=activation_dropout, activation=activation)``: ``PositionwiseFeedForward`` (the paper),
+            or a gated network (SwiGLU, same chapter).
+        bias: True (the paper) for biases in the attention's and the feed-forward network's linear maps;
+            False adds ``bias=False`` to the calls of ``self_attention`` and ``feed_forward`` (True adds
+            nothing, so any callable of the arguments above works).
+
+    The modules that ``self_attention``, ``norm`` and ``feed_forward`` build are called by a layer
+    that has checked its input with the keyword ``checked=True`` (``MultiHeadAttention``): a module
+    plugged in takes that keyword, and may skip its own checks.
 
     Example:
         >>> LayerOptions(norm_first=True).activation
@@ -54,6 +67,14 @@ class LayerOptions:
     activation_dropout: float = 0.0
     activation: str = "relu"
     self_attention: Callable[..., MultiHeadAttention] = MultiHeadAttention
+    norm: Callable[[int], nn.Module] = LayerNorm
+    feed_forward: Callable[..., nn.Module] = PositionwiseFeedForward
+    bias: bool = True
+
+    def bias_argument(self) -> dict[str, bool]:
+        """The keyword arguments that ``bias`` adds to the calls that build a sublayer: ``{}`` (the
+        callable's own default, biases) or ``{"bias": False}``."""
+        return {} if check_bool("bias", self.bias) else {"bias": False}
 
 
 def check_layer_options(options: object) -> LayerOptions:
@@ -91,10 +112,11 @@ class EncoderLayer(nn.Module):
         if not callable(options.self_attention):
             raise TypeError(f"self_attention must be callable (a class), got {type(options.self_attention).__name__}")
         # MultiHeadAttention checks d_model, num_heads (and that it divides d_model) and its dropout.
-        self.self_attn = options.self_attention(d_model, num_heads, dropout=options.attention_dropout)
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=options.activation_dropout,
-                                                    activation=options.activation)
-        self.norm1, self.norm2 = LayerNorm(d_model), LayerNorm(d_model)
+        self.self_attn = options.self_attention(d_model, num_heads, dropout=options.attention_dropout,
+                                                **options.bias_argument())
+        self.feed_forward = options.feed_forward(d_model, d_ff, dropout=options.activation_dropout,
+                                                 activation=options.activation, **options.bias_argument())
+        self.norm1, self.norm2 = options.norm(d_model), options.norm(d_model)
         dropout = check_fraction("dropout", dropout)
         self.dropout1, self.dropout2 = nn.Dropout(dropout), nn.Dropout(dropout)
         self.d_model, self.norm_first = self.self_attn.d_model, options.norm_first
@@ -126,7 +148,7 @@ class EncoderLayer(nn.Module):
         """Check ``x`` ``(B, S, d_model)``, in the dtype of the layer, and ``mask`` (named ``mask_name``
         in the messages, e.g. a model's ``"src_mask"``), which must broadcast to ``(B, num_heads, S, S)``."""
         check_features("x", x, self.d_model)
-        check_dtype("x", x, self.norm1.weight.dtype)  # before the first LayerNorm or projection
+        check_dtype("x", x, input_dtype(self.norm1))  # before the first LayerNorm or projection
         B, S, _ = x.shape
         check_attention_mask(mask, (B, self.self_attn.num_heads, S, S), name=mask_name)
 
@@ -143,7 +165,8 @@ class Encoder(nn.Module):
 
     Attributes:
         layers: the ``EncoderLayer``s, an ``nn.ModuleList``, each built fresh.
-        norm: the final ``LayerNorm`` of a pre-LN stack (``norm_first=True``), else None.
+        norm: the final normalisation (``options.norm``, a ``LayerNorm`` by default) of a pre-LN stack
+            (``norm_first=True``), else None.
 
     Example:
         >>> import torch
@@ -158,7 +181,7 @@ class Encoder(nn.Module):
         check_positive_int("num_layers", num_layers)
         self.layers = nn.ModuleList([EncoderLayer(d_model, num_heads, d_ff, dropout, options=options)
                                      for _ in range(num_layers)])
-        self.norm = LayerNorm(d_model) if options.norm_first else None
+        self.norm = options.norm(d_model) if options.norm_first else None
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, checked: bool = False) -> Tensor:
         """Run ``x`` through every layer in turn, with the same mask.

@@ -7,7 +7,7 @@ Defined in the book's chapter "Position-wise feed-forward networks" (chapters/fe
 """
 
 
-__all__ = ['PositionwiseFeedForward']
+__all__ = ['activation_function', 'PositionwiseFeedForward']
 
 
 from collections.abc import Callable
@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer.checks import (check_fraction, check_dtype, input_dtype, check_features, check_positive_int,
-    check_tensor)
+from transformer.checks import (check_bool, check_fraction, check_dtype, input_dtype, check_features,
+    check_positive_int, check_tensor)
 
 
 # chapters/feedforward.md: The module
@@ -40,6 +40,12 @@ def _check_activation(activation: object) -> str:
     return activation
 
 
+def activation_function(activation: object) -> Callable[[Tensor], Tensor]:
+    """The function that the name ``activation`` stands for, checked: "relu" (in place: give it a
+    fresh tensor), "gelu", "gelu_tanh", "silu" or "swish". For other networks that take these names."""
+    return _ACTIVATIONS[_check_activation(activation)]
+
+
 # chapters/feedforward.md: The module
 class PositionwiseFeedForward(nn.Module):
     """The position-wise feed-forward network, FFN(x) = max(0, x W_1 + b_1) W_2 + b_2.
@@ -53,6 +59,8 @@ class PositionwiseFeedForward(nn.Module):
             has none there (0.0); ``nn.TransformerEncoderLayer`` applies its dropout there.
         activation: the function between the two maps: "relu" (the paper), "gelu",
             "gelu_tanh" (GPT-2's tanh approximation of the GELU), "silu" or its other name "swish".
+        bias: whether the two maps have the biases b_1 and b_2 (the paper's do; many later models'
+            do not).
 
     Example:
         >>> import torch
@@ -61,13 +69,15 @@ class PositionwiseFeedForward(nn.Module):
         torch.Size([2, 5, 8])
     """
 
-    def __init__(self, d_model: int, d_ff: int = 2048, dropout: float = 0.0, activation: str = "relu"):
+    def __init__(self, d_model: int, d_ff: int = 2048, dropout: float = 0.0, activation: str = "relu",
+                 bias: bool = True):
         super().__init__()
         self.d_model = check_positive_int("d_model", d_model)
         self.d_ff = check_positive_int("d_ff", d_ff)
         self.activation = _check_activation(activation)
-        self.w_1 = nn.Linear(d_model, d_ff)  # W_1 = w_1.weight.T, (d_model, d_ff); b_1 = w_1.bias
-        self.w_2 = nn.Linear(d_ff, d_model)  # W_2 = w_2.weight.T, (d_ff, d_model); b_2 = w_2.bias
+        bias = check_bool("bias", bias)
+        self.w_1 = nn.Linear(d_model, d_ff, bias=bias)  # W_1 = w_1.weight.T, (d_model, d_ff); b_1 = w_1.bias
+        self.w_2 = nn.Linear(d_ff, d_model, bias=bias)  # W_2 = w_2.weight.T, (d_ff, d_model); b_2 = w_2.bias
         self.dropout = nn.Dropout(check_fraction("dropout", dropout))
 
     def forward(self, x: Tensor, *, checked: bool = False) -> Tensor:
