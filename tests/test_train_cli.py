@@ -583,3 +583,30 @@ def test_translate_refuses_a_gpu_that_is_not_there(monkeypatch, capsys):
     assert stop.value.code == 2
     error = capsys.readouterr().err.splitlines()
     assert error[1] == "transformer translate: error: --device cuda was asked for, but torch.cuda.is_available() is False"
+
+
+# --- a run that diverges (issue 47) -----------------------------------------------------------
+
+def test_a_diverging_run_exits_2_with_one_line_and_leaves_only_finite_checkpoints(tmp_path):
+    folder = tmp_path / "run"
+    run = subprocess.run([sys.executable, "-m", "transformer", "train", *TINY, "--steps", "30", "--save-every", "1",
+                          "--lr-factor", "1e5", "--clip", "none", "--checkpoint-dir", str(folder)],
+                         cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    assert run.returncode == 2 and run.stdout == "", run.stderr
+    line = run.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line
+    step = int(re.search(r"diverged at step (\d+): the (loss|gradient norm) is (nan|inf)", line).group(1))
+    saved = torch.load(folder / "checkpoint.pt", weights_only=True)
+    assert saved["step"] == step - 1  # saved every step, up to the last good one
+    assert f"{folder / 'checkpoint.pt'} holds step {step - 1} of 30" in line and "--resume" in line
+    assert "--lr-factor" in line
+    assert all(torch.isfinite(tensor).all() for tensor in saved["model"].values())
+
+
+def test_a_run_that_diverges_before_its_first_save_says_nothing_was_saved(tmp_path, capsys):
+    assert main([*TINY, "--steps", "5", "--lr-factor", "1e8", "--clip", "none", "--checkpoint-dir",
+                 str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(r"python -m transformer.train: error: the run diverged at step \d+: [^\n]*; no checkpoint "
+                        r"was saved: start again with a smaller --lr-factor \(or with --clip 1\)\n", err), err
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()

@@ -27,6 +27,7 @@ from transformer.nn.encoder_only import SequenceClassifier
 from transformer.tasks.classifier import accuracy, train_classifier
 from transformer.tasks.email import email_text
 from transformer.tasks.masked_lm import classifier_from_mlm, email_tokenizer, first_tokens, from_settings, load_mlm
+from transformer.training.loop import DivergedError, first_non_finite
 
 
 # chapters/classify_command.md: Reading the files
@@ -94,6 +95,10 @@ def load_classifier(path: str | Path) -> tuple[SequenceClassifier, Any, dict]:
                          "`transformer train --task classify` writes one")
     model = from_settings(SequenceClassifier, checkpoint["settings"], num_classes=len(checkpoint["labels"]),
                           pooling="mean")
+    broken = first_non_finite(checkpoint["state_dict"].items()) if isinstance(checkpoint.get("state_dict"), dict) else None
+    if broken is not None:
+        raise ValueError(f"{path}: the weight {broken!r} is not finite (nan or inf): refused, as the classifier "
+                         "could only compute nan")
     model.load_state_dict(checkpoint["state_dict"])
     return model.eval(), Tokenizer.from_str(checkpoint["tokenizer"]), checkpoint
 
@@ -144,8 +149,13 @@ def train_main(argv: Sequence[str] | None = None, prog: str = "transformer train
         model = from_settings(SequenceClassifier, settings, num_classes=len(labels), pooling="mean")
     x, vx = (first_tokens(texts[name], tokenizer, args.length) for name in ("train", "valid"))
     y, vy = (torch.tensor([labels.index(row["label"]) for row in rows]) for rows in (train, valid))
-    train_classifier(model, x, y, steps=args.steps, batch_size=min(args.batch_size, len(x)), lr=args.lr,
-                     warmup=max(1, args.steps // 10), seed=args.seed)
+    try:
+        train_classifier(model, x, y, steps=args.steps, batch_size=min(args.batch_size, len(x)), lr=args.lr,
+                         warmup=max(1, args.steps // 10), seed=args.seed)
+    except DivergedError as stop:
+        print(f"{parser.prog}: error: {stop}; nothing was saved (a classifier is written when its run ends): "
+              "start again with a smaller --lr", file=sys.stderr)
+        return 2
     print(f"validation accuracy {accuracy(model, vx, vy):.4f} on {len(vy)} examples")
     args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     path = args.checkpoint_dir / "classifier.pt"
