@@ -305,3 +305,11 @@ def test_a_run_resumes_with_a_lower_rate_from_its_first_step_on(tmp_path):
     _, straight = fit(lower, numbers, checks, progress=False)  # the lower rate's schedule from step 1
     assert resumed["step"] == [1, 2, 3, 4]
     assert resumed["lr"][2:] == straight["lr"][2:] and resumed["lr"][2] < resumed["lr"][1]
+
+
+def test_saving_onto_a_folder_is_refused_naming_it_before_anything_is_written(tmp_path):
+    (tmp_path / "adir").mkdir()
+    with pytest.raises(ValueError, match=rf"path {tmp_path / 'adir'} is a folder: name a file to save to, such as "
+                                         rf"{tmp_path / 'adir' / 'checkpoint.pt'}"):
+        save_checkpoint(tmp_path / "adir", make_model(SMALL, source_vocab(), target_vocab()), None, None, 0)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["adir"] and not any((tmp_path / "adir").iterdir())

@@ -33,7 +33,7 @@ from transformer.tasks.numbers import MAX_NUMBER, number_to_words, source_vocab,
 from transformer.training.distributed import (data_parallel_options, init_distributed, replica_difference,
     world_size_of_run)
 from transformer.nn.model import Transformer
-from transformer.tasks.numbers_fit import exact_match, fit
+from transformer.tasks.numbers_fit import check_same_data, exact_match, fit
 from transformer.tasks.metrics import corpus_scores
 from transformer.tasks.translation import fit_translation, save_translator, step_files, translate
 from transformer.files import read_parallel
@@ -107,6 +107,10 @@ def check_numbers_arguments(args: argparse.Namespace, world_size: int = 1) -> Tr
                          f"({number_to_words(longest)!r}), has {len(number_to_words(longest).split())} words, and "
                          f"the answers are decoded with up to {answer} tokens; use --max-len {answer} or more")
     check_where(args, config)
+    saved = None if args.checkpoint_dir is None else os.path.join(args.checkpoint_dir, "checkpoint.pt")
+    if args.resume and saved is not None and os.path.isfile(saved):  # the same numbers as the run it continues
+        check_same_data(read_checkpoint(saved), split_numbers(args.train_size, args.valid_size, 0, seed=config.seed)[0],
+                        saved)
     check_machine(config, len(source_vocab()), args.device)
     with torch.device("meta"):
         make_model(config, source_vocab(), target_vocab())  # the model's checks, e.g. d_model % num_heads
