@@ -145,3 +145,14 @@ def test_ctrl_c_stops_classify_and_its_trainer_with_130_and_one_line(tmp_path, c
     assert capsys.readouterr().err == ("transformer train --task classify: interrupted (Ctrl-C); nothing was saved "
                                        "(a classifier is written when its run ends)\n")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_classifier_with_a_weight_that_is_not_finite_is_refused_naming_file_and_tensor(tmp_path):
+    from transformer.files import read_torch_file, save_torch_file
+
+    checkpoint = read_torch_file(Path(__file__).resolve().parents[1] / "models" / "spam-classifier" / "classifier.pt")
+    name = next(iter(checkpoint["state_dict"]))
+    checkpoint["state_dict"][name] = checkpoint["state_dict"][name].clone().fill_(float("nan"))
+    save_torch_file(checkpoint, tmp_path / "nan.pt")
+    with pytest.raises(ValueError, match=rf"nan.pt: the weight '{name}' is not finite \(nan or inf\): refused"):
+        load_classifier(tmp_path / "nan.pt")
