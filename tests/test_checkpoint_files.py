@@ -24,6 +24,7 @@ from transformer.tasks.translation import load_translator, translate
 from transformer.training.checkpoint import (average_checkpoints, check_resume, load_checkpoint, read_checkpoint,
                                              save_checkpoint)
 from transformer.training.config import TrainConfig, make_model
+from transformer.training.loop import DivergedError
 
 ROOT = Path(transformer.__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "multi30k" / "model.pt"  # the committed translator
@@ -257,3 +258,59 @@ def test_a_finished_run_resumed_shows_no_progress_bar_and_names_its_checkpoint(t
     assert again.out.splitlines()[0] == f"resuming from {folder / 'checkpoint.pt'}: the run is already complete, step 2 of 2"
     assert again.out.splitlines()[-1] == f"checkpoint written to {folder / 'checkpoint.pt'}"
 
+
+
+# --- weights that are not finite (issue 47) ----------------------------------------------------
+
+def _nan_model():
+    model = make_model(SMALL, source_vocab(), target_vocab())
+    with torch.no_grad():
+        model.decoder.layers[0].norm3.weight[3] = float("nan")
+    return model
+
+
+def test_a_model_with_a_weight_that_is_not_finite_is_never_saved(tmp_path):
+    with pytest.raises(DivergedError, match=r"at step 7: the weight 'decoder.layers.0.norm3.weight' is not finite .* was not written"):
+        save_checkpoint(tmp_path / "run.pt", _nan_model(), None, None, 7)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_loaders_refuse_a_checkpoint_with_a_weight_that_is_not_finite_naming_file_and_tensor(tmp_path):
+    path = tmp_path / "nan.pt"
+    checkpoint = {"model": _nan_model().state_dict(), "step": 3}
+    torch.save(checkpoint, path)  # what an older version, or another program, could have written
+    expected = rf"{path}: the weight 'decoder.layers.0.norm3.weight' is not finite \(nan or inf\): refused"
+    for load in (read_checkpoint, load_checkpoint, lambda p: average_checkpoints([p])):
+        with pytest.raises(ValueError, match=expected):
+            load(path)
+    translator = read_checkpoint(MODEL)
+    name = next(iter(translator["model"]))
+    translator["model"][name] = translator["model"][name].clone().fill_(float("inf"))
+    torch.save(translator, tmp_path / "inf.pt")
+    with pytest.raises(ValueError, match=rf"inf.pt: the weight '{name}' is not finite"):
+        load_translator(tmp_path / "inf.pt")
+    refused = subprocess.run([sys.executable, "-m", "transformer", "translate", "--checkpoint", str(tmp_path / "inf.pt")],
+                             input="Ein Hund.\n", capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert refused.returncode == 2 and refused.stdout == "" and "is not finite" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
+def test_a_run_resumes_with_a_lower_rate_from_its_first_step_on(tmp_path):
+    config = TrainConfig(**{**vars(SMALL), "steps": 4, "eval_size": 0})
+    numbers, checks = list(range(1, 40)), list(range(40, 48))
+    fit(TrainConfig(**{**vars(config), "steps": 2}), numbers, checks, progress=False,
+        checkpoint_path=tmp_path / "run.pt")
+    lower = TrainConfig(**{**vars(config), "lr_factor": config.lr_factor / 10, "clip": None})
+    _, resumed = fit(lower, numbers, checks, progress=False, resume_from=tmp_path / "run.pt")
+    _, straight = fit(lower, numbers, checks, progress=False)  # the lower rate's schedule from step 1
+    assert resumed["step"] == [1, 2, 3, 4]
+    assert resumed["lr"][2:] == straight["lr"][2:] and resumed["lr"][2] < resumed["lr"][1]
+
+
+def test_saving_onto_a_folder_is_refused_naming_it_before_anything_is_written(tmp_path):
+    (tmp_path / "adir").mkdir()
+    with pytest.raises(ValueError, match=rf"path {tmp_path / 'adir'} is a folder: name a file to save to, such as "
+                                         rf"{tmp_path / 'adir' / 'checkpoint.pt'}"):
+        save_checkpoint(tmp_path / "adir", make_model(SMALL, source_vocab(), target_vocab()), None, None, 0)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["adir"] and not any((tmp_path / "adir").iterdir())

@@ -447,3 +447,23 @@ def test_batches_are_cut_to_their_longest_row():
         model = make_model("mean", vocab_size=3, num_classes=2)
         losses.append(train_classifier(model, t, labels, steps=5, batch_size=32)["loss"])
     assert losses[0] == losses[1]
+
+
+def test_labels_outside_the_models_classes_are_refused_by_name_before_a_step():
+    model = make_model("cls", vocab_size=3, num_classes=2)
+    tokens, labels = tiny_task(0)
+    before = [p.detach().clone() for p in model.parameters()]
+    for bad, message in ((5, "labels must be class ids below the model's 2 classes, got 5"),
+                         (-1, "labels must be class ids >= 0, got -1")):
+        with pytest.raises(ValueError, match=message):
+            train_classifier(model, tokens, labels.clone().index_fill_(0, torch.tensor([3]), bad), steps=2, batch_size=8)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+
+
+def test_with_few_examples_the_other_checks_come_before_the_batch_size():
+    model = make_model("cls", vocab_size=3, num_classes=2)
+    tokens, labels = tiny_task(0)
+    with pytest.raises(ValueError, match="lr must be a number > 0"):
+        train_classifier(model, tokens[:10], labels[:10], lr=-1.0)  # the default batch_size, 128, is > 10 too
+    with pytest.raises(ValueError, match="batch_size must be at most the number of examples, 10, got 128"):
+        train_classifier(model, tokens[:10], labels[:10])

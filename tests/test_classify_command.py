@@ -122,3 +122,41 @@ def test_the_committed_spam_classifier_reproduces_its_figures(tmp_path, capsys):
     assert sum(a == t for a, t in zip(answers, truth)) / len(truth) == pytest.approx(recorded["test_accuracy"], abs=1e-9)
     assert 2 * tp / (2 * tp + fp + fn) == pytest.approx(recorded["test_spam_f1"], abs=1e-9)
     assert recorded["test_accuracy"] >= 0.95
+
+
+def test_a_vocab_size_below_the_texts_characters_is_one_line_naming_the_flag(tmp_path, capsys):
+    train = write_lines(tmp_path / "train.jsonl", toy_rows(32, 0))
+    valid = write_lines(tmp_path / "valid.jsonl", toy_rows(8, 1))
+    with pytest.raises(SystemExit) as stop:
+        command(["train", "--task", "classify", "--train", str(train), "--valid", str(valid), "--vocab-size", "5",
+                 "--checkpoint-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "error: --vocab-size 5: vocab_size 5 is too small for this text" in err
+    assert "Traceback" not in err and not (tmp_path / "run").exists()
+
+
+def test_ctrl_c_stops_classify_and_its_trainer_with_130_and_one_line(tmp_path, capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    rows = write_lines(tmp_path / "rows.jsonl", toy_rows(32, 0))
+    monkeypatch.setattr("transformer.cli.classify.load_classifier", interrupted)
+    assert command(["classify", "--checkpoint", "any.pt", "--input", str(rows)]) == 130
+    assert capsys.readouterr().err == "transformer classify: interrupted (Ctrl-C)\n"
+    monkeypatch.setattr("transformer.cli.classify.train_classifier", interrupted)
+    assert command(["train", "--task", "classify", "--train", str(rows), "--valid", str(rows), "--vocab-size", "60",
+                    "--checkpoint-dir", str(tmp_path / "run")]) == 130
+    assert capsys.readouterr().err == ("transformer train --task classify: interrupted (Ctrl-C); nothing was saved "
+                                       "(a classifier is written when its run ends)\n")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_classifier_with_a_weight_that_is_not_finite_is_refused_naming_file_and_tensor(tmp_path):
+    from transformer.files import read_torch_file, save_torch_file
+
+    checkpoint = read_torch_file(Path(__file__).resolve().parents[1] / "models" / "spam-classifier" / "classifier.pt")
+    name = next(iter(checkpoint["state_dict"]))
+    checkpoint["state_dict"][name] = checkpoint["state_dict"][name].clone().fill_(float("nan"))
+    save_torch_file(checkpoint, tmp_path / "nan.pt")
+    with pytest.raises(ValueError, match=rf"nan.pt: the weight '{name}' is not finite \(nan or inf\): refused"):
+        load_classifier(tmp_path / "nan.pt")

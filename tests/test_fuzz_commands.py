@@ -133,13 +133,16 @@ def check_run(argv: list[str], folder: Path, stdin: bytes = b"") -> tuple[int, s
     code, err = run_in_process(argv, stdin)
     assert code in (0, 2), f"transformer {argv!r} exited {code}: {err[-2000:]}"
     assert "Traceback" not in err, f"transformer {argv!r}: {err[-2000:]}"
-    if code == 2:  # a usage error is two lines: the usage's first line and the message
+    diverged = code == 2 and "the run diverged at step" in err  # a run that started, then diverged: one line
+    if code == 2 and not diverged:  # a usage error is two lines: the usage's first line and the message
         lines = err.splitlines()
         assert lines[-2].startswith("usage: ") and ": error: " in lines[-1], f"transformer {argv!r}: {err}"
+    if diverged:
+        assert ": error: the run diverged at step " in err.splitlines()[-1], f"transformer {argv!r}: {err}"
     after = snapshot(folder)
     outside = changed_outside(before, after, outputs(argv))
     assert outside == [], f"transformer {argv!r} changed {outside}"
-    if code == 2:  # a refused run leaves no folder behind, not even the one it was named
+    if code == 2 and not diverged:  # a refused run leaves no folder behind, not even the one it was named
         assert changed_outside(before, after, []) == [], f"the refused transformer {argv!r} left files"
     return code, err
 
@@ -310,3 +313,20 @@ def test_translate_with_random_bytes_on_stdin(playground, errors):
         text = b"Ein Hund.\n" + rng.randbytes(rng.choice((1, 30))) + b"\nZwei Kinder.\n"
         check_run(["translate", "--checkpoint", str(MODEL), "--no-progress", "--device", "cpu", "--threads", "1",
                    "--errors", errors], playground, stdin=text)
+
+
+@pytest.mark.parametrize("extra", [["--lr-factor", "1e8"], ["--lr-factor", "1e5", "--save-every", "1"]])
+def test_a_diverging_run_exits_2_in_one_line_and_leaves_no_nan_checkpoint(playground, extra):
+    code, err = check_run(["train", *TINY, "--steps", "20", "--clip", "none", *extra, "--checkpoint-dir", "diverged"],
+                          playground)
+    assert code == 2 and "the run diverged at step" in err
+    for path in (playground / "diverged").glob("*.pt"):
+        state = torch.load(path, weights_only=True)["model"]
+        assert all(torch.isfinite(tensor).all() for tensor in state.values()), path
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e999"])
+def test_non_finite_numbers_of_translate_are_usage_errors(playground, value):
+    code, err = check_run(["translate", "--checkpoint", str(MODEL), "--beam", "2", f"--length-penalty={value}"],
+                          playground, stdin=b"Ein Hund.\n")
+    assert code == 2 and "--length-penalty must be a number >= 0 and finite" in err

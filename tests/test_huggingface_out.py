@@ -23,6 +23,7 @@ from transformer.interop.huggingface_out import export_huggingface, hf_greedy, m
 from transformer.tasks.multi30k import BOS_ID, EOS_ID, PAD_ID, encode_lines
 from transformer.interop.huggingface_in import from_huggingface
 from transformer.tasks.multi30k import load_multi30k
+from transformer.tasks.subwords import train_tokenizer
 from transformer.tasks.translation import load_translator, translate
 
 MODEL = Path(__file__).resolve().parents[1] / "models" / "multi30k" / "model.pt"
@@ -67,13 +68,18 @@ def test_the_round_trip_gives_the_models_logits(committed, exported, test_de):
         torch.testing.assert_close(back(src, tgt, src_mask=mask), model(src, tgt, src_mask=mask), atol=1e-5, rtol=0)
 
 
+def _tiny_tokenizer():
+    """A BPE tokenizer of a few dozen tokens, with the book's special tokens at ids 0 to 3."""
+    return train_tokenizer(["ein Hund läuft", "a dog runs", "zwei Hunde", "two dogs"], 30)
+
+
 def test_a_random_model_round_trips_too():
-    model = small_transformer(share_embeddings=True, src_vocab_size=11, tgt_vocab_size=11)
+    tokenizer = _tiny_tokenizer()  # of the model's size: another size is refused (generate would fail)
+    size = tokenizer.get_vocab_size()
+    model = small_transformer(share_embeddings=True, src_vocab_size=size, tgt_vocab_size=size)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    tokenizer = load_translator(MODEL)[1]
-    # a tokenizer of another size is fine for the weights: only its special tokens are checked
     hf, _ = to_huggingface(model, tokenizer)
     src, tgt = torch.tensor([[3, 4, 5, 6]]), torch.tensor([[1, 7, 8]])
     with torch.no_grad():
@@ -86,9 +92,11 @@ def test_a_random_model_round_trips_too():
 def test_the_callers_model_is_left_as_it_was(committed, dtype):
     # to_huggingface reads float32 copies of the weights: the model it is given keeps its dtype,
     # its parameters and their values (Module.float() would have converted it in place)
-    model = small_transformer(share_embeddings=True, src_vocab_size=11, tgt_vocab_size=11).to(dtype).train()
+    tokenizer = _tiny_tokenizer()
+    size = tokenizer.get_vocab_size()
+    model = small_transformer(share_embeddings=True, src_vocab_size=size, tgt_vocab_size=size).to(dtype).train()
     before = {name: (p, p.detach().clone()) for name, p in model.named_parameters()}
-    hf, _ = to_huggingface(model, committed[1])
+    hf, _ = to_huggingface(model, tokenizer)
     assert model.training and [name for name, _ in model.named_parameters()] == list(before)
     for name, p in model.named_parameters():
         assert p is before[name][0] and p.dtype == dtype and torch.equal(p, before[name][1]), name
@@ -167,6 +175,8 @@ def test_the_command_writes_a_folder_that_transformers_loads_offline(tmp_path, t
     card = (out / "README.md").read_text(encoding="utf-8")  # the model card: tests/test_model_card.py reads it
     assert card.startswith("---\nlibrary_name: transformers\n") and 'MarianMTModel.from_pretrained("hf")' in card
     assert "## Terms of the data" in card and "| average of the last 5 | beam 4, α = 0.6 | **39.61** | 58.95 |" in card
+    modes = {file.name: file.stat().st_mode & 0o777 for file in out.iterdir()}
+    assert len(set(modes.values())) == 1 and "model.safetensors" in modes, modes  # all alike: 0644 under umask 022
 
 
 def test_the_command_refuses_a_folder_that_is_not_empty(tmp_path, capsys):
@@ -219,3 +229,12 @@ def test_ctranslate2_translates_the_first_100_test_sentences_as_we_do(committed,
     theirs = [[tokenizer.token_to_id(t) for t in r.hypotheses[0]] for r in results]
     same = sum(a == b for a, b in zip(book_greedy(model, tokenizer, test_de[:100]), theirs))
     assert same >= 98, same
+
+
+def test_a_tokenizer_of_another_size_or_none_is_refused_by_name(committed):
+    model, tokenizer = committed
+    small = small_transformer(share_embeddings=True, src_vocab_size=50, tgt_vocab_size=50)
+    with pytest.raises(ValueError, match=r"tokenizer has 8,000 tokens, but the model's vocabulary has 50"):
+        to_huggingface(small, tokenizer)
+    with pytest.raises(TypeError, match="tokenizer must be the model's tokenizers.Tokenizer, got NoneType"):
+        to_huggingface(model, None)

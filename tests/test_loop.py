@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from transformer.tasks.classifier import classification_loss
 from transformer.tasks.language_model import next_token_loss
 from transformer.training.checkpoint import SaveEvery
-from transformer.training.loop import Callback, Evaluate, optimizer_step, run_steps
+from transformer.training.loop import Callback, DivergedError, Evaluate, first_non_finite, optimizer_step, run_steps
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -111,3 +111,82 @@ def test_optimizer_step_without_clip_measures_the_norm_and_leaves_the_gradient()
     grads = [p.grad for p in model.parameters()]
     assert math.isclose(norm, torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item(), rel_tol=1e-6)
     assert set(metrics) == {"accuracy"} and math.isfinite(loss)
+
+
+# --- divergence and bad arguments (issue 47) ---------------------------------------------------
+
+def _squared_error(model, batch):
+    x, y = batch
+    return ((model(x) - y) ** 2).mean(), {}
+
+
+def _diverging_run(lr: float = 1e20):
+    """A least-squares line under plain gradient descent at ``lr``: step 1 throws the weights to about lr,
+    and the loss of step 2 overflows float32."""
+    torch.manual_seed(0)
+    line = torch.nn.Linear(4, 1)
+    return line, torch.optim.SGD(line.parameters(), lr=lr), iter([(torch.ones(8, 4), torch.zeros(8, 1))] * 5)
+
+
+def test_a_diverging_run_stops_at_the_step_with_a_named_error_and_finite_weights():
+    line, optimizer, stream = _diverging_run()
+    history: dict[str, list] = {}
+    after_step_1 = None
+
+    class Keep(Callback):
+        def on_step_end(self, step, record):
+            nonlocal after_step_1
+            after_step_1 = [p.detach().clone() for p in line.parameters()]
+
+    with pytest.raises(DivergedError, match=r"^the run diverged at step 2: the loss is inf$") as err:
+        run_steps(line, stream, optimizer, None, _squared_error, 5, history, callbacks=[Keep()])
+    assert isinstance(err.value, FloatingPointError) and (err.value.step, err.value.what) == (2, "the loss is inf")
+    assert history["step"] == [1]  # the diverged step is not recorded
+    assert all(torch.equal(p, q) for p, q in zip(line.parameters(), after_step_1))  # the optimiser did not move
+    assert first_non_finite(line.named_parameters()) is None
+
+
+def test_a_non_finite_gradient_is_named_by_its_parameter():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def nan_in_the_second_layer(net, batch):  # a finite loss (0) whose gradient is nan in layer 1 only
+        weight = net[1].weight  # all -1: the sqrt branch is not taken, but its gradient, 0 * inf, is nan
+        return net[0](batch).sum() * 0 + torch.where(weight > 0, weight.sqrt(), torch.zeros_like(weight)).sum(), {}
+
+    with torch.no_grad():
+        model[1].weight.fill_(-1.0)
+    with pytest.raises(DivergedError, match=r"step 1: the gradient norm is nan \(first in the gradient of '1.weight'\)"):
+        run_steps(model, iter([torch.ones(3, 2)]), optimizer, None, nan_in_the_second_layer, 1, {})
+
+
+def test_a_diverging_step_outside_the_loop_names_no_step():
+    line, optimizer, stream = _diverging_run()
+    optimizer_step(line, next(stream), optimizer, None, _squared_error)
+    with pytest.raises(DivergedError, match=r"^the run diverged: the loss is inf$"):
+        optimizer_step(line, next(stream), optimizer, None, _squared_error)
+
+
+@pytest.mark.parametrize("arguments, error, message", [
+    (dict(stream=iter([])), ValueError, "stream ran out of batches before step 1 of 3"),
+    (dict(steps=-1), ValueError, "steps must be a non-negative int, got -1"),
+    (dict(steps=2.5), TypeError, "steps must be a non-negative int, got float 2.5"),
+    (dict(step=-2), ValueError, "step must be a non-negative int, got -2"),
+    (dict(history=None), TypeError, "history must be a dict .*, got NoneType"),
+])
+def test_run_steps_refuses_bad_arguments_naming_them(arguments, error, message):
+    model, batches = _model_and_batches()
+    optimizer, scheduler = _optimiser(model)
+    given = dict(stream=iter(batches), steps=3, history={}, step=0, **{})
+    given.update(arguments)
+    with pytest.raises(error, match=message):
+        run_steps(model, given["stream"], optimizer, scheduler, classification_loss, given["steps"], given["history"],
+                  given["step"])
+
+
+def test_a_finished_run_takes_no_steps_and_is_not_refused():
+    model, batches = _model_and_batches()
+    optimizer, scheduler = _optimiser(model)
+    history: dict[str, list] = {}
+    assert run_steps(model, iter(batches), optimizer, scheduler, classification_loss, 3, history, 5) == 5
+    assert history == {}

@@ -1,5 +1,6 @@
 """Tests for transformer/nn/multihead.py (chapters/multihead_attention.md)."""
 
+import math
 import re
 
 import pytest
@@ -459,3 +460,21 @@ def test_switches_must_be_bools_issue_13(name):
         else:
             x = torch.randn(1, 3, 8)
             MultiHeadAttention(8, 2)(x, x, x, need_weights="no")
+
+
+# --- one arithmetic for nan (issue 47) ---------------------------------------------------------
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_query_that_is_not_finite_gives_nan_on_both_paths(bad, masked):
+    torch.manual_seed(0)
+    attention = MultiHeadAttention(16, 2).eval()
+    x = torch.randn(2, 4, 16)  # (B, L, d_model)
+    query = x.clone()
+    query[0, 1, 4] = bad
+    mask = causal_mask(4) if masked else None
+    fused = attention(query, x, x, mask)
+    explicit, _ = attention(query, x, x, mask, need_weights=True)
+    torch.testing.assert_close(fused, explicit, equal_nan=True)
+    assert fused[0, 1].isnan().all()  # nan in, nan out: not torch's CPU kernel's zeros
+    assert not fused[1].isnan().any() and not fused[0, [0, 2, 3]].isnan().any()

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from transformer.nn.model import Transformer
 from transformer.nn.positional import LearnedPositionalEncoding, SinusoidalPositionalEncoding, sinusoidal_encoding
 
 
@@ -391,3 +392,19 @@ def test_layers_reject_integer_input(make):
 def test_layers_reject_sequence_longer_than_max_len(make):
     with pytest.raises(ValueError, match=r"x has sequence length 17, longer than max_len=16"):
         make()(torch.zeros(1, 17, 8))
+
+
+# --- sizes against memory (issue 47) ------------------------------------------------------------
+
+@pytest.mark.parametrize("make", [lambda: SinusoidalPositionalEncoding(d_model=64, max_len=10**12),
+                                  lambda: LearnedPositionalEncoding(max_len=10**12, d_model=64)])
+def test_a_table_larger_than_the_machine_is_refused_in_one_line_naming_max_len(make):
+    # 256 TB: more than any machine's memory, and refused before torch tries to allocate it
+    with pytest.raises(ValueError, match=r"max_len=1,000,000,000,000 is too large: its \(max_len, d_model\) table "
+                                         r"alone would take 238,418.6 GiB, and this machine has [\d,.]+ GiB"):
+        make()
+
+
+def test_a_transformer_with_a_huge_max_len_is_refused_as_the_command_refuses_it():
+    with pytest.raises(ValueError, match="max_len=1,000,000,000,000 is too large"):
+        Transformer(50, 50, d_model=16, num_heads=2, num_layers=1, d_ff=32, max_len=10**12)

@@ -266,3 +266,10 @@ def test_check_text_names_the_item_that_is_not_text():
         check_text("lines", ["Ein Hund.", bad])
     with pytest.raises(ValueError, match=r"lines\[0\] is not text"):
         check_text("lines", ["\ud800"])
+
+
+def test_a_vocabulary_smaller_than_the_texts_characters_is_refused_not_enlarged():
+    # 15 letters, the word mark ▁ and the 4 special tokens: 20 tokens before any merge
+    with pytest.raises(ValueError, match=r"vocab_size 5 is too small for this text: .* are 20 tokens; use 20 or more"):
+        train_tokenizer(["the quick brown fox"], 5)
+    assert train_tokenizer(["the quick brown fox"], 20).get_vocab_size() == 20

@@ -5,7 +5,9 @@ import json
 import os
 import re
 import subprocess
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -583,3 +585,73 @@ def test_translate_refuses_a_gpu_that_is_not_there(monkeypatch, capsys):
     assert stop.value.code == 2
     error = capsys.readouterr().err.splitlines()
     assert error[1] == "transformer translate: error: --device cuda was asked for, but torch.cuda.is_available() is False"
+
+
+# --- a run that diverges (issue 47) -----------------------------------------------------------
+
+def test_a_diverging_run_exits_2_with_one_line_and_leaves_only_finite_checkpoints(tmp_path):
+    folder = tmp_path / "run"
+    run = subprocess.run([sys.executable, "-m", "transformer", "train", *TINY, "--steps", "30", "--save-every", "1",
+                          "--lr-factor", "1e5", "--clip", "none", "--checkpoint-dir", str(folder)],
+                         cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    assert run.returncode == 2 and run.stdout == "", run.stderr
+    line = run.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line
+    step = int(re.search(r"diverged at step (\d+): the (loss|gradient norm) is (nan|inf)", line).group(1))
+    saved = torch.load(folder / "checkpoint.pt", weights_only=True)
+    assert saved["step"] == step - 1  # saved every step, up to the last good one
+    assert f"{folder / 'checkpoint.pt'} holds step {step - 1} of 30" in line and "--resume" in line
+    assert "--lr-factor" in line
+    assert all(torch.isfinite(tensor).all() for tensor in saved["model"].values())
+
+
+def test_a_run_that_diverges_before_its_first_save_says_nothing_was_saved(tmp_path, capsys):
+    assert main([*TINY, "--steps", "5", "--lr-factor", "1e8", "--clip", "none", "--checkpoint-dir",
+                 str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(r"python -m transformer.train: error: the run diverged at step \d+: [^\n]*; no checkpoint "
+                        r"was saved: start again with a smaller --lr-factor \(or with --clip 1\)\n", err), err
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+# --- Ctrl-C (issue 47) --------------------------------------------------------------------------
+
+def test_ctrl_c_stops_train_with_130_and_one_line_naming_what_was_kept(tmp_path):
+    folder = tmp_path / "run"
+    process = subprocess.Popen([sys.executable, "-m", "transformer", "train", *TINY, "--steps", "5000",
+                                "--save-every", "2", "--checkpoint-dir", str(folder)],
+                               cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + TIMEOUT
+    while not (folder / "checkpoint.pt").is_file() or torch.load(folder / "checkpoint.pt", weights_only=True)["step"] < 4:
+        assert process.poll() is None and time.monotonic() < deadline, "the run ended before Ctrl-C"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=TIMEOUT)
+    assert process.returncode == 130, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    step = torch.load(folder / "checkpoint.pt", weights_only=True)["step"]
+    assert (f"transformer train: interrupted (Ctrl-C); {folder / 'checkpoint.pt'} holds step {step} of 5000: "
+            "the same command with --resume goes on from there") in err
+    assert sorted(path.name for path in folder.iterdir()) == ["checkpoint.pt"]  # no partial file left
+
+
+def test_ctrl_c_before_a_run_keeps_nothing_and_says_so(monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr("transformer.cli.train.split_numbers", interrupted)  # Ctrl-C while the data are made
+    assert main([*TINY, "--steps", "3"]) == 130
+    assert capsys.readouterr().err == ("python -m transformer.train: interrupted (Ctrl-C); no checkpoint was saved "
+                                       "(no --checkpoint-dir)\n")
+
+
+def test_resuming_with_another_train_size_is_refused_before_a_step(tmp_path, capsys):
+    folder = tmp_path / "run"
+    assert main([*TINY, "--steps", "2", "--checkpoint-dir", str(folder)]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        main([*TINY, "--train-size", "17", "--steps", "4", "--checkpoint-dir", str(folder), "--resume"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "Traceback" not in err
+    assert (f"cannot resume from {folder / 'checkpoint.pt'}: it was trained on other numbers (19 of them, here 17)"
+            in err)
+    assert torch.load(folder / "checkpoint.pt", weights_only=True)["step"] == 2  # nothing was trained

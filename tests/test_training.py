@@ -554,14 +554,25 @@ def test_a_checkpoint_of_fit_rebuilds_its_model_and_refuses_other_settings(tmp_p
     batch = make_batch([12, 345], SRC, TGT)
     torch.testing.assert_close(rebuilt(batch.src, batch.tgt_in, batch.src_mask),
                                model(batch.src, batch.tgt_in, batch.src_mask), rtol=0, atol=0)
-    # Going on for more steps is allowed; another width or learning rate is not.
+    # Going on for more steps (or, after a divergence, at a lower rate) is allowed; another width or smoothing is not.
     fit(TrainConfig(**TINY, steps=4, seed=1), numbers, progress=False, resume_from=tmp_path / "c.pt")
     with pytest.raises(ValueError, match=r"cannot resume from .*c.pt: .* d_model=16 there, 32 here"):
         fit(TrainConfig(**{**TINY, "d_model": 32}, steps=4, seed=1), numbers, progress=False,
             resume_from=tmp_path / "c.pt")
     checkpoint = torch.load(tmp_path / "c.pt", weights_only=True)
-    with pytest.raises(ValueError, match="lr_factor=0.5 there, 1.0 here"):
-        check_resume(checkpoint, TrainConfig(**TINY, steps=3, seed=1, lr_factor=1.0), "c.pt")
+    with pytest.raises(ValueError, match="label_smoothing=0.1 there, 0.2 here"):
+        check_resume(checkpoint, TrainConfig(**TINY, steps=3, seed=1, label_smoothing=0.2), "c.pt")
+    check_resume(checkpoint, TrainConfig(**TINY, steps=3, seed=1, lr_factor=0.1, clip=None), "c.pt")
     save_checkpoint(tmp_path / "bare.pt", model, None, None, step=0)
     with pytest.raises(ValueError, match="does not describe its model"):
         load_checkpoint(tmp_path / "bare.pt")
+
+
+def test_a_batch_whose_targets_are_all_padding_has_loss_zero_and_a_zero_gradient():
+    logits = torch.randn(2, 5, 11, requires_grad=True)  # (B, T, V)
+    target = torch.zeros(2, 5, dtype=torch.long)  # every target is the padding id 0
+    loss = label_smoothed_cross_entropy(logits, target, epsilon=0.1, ignore_index=0)
+    assert loss.item() == 0.0  # not nan, torch's mean over no positions
+    loss.backward()
+    assert logits.grad is not None and (logits.grad == 0).all()
+    assert torch.isnan(F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=0))  # what it replaces

@@ -5,9 +5,11 @@ import copy
 import dataclasses
 import io
 import json
+import math
 import os
 import random
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +33,7 @@ from transformer.tasks.multi30k import (BOS_ID, encode_lines, EOS_ID, make_trans
     token_batches, translation_batches, TranslationConfig)
 from transformer.cli.train import build_multi30k_parser
 from transformer.cli.translate import main
-from transformer.tasks.translation import fit_translation, load_translator, save_translator, translate
+from transformer.tasks.translation import fit_translation, load_translator, save_translator, translate, translate_lines
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -653,7 +655,7 @@ def test_free_cores_take_no_more_than_omp_num_threads(monkeypatch, limit, free):
 @pytest.mark.parametrize("options, message", [
     (["--checkpoint", "no/such/model.pt"], "--checkpoint no/such/model.pt: no checkpoint at no/such/model.pt"),
     (["--checkpoint", str(MODEL), "--extra-len", "-1"], "--extra-len must be >= 0, got -1"),
-    (["--checkpoint", str(MODEL), "--length-penalty", "-0.5"], "--length-penalty must be >= 0, got -0.5"),
+    (["--checkpoint", str(MODEL), "--length-penalty", "-0.5"], "--length-penalty must be a number >= 0 and finite, got -0.5"),
     (["--checkpoint", str(MODEL), "--beam", "0"], "argument --beam: expected a positive integer, got 0"),
     (["--checkpoint", str(MODEL), "--threads", "0"], "argument --threads: expected a positive integer, got 0"),
     (["--checkpoint", str(MODEL), "--batch-tokens", "x"], "argument --batch-tokens: expected a positive integer, got 'x'"),
@@ -819,3 +821,48 @@ def test_train_command_runs_as_two_processes(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == ["averaged.pt", "checkpoint.pt", "step-000003.pt",
                                                          "step-000004.pt"]
     assert torch.load(folder / "checkpoint.pt", weights_only=True)["step"] == 4
+
+
+# --- lines as they are done, and Ctrl-C (issue 47) ----------------------------------------------
+
+def test_translate_lines_gives_the_lines_of_translate_in_order():
+    model, tokenizer = load_translator(MODEL)
+    german = load_multi30k("val")[0][:24]
+    sentences = [german[0], "", *german[1:12], "  ", " ".join(german[12:24])]  # blank lines, and one long line
+    with torch.no_grad():
+        whole = translate(model, tokenizer, sentences, batch_tokens=256)
+        one_by_one = list(translate_lines(model, tokenizer, sentences, batch_tokens=256))
+    assert one_by_one == whole and len(whole) == len(sentences) and whole[1] == "" and whole[-2] == ""
+
+
+def test_ctrl_c_stops_translate_with_130_and_one_line_and_keeps_every_line_written(tmp_path):
+    (tmp_path / "de.txt").write_text("\n".join(load_multi30k("val")[0][:300]) + "\n", encoding="utf-8")
+    with open(tmp_path / "de.txt", "rb") as german:
+        process = subprocess.Popen([sys.executable, "-m", "transformer", "translate", "--checkpoint", str(MODEL),
+                                    "--no-progress", "--batch-tokens", "256", "--device", "cpu"],
+                                   stdin=german, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    first = process.stdout.readline()  # a line comes out as soon as it is translated
+    process.send_signal(signal.SIGINT)
+    rest, err = process.communicate(timeout=120)
+    written = [first.rstrip("\n"), *rest.splitlines()]
+    assert process.returncode == 130, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"interrupted (Ctrl-C): the first {len(written)} of 300 lines were translated and written" in err
+    assert 1 <= len(written) < 300 and all(written)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1"])
+def test_translate_refuses_a_length_penalty_that_is_not_a_finite_number_at_least_0(value, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Ein Hund.\n"))
+    with pytest.raises(SystemExit) as stop:
+        main(["--checkpoint", str(MODEL), "--beam", "2", f"--length-penalty={value}"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        f"error: --length-penalty must be a number >= 0 and finite, got {float(value)}")
+
+
+def test_beam_search_refuses_an_infinite_length_penalty():
+    model, tokenizer = load_translator(MODEL)
+    with pytest.raises(ValueError, match="length_penalty must be a number >= 0 and finite, got inf"):
+        translate(model, tokenizer, ["Ein Hund."], beam_size=2, length_penalty=math.inf)

@@ -110,3 +110,18 @@ def test_a_pair_longer_than_max_len_is_refused_in_one_line(files, tmp_path, caps
     err = capsys.readouterr().err
     assert stop.value.code == 2 and "Traceback" not in err
     assert "more than max_len=64: raise max_len or leave such pairs out" in err.splitlines()[-1]
+
+
+def test_a_diverging_translation_run_exits_2_in_one_line_and_leaves_no_nan_checkpoint(files, tmp_path, capsys):
+    run = tmp_path / "run"
+    diverging = [*SMALL, "--steps", "20", "--save-every", "1", "--lr-factor", "1e6", "--clip", "none"]
+    assert main([*options(files), *diverging, "--checkpoint-dir", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error: the run diverged at step " in err and "Traceback" not in err
+    for path in run.glob("*.pt"):  # the checkpoints up to the last good step, and no averaged.pt
+        read_checkpoint(path)  # refuses weights that are not finite
+    assert not (run / "averaged.pt").exists()
+    vocab_5 = [*SMALL, "--vocab-size", "5"]
+    with pytest.raises(SystemExit) as stop:
+        main([*options(files), *vocab_5, "--checkpoint-dir", str(tmp_path / "small")])
+    assert stop.value.code == 2 and "vocab_size 5 is too small for this text" in capsys.readouterr().err

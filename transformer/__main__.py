@@ -46,8 +46,12 @@ def command(argv: Sequence[str] | None = None) -> int:
             parser.error(f"unknown command {argv[0]!r} (choose from {', '.join(COMMANDS)})")
         except SystemExit as stop:
             return int(stop.code or 0)
-    run = importlib.import_module(COMMANDS[argv[0]][0]).main  # imported here: each command loads only what it needs
-    return run(argv[1:], prog=f"transformer {argv[0]}")
+    try:
+        run = importlib.import_module(COMMANDS[argv[0]][0]).main  # imported here: each command loads only what it needs
+        return run(argv[1:], prog=f"transformer {argv[0]}")
+    except KeyboardInterrupt:  # Ctrl-C where the command keeps nothing: a request to stop, not a crash
+        print(f"transformer {argv[0]}: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
 
 
 # chapters/classify_command.md: Labelling: `transformer classify`

@@ -27,8 +27,11 @@ import torch
 def save_torch_file(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save(obj, path)``, whole or not at all: save to ``.NAME.PID.partial`` beside ``path``, force
     it onto the disk, then rename it over ``path``. Partial files of saves killed before their rename
-    (their process is gone) are removed first."""
+    (their process is gone) are removed first. A ``path`` that is a folder raises ValueError."""
     path = Path(path)
+    if path.is_dir():  # the rename would fail only after the whole save, naming the partial file
+        raise ValueError(f"path {os.fspath(path)} is a folder: name a file to save to, such as "
+                         f"{os.fspath(path / 'checkpoint.pt')}")
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(f".{path.name}.*.partial"):
         pid = stale.name[len(path.name) + 2:-len(".partial")]

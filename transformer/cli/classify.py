@@ -29,6 +29,7 @@ from transformer.tasks.classifier import accuracy, train_classifier
 from transformer.tasks.email import email_text
 from transformer.tasks.masked_lm import classifier_from_mlm, email_tokenizer, first_tokens, from_settings, load_mlm
 from transformer.training.checkpoint import model_of, read_checkpoint, save_checkpoint
+from transformer.training.loop import DivergedError
 
 
 # chapters/classify_command.md: Reading the files
@@ -139,15 +140,27 @@ def train_main(argv: Sequence[str] | None = None, prog: str = "transformer train
         parser.error(str(error))
     texts = {name: [what_is_read(row["text"], args.reads) for row in rows] for name, rows in (("train", train), ("valid", valid))}
     if args.pretrained is None:
-        tokenizer = email_tokenizer(texts["train"], args.vocab_size)
+        try:
+            tokenizer = email_tokenizer(texts["train"], args.vocab_size)
+        except ValueError as error:  # a --vocab-size smaller than the text's characters
+            parser.error(f"--vocab-size {args.vocab_size}: {error}")
         settings = dict(vocab_size=tokenizer.get_vocab_size(), d_model=64, num_heads=4, d_ff=256, num_layers=2,
                         dropout=0.1, max_len=args.length, pad_id=0, norm_first=True)
         torch.manual_seed(args.seed)
         model = from_settings(SequenceClassifier, settings, num_classes=len(labels), pooling="mean")
     x, vx = (first_tokens(texts[name], tokenizer, args.length) for name in ("train", "valid"))
     y, vy = (torch.tensor([labels.index(row["label"]) for row in rows]) for rows in (train, valid))
-    train_classifier(model, x, y, steps=args.steps, batch_size=min(args.batch_size, len(x)), lr=args.lr,
-                     warmup=max(1, args.steps // 10), seed=args.seed)
+    try:
+        train_classifier(model, x, y, steps=args.steps, batch_size=min(args.batch_size, len(x)), lr=args.lr,
+                         warmup=max(1, args.steps // 10), seed=args.seed)
+    except DivergedError as stop:
+        print(f"{parser.prog}: error: {stop}; nothing was saved (a classifier is written when its run ends): "
+              "start again with a smaller --lr", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: interrupted (Ctrl-C); nothing was saved (a classifier is written when its run "
+              "ends)", file=sys.stderr)
+        return 130
     print(f"validation accuracy {accuracy(model, vx, vy):.4f} on {len(vy)} examples")
     args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     path = args.checkpoint_dir / "classifier.pt"

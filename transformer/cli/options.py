@@ -29,6 +29,7 @@ from typing import Any, NoReturn
 
 import torch
 
+from transformer.checks import device_memory
 from transformer.training.checkpoint import check_resume, read_checkpoint
 from transformer.training.config import TrainConfig
 
@@ -258,11 +259,7 @@ def check_machine(config: TrainConfig, vocab_size: int, device: str) -> None:
     d, layers = config.d_model, config.num_layers
     per_layer = 12 * d * d + 4 * d * config.d_ff  # an encoder layer (4d² + 2 d d_ff) and a decoder layer (8d² + ...)
     parameters = layers * per_layer + 3 * vocab_size * d + config.max_len * d  # embeddings, output, positions
-    memory: int | None = None
-    if device == "cuda" and torch.cuda.is_available():
-        memory = torch.cuda.get_device_properties(0).total_memory
-    else:
-        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else None
+    memory = device_memory(device)
     if memory and 16 * parameters > memory:
         raise ValueError(f"the model these settings describe has about {parameters:,} parameters: training it needs "
                          f"{16 * parameters / 2**30:,.1f} GiB or more, and the {device} has {memory / 2**30:,.1f} GiB "

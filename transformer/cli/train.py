@@ -11,7 +11,7 @@ Defined in the book's chapter "Scaling out" (chapters/scaling_out.md).
 """
 
 
-__all__ = ['TRAINERS', 'build_numbers_parser', 'build_multi30k_parser', 'check_multi30k_arguments', 'check_numbers_arguments', 'run_training', 'multi30k_main', 'Pairs', 'train_translator', 'numbers_main', 'main', 'build_translation_parser', 'translation_main', 'classify_main']
+__all__ = ['TRAINERS', 'build_numbers_parser', 'build_multi30k_parser', 'check_multi30k_arguments', 'check_numbers_arguments', 'run_training', 'multi30k_main', 'Pairs', 'train_translator', 'stopped', 'numbers_main', 'main', 'build_translation_parser', 'translation_main', 'classify_main']
 
 
 import argparse
@@ -28,11 +28,12 @@ from transformer.cli.options import (CommandParser, add_config_options, add_wher
 from transformer.training.config import TrainConfig, make_model
 from transformer.tasks.multi30k import TranslationConfig, make_translation_model, PAD_ID, load_multi30k
 from transformer.training.checkpoint import average_checkpoints, read_checkpoint
+from transformer.training.loop import DivergedError
 from transformer.tasks.numbers import MAX_NUMBER, number_to_words, source_vocab, split_numbers, target_vocab
 from transformer.training.distributed import (data_parallel_options, init_distributed, replica_difference,
     world_size_of_run)
 from transformer.nn.model import Transformer
-from transformer.tasks.numbers_fit import exact_match, fit
+from transformer.tasks.numbers_fit import check_same_data, exact_match, fit
 from transformer.tasks.metrics import corpus_scores
 from transformer.tasks.translation import fit_translation, save_translator, step_files, translate
 from transformer.files import read_parallel
@@ -106,6 +107,10 @@ def check_numbers_arguments(args: argparse.Namespace, world_size: int = 1) -> Tr
                          f"({number_to_words(longest)!r}), has {len(number_to_words(longest).split())} words, and "
                          f"the answers are decoded with up to {answer} tokens; use --max-len {answer} or more")
     check_where(args, config)
+    saved = None if args.checkpoint_dir is None else os.path.join(args.checkpoint_dir, "checkpoint.pt")
+    if args.resume and saved is not None and os.path.isfile(saved):  # the same numbers as the run it continues
+        check_same_data(read_checkpoint(saved), split_numbers(args.train_size, args.valid_size, 0, seed=config.seed)[0],
+                        saved)
     check_machine(config, len(source_vocab()), args.device)
     with torch.device("meta"):
         make_model(config, source_vocab(), target_vocab())  # the model's checks, e.g. d_model % num_heads
@@ -203,6 +208,8 @@ def train_translator(parser: argparse.ArgumentParser, args: argparse.Namespace, 
                 log=print if rank == 0 else None, **parallel)
         except ValueError as err:  # what only the data refuse (a --max-len shorter than a sentence), before a step
             parser.error(str(err))
+        except (DivergedError, KeyboardInterrupt) as stop:
+            return stopped(parser.prog, stop, args.checkpoint_dir, config.steps)
         if rank == 0:
             print(f"validation BLEU, greedy, last model: {corpus_scores(translate(model, tokenizer, valid[0]), valid[1])['bleu']:.2f}")
             if args.checkpoint_dir is not None:
@@ -221,15 +228,36 @@ def train_translator(parser: argparse.ArgumentParser, args: argparse.Namespace, 
 
 
 # chapters/scaling_out.md: Putting it together
+def stopped(prog: str, stop: BaseException, folder: str | None, steps: int) -> int:
+    """Say on stderr, in one line, why a run of ``steps`` steps stopped (``DivergedError``, or
+    ``KeyboardInterrupt``: Ctrl-C), what ``folder`` kept and how to go on; return the exit status, 2 or 130."""
+    path = None if folder is None else os.path.join(folder, "checkpoint.pt")
+    step = read_checkpoint(path)["step"] if path is not None and os.path.isfile(path) else None
+    kept = (f"{path} holds step {step} of {steps}" if step is not None else
+            "no checkpoint was saved" + (" (no --checkpoint-dir)" if folder is None else ""))
+    if isinstance(stop, DivergedError):
+        how = ("resume from it with a lower rate: the same command with --resume and a smaller --lr-factor "
+               "(or with --clip 1)" if step is not None else "start again with a smaller --lr-factor (or with --clip 1)")
+        print(f"{prog}: error: {stop}; {kept}: {how}", file=sys.stderr)
+        return 2
+    how = ": the same command with --resume goes on from there" if step is not None else ""
+    print(f"{prog}: interrupted (Ctrl-C); {kept}{how}", file=sys.stderr)
+    return 130
+
+
+# chapters/scaling_out.md: Putting it together
 def numbers_main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.train") -> int:
     """``python -m transformer.train [--task numbers] [options]``: train on the number words."""
     parser = build_numbers_parser(prog)
     args = parser.parse_args(argv)
     try:
-        check_numbers_arguments(args, world_size_of_run())
+        config = check_numbers_arguments(args, world_size_of_run())
     except (TypeError, ValueError) as err:
         parser.error(str(err))
-    run_training(args)
+    try:
+        run_training(args)
+    except (DivergedError, KeyboardInterrupt) as stop:
+        return stopped(prog, stop, args.checkpoint_dir, config.steps)
     return 0
 
 
@@ -242,7 +270,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.t
     argv = ["--task", *argv] if argv and not argv[0].startswith("-") else argv  # `train TASK` is `train --task TASK`
     task = CommandParser(prog=prog, add_help=False, usage=f"{prog} [TASK | --task TASK] [options]")
     task.add_argument("--task", choices=tuple(TRAINERS), default="numbers")
-    return TRAINERS[task.parse_known_args(argv)[0].task](argv, prog)
+    try:
+        return TRAINERS[task.parse_known_args(argv)[0].task](argv, prog)
+    except KeyboardInterrupt:  # before the steps (reading the data) or after them: nothing to keep
+        print(f"{prog}: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
 
 
 TRAINERS["numbers"] = numbers_main

@@ -8,12 +8,14 @@ Defined in the book's chapter "Long runs" (chapters/long_runs.md).
 """
 
 
-__all__ = ['build_parser', 'main']
+__all__ = ['build_parser', 'ctrl_c_held', 'main']
 
 
 import argparse
+import contextlib
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -21,7 +23,7 @@ from transformer.cli.options import CommandParser, positive_int
 from transformer.files import read_lines
 from transformer.training.loop import free_cores
 from transformer.generation.quantize import quantize_int8
-from transformer.tasks.translation import load_translator, translate
+from transformer.tasks.translation import load_translator, translate_lines
 
 
 # chapters/long_runs.md: Text that is not UTF-8, and lines too long
@@ -51,14 +53,28 @@ def build_parser(prog: str = "python -m transformer.translate") -> argparse.Argu
     return parser
 
 
+@contextlib.contextmanager
+def ctrl_c_held() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) back for the length of the block, and let it through after: the block is done
+    whole or not at all. (Where signals cannot be blocked, as on Windows, the block runs as it is.)"""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # one that came is raised now
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.translate") -> int:
     """``python -m transformer.translate --checkpoint PATH [--beam 4]``: stdin lines in, as many lines out."""
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     if args.extra_len < 0:
         parser.error(f"--extra-len must be >= 0, got {args.extra_len}")
-    if args.length_penalty < 0:
-        parser.error(f"--length-penalty must be >= 0, got {args.length_penalty}")
+    if not 0 <= args.length_penalty < float("inf"):  # nan fails both
+        parser.error(f"--length-penalty must be a number >= 0 and finite, got {args.length_penalty}")
     if args.int8 and args.device != "cpu":
         parser.error(f"--int8 runs on the CPU: add --device cpu (got --device {args.device})")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -72,9 +88,18 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.t
     except ValueError as err:
         parser.error(f"{err}: nothing was translated (--errors replace translates such lines)")
     torch.set_num_threads(args.threads or free_cores())  # threads spinning for a taken core cost the most
-    for line in translate(quantize_int8(model) if args.int8 else model, tokenizer, lines, args.beam,
-                          args.length_penalty, args.extra_len, args.batch_tokens, progress=args.progress):
-        sys.stdout.write(line + "\n")
+    written = 0
+    try:
+        for line in translate_lines(quantize_int8(model) if args.int8 else model, tokenizer, lines, args.beam,
+                                    args.length_penalty, args.extra_len, args.batch_tokens, progress=args.progress):
+            with ctrl_c_held():  # a line is written and counted, or neither
+                sys.stdout.write(line + "\n")
+                sys.stdout.flush()  # each line out as it is done: Ctrl-C loses only the lines in flight
+                written += 1
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: interrupted (Ctrl-C): the first {written} of {len(lines)} lines were translated "
+              "and written", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -161,12 +161,12 @@ def _length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
 
 
 def _check_length_penalty(alpha: object) -> float:
-    """Return ``alpha`` as a float if it is a number >= 0, else raise."""
+    """Return ``alpha`` as a float if it is a finite number >= 0, else raise."""
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
         raise TypeError(f"length_penalty must be a number >= 0, got {type(alpha).__name__} {alpha!r}")
     value = float(alpha)
-    if not value >= 0:
-        raise ValueError(f"length_penalty must be a number >= 0, got {alpha}")
+    if not 0 <= value < float("inf"):  # nan fails both; inf would rank the hypotheses by their length alone
+        raise ValueError(f"length_penalty must be a number >= 0 and finite, got {alpha}")
     return value
 
 

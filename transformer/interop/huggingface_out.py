@@ -136,6 +136,11 @@ def to_huggingface(model: Transformer, tokenizer: Any) -> tuple[Any, Any]:
     """
     transformers = import_transformers()
     config = marian_config(model)
+    if not all(hasattr(tokenizer, name) for name in ("token_to_id", "get_vocab_size", "to_str")):
+        raise TypeError(f"tokenizer must be the model's tokenizers.Tokenizer, got {type(tokenizer).__name__}")
+    if tokenizer.get_vocab_size() != config.vocab_size:  # generate would index past the embeddings
+        raise ValueError(f"tokenizer has {tokenizer.get_vocab_size():,} tokens, but the model's vocabulary has "
+                         f"{config.vocab_size:,}: pass the tokenizer the model was trained with")
     if [tokenizer.token_to_id(token) for token in SPECIAL_TOKENS] != [PAD_ID, BOS_ID, EOS_ID, 3]:
         raise ValueError(f"tokenizer must give {SPECIAL_TOKENS} the ids 0 to 3")
     hf = transformers.MarianMTModel(config)
@@ -192,6 +197,10 @@ def export_huggingface(checkpoint: str | os.PathLike, out: str | os.PathLike) ->
     hf_model.save_pretrained(out)
     hf_tokenizer.save_pretrained(out)
     (out / "README.md").write_text(model_card(checkpoint, out.name), encoding="utf-8")
+    mode = (out / "README.md").stat().st_mode & 0o777  # a file as this process makes them (0644 under umask 022)
+    for file in out.iterdir():  # safetensors writes its file 0600, through a private temporary file
+        if file.is_file():
+            file.chmod(mode)
     return out
 
 

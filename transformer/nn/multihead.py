@@ -10,9 +10,11 @@ Defined in the book's chapter "Multi-head attention" (chapters/multihead_attenti
 __all__ = ['AttentionCache', 'MultiHeadAttention']
 
 
+import math
 from abc import ABC, abstractmethod
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -39,16 +41,19 @@ def _fused_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | N
                      dropout_p: float = 0.0) -> Tensor:
     """Scaled dot-product attention through torch's fused kernels; returns the output only.
 
-    Same arguments and mask convention (True = may not attend) as ``scaled_dot_product_attention``.
+    Same arguments and mask convention (True = may not attend) as ``scaled_dot_product_attention``,
+    and the same arithmetic for a query that is not finite: its output is nan (below).
     """
+    broken = ~torch.isfinite(query).all(dim=-1, keepdim=True)  # (..., L, 1): queries holding nan or inf
     if mask is None:
-        return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p)
+        output = F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p)
+        return output.masked_fill(broken, math.nan)  # (B, H, L, d_v)
     empty = mask.all(dim=-1, keepdim=True)  # (..., L, 1): rows that may attend to nothing
     # F.scaled_dot_product_attention's bool mask is True where a query MAY attend: the opposite of
     # ours, so invert it here. Empty rows attend everywhere, then their output is zeroed.
     allowed = ~mask | empty  # (..., L, S)
     output = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, dropout_p=dropout_p)
-    return output.masked_fill(empty, 0.0)  # (B, H, L, d_v)
+    return output.masked_fill(broken, math.nan).masked_fill(empty, 0.0)  # (B, H, L, d_v)
 
 
 # chapters/multihead_attention.md: The module

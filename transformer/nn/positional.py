@@ -12,7 +12,7 @@ __all__ = ['sinusoidal_encoding', 'SinusoidalPositionalEncoding', 'LearnedPositi
 import torch
 from torch import Tensor, nn
 
-from transformer.checks import check_fraction, check_features, check_positive_int
+from transformer.checks import check_fits_in_memory, check_fraction, check_features, check_positive_int
 
 
 # chapters/positional_encoding.md: The sinusoidal encoding
@@ -93,6 +93,7 @@ class SinusoidalPositionalEncoding(_AddPositionTable):
         super().__init__()
         self.d_model = check_positive_int("d_model", d_model)
         self.max_len = check_positive_int("max_len", max_len)
+        check_fits_in_memory("max_len", max_len, 4 * max_len * d_model, "its (max_len, d_model) table")
         self.dropout = nn.Dropout(check_fraction("dropout", dropout))
         self.register_buffer("table", sinusoidal_encoding(max_len, d_model), persistent=False)
         self.register_load_state_dict_post_hook(_refill_table)  # the table is not in a state dict
@@ -133,6 +134,7 @@ class LearnedPositionalEncoding(_AddPositionTable):
         super().__init__()
         self.max_len = check_positive_int("max_len", max_len)
         self.d_model = check_positive_int("d_model", d_model)
+        check_fits_in_memory("max_len", max_len, 4 * max_len * d_model, "its (max_len, d_model) table")
         self.dropout = nn.Dropout(check_fraction("dropout", dropout))
         self.table = nn.Parameter(torch.empty(max_len, d_model))  # (max_len, d_model)
         nn.init.normal_(self.table, mean=0.0, std=0.02)

@@ -6,9 +6,10 @@ from transformer.tasks.numbers import (MAX_NUMBER, number_to_words, source_vocab
     check_numbers, make_batch, batches)
 from transformer.tasks.subwords import (WORD_START, pre_tokenize, word_counts, learn_bpe, bpe_encode, bpe_decode,
     SPECIAL_TOKENS, train_tokenizer, SENTENCE_END, split_encoding, check_text)
-from transformer.tasks.numbers_fit import training_batches, predict, exact_match, evaluate_loss, fit
-from transformer.tasks.translation import (translate, step_files, fit_translation, tokenizer_from_checkpoint,
-    translator_model, load_translator, save_translator)
+from transformer.tasks.numbers_fit import (training_batches, predict, exact_match, evaluate_loss, data_record,
+    check_same_data, fit)
+from transformer.tasks.translation import (translate_lines, translate, step_files, fit_translation,
+    tokenizer_from_checkpoint, translator_model, load_translator, save_translator)
 from transformer.tasks.multi30k import (MULTI30K_SHA256, MULTI30K_SPLITS, load_multi30k, TranslationConfig,
     make_translation_model, encode_lines, pair_batch, token_batches, translation_batches)
 from transformer.tasks.metrics import corpus_scores
@@ -62,7 +63,10 @@ __all__ = [
     'predict',
     'exact_match',
     'evaluate_loss',
+    'data_record',
+    'check_same_data',
     'fit',
+    'translate_lines',
     'translate',
     'step_files',
     'fit_translation',

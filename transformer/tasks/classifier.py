@@ -111,6 +111,7 @@ def train_classifier(model: nn.Module, inputs: Tensor, labels: Tensor, steps: in
         (inputs, labels), "valid_step" and "valid_accuracy" every ``eval_every`` steps and at the end.
     """
     _check_training_args(inputs, labels, steps, batch_size, lr, warmup, eval_every, clip, pad_id)
+    _check_labels(model, inputs, labels)
     device = next(model.parameters()).device
     history: dict[str, list] = {key: [] for key in ("step", "lr", "loss", "accuracy", "grad_norm",
                                                     "valid_step", "valid_accuracy")}
@@ -137,9 +138,20 @@ def _check_training_args(inputs: Tensor, labels: Tensor, steps: Any, batch_size:
     _check_examples(inputs, labels, pad_id)
     for name, value in [("steps", steps), ("batch_size", batch_size), ("warmup", warmup), ("eval_every", eval_every)]:
         check_positive_int(name, value)
-    if batch_size > len(inputs):
-        raise ValueError(f"batch_size must be at most the number of examples, {len(inputs)}, got {batch_size}")
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
         raise ValueError(f"lr must be a number > 0, got {lr!r}")
     if clip is not None and not clip > 0:
         raise ValueError(f"clip must be > 0 or None, got {clip!r}")
+    if batch_size > len(inputs):  # last: with few examples, the default batch would hide every other check
+        raise ValueError(f"batch_size must be at most the number of examples, {len(inputs)}, got {batch_size}")
+
+
+def _check_labels(model: nn.Module, inputs: Tensor, labels: Tensor) -> None:
+    """Every label is a class of ``model``: 0 <= label < C, where C, the width of its logits, is found by
+    reading one example (in eval mode, so no random numbers are drawn)."""
+    if len(labels) and int(labels.min()) < 0:
+        raise ValueError(f"labels must be class ids >= 0, got {int(labels.min())}")
+    with evaluating(model), torch.no_grad():
+        classes = model(inputs[:1].to(next(model.parameters()).device)).shape[-1]  # (1, C)
+    if len(labels) and int(labels.max()) >= classes:
+        raise ValueError(f"labels must be class ids below the model's {classes} classes, got {int(labels.max())}")

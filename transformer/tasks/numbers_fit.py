@@ -7,12 +7,13 @@ Defined in the book's chapter "Training the model" (chapters/training_run.md).
 """
 
 
-__all__ = ['training_batches', 'predict', 'exact_match', 'evaluate_loss', 'fit']
+__all__ = ['training_batches', 'predict', 'exact_match', 'evaluate_loss', 'data_record', 'check_same_data', 'fit']
 
 
 import hashlib
 import json
 import math
+import os
 import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
@@ -122,6 +123,23 @@ def _cache_file(cache_dir: str | Path, config: TrainConfig, train_numbers: Seque
     return Path(cache_dir) / f"numbers-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
 
 
+# chapters/training_run.md: Where finished runs are kept
+def data_record(train_numbers: Sequence[int]) -> dict[str, Any]:
+    """What a checkpoint records of the numbers it was trained on: how many, and a hash of them in order."""
+    digest = hashlib.sha256(json.dumps(list(train_numbers)).encode()).hexdigest()[:16]
+    return {"train_numbers": len(train_numbers), "train_hash": digest}
+
+
+def check_same_data(checkpoint: dict, train_numbers: Sequence[int], path: str | os.PathLike) -> None:
+    """Raise ValueError if the run saved in ``checkpoint`` (read from ``path``) was trained on other numbers
+    than ``train_numbers``; a checkpoint that records none passes."""
+    saved, here = checkpoint.get("data"), data_record(train_numbers)
+    if saved is not None and saved != here:
+        raise ValueError(f"cannot resume from {os.fspath(path)}: it was trained on other numbers "
+                         f"({saved['train_numbers']:,} of them, here {here['train_numbers']:,}): a resumed run goes "
+                         "on with the same data (the command: the same --train-size, --valid-size and --seed)")
+
+
 # chapters/training_run.md: `fit`
 def fit(config: TrainConfig, train_numbers: Sequence[int], valid_numbers: Sequence[int] | None = None,
         src_vocab: Vocab | None = None, tgt_vocab: Vocab | None = None, *,
@@ -164,10 +182,13 @@ def fit(config: TrainConfig, train_numbers: Sequence[int], valid_numbers: Sequen
             return model.eval(), checkpoint["history"]
         history, step = _new_history(), 0
         if resume_from is not None:
-            step, history = resume(read_checkpoint(resume_from), resume_from, model, optimizer, scheduler, config)
+            checkpoint = read_checkpoint(resume_from)
+            check_same_data(checkpoint, train_numbers, resume_from)
+            step, history = resume(checkpoint, resume_from, model, optimizer, scheduler, config)
         stream = training_batches(train_numbers, config.batch_size, src_vocab, tgt_vocab, config.seed, step, device)
         # what rebuilds the model
-        described: dict[str, Any] = dict(config=config, src_vocab=src_vocab, tgt_vocab=tgt_vocab)
+        described: dict[str, Any] = dict(config=config, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
+                                         extra={"data": data_record(train_numbers)})
         model.train()
         net = model if wrap_model is None else wrap_model(model)
 

@@ -124,7 +124,8 @@ def train_tokenizer(lines: Iterable[str], vocab_size: int) -> Any:
 
     Args:
         lines: the training text, one sentence per item (both languages, for a joint vocabulary).
-        vocab_size: the size of the vocabulary, special tokens and single characters included.
+        vocab_size: the size of the vocabulary, special tokens and single characters included (a size
+            smaller than those alone raises ValueError, rather than quietly giving a larger vocabulary).
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -137,6 +138,10 @@ def train_tokenizer(lines: Iterable[str], vocab_size: int) -> Any:
     tokenizer.decoder = decoders.Metaspace()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False)
     tokenizer.train_from_iterator(lines, trainer)
+    if tokenizer.get_vocab_size() > vocab_size:  # BPE keeps every character, whatever the size asked for
+        raise ValueError(f"vocab_size {vocab_size} is too small for this text: its characters and the "
+                         f"{len(SPECIAL_TOKENS)} special tokens alone are {tokenizer.get_vocab_size()} tokens; use "
+                         f"{tokenizer.get_vocab_size()} or more")
     return tokenizer
 
 

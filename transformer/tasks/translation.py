@@ -9,12 +9,12 @@ Defined in the book's chapter "Translating German" (chapters/translation.md).
 """
 
 
-__all__ = ['translate', 'step_files', 'fit_translation', 'tokenizer_from_checkpoint', 'translator_model', 'load_translator', 'save_translator']
+__all__ = ['translate_lines', 'translate', 'step_files', 'fit_translation', 'tokenizer_from_checkpoint', 'translator_model', 'load_translator', 'save_translator']
 
 
 import copy
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,17 +40,14 @@ from transformer.tasks.subwords import check_text, split_encoding, train_tokeniz
 
 # chapters/translation.md: Translating a sentence
 @torch.no_grad()
-def translate(model: Transformer, tokenizer: Any, sentences: Sequence[str], beam_size: int = 1,
-              length_penalty: float = 0.6, extra_len: int = 50, batch_tokens: int = 4096,
-              progress: bool = False) -> list[str]:
-    """Translate ``sentences`` (one each) with greedy decoding (``beam_size=1``) or beam search.
+def translate_lines(model: Transformer, tokenizer: Any, sentences: Sequence[str], beam_size: int = 1,
+                    length_penalty: float = 0.6, extra_len: int = 50, batch_tokens: int = 4096,
+                    progress: bool = False) -> Iterator[str]:
+    """``translate``, one output line at a time, in the input order: each line as soon as it and every
+    line before it are translated, so that a run stopped early has given all it finished in order.
 
-    Sentences are sorted by length and decoded in batches of at most ``batch_tokens`` tokens
-    (sentences x ``beam_size`` x the longest source); outputs come in the input order. An output
-    has at most (source length + ``extra_len``) tokens, the paper's limit, and never more than the
-    model's ``max_len``. An empty (or all-blank) sentence translates to an empty line. A source longer
-    than ``max_len`` tokens is translated whole: in parts that fit (``split_encoding``; a sentence too long
-    in pieces of ``max_len // 8`` tokens), joined by a space.
+    The batches are those of ``translate`` (the same translations), taken in the order of their first
+    sentence.
     """
     sentences = check_text("sentences", sentences)  # a list of str, each of them text
     check_positive_int("beam_size", beam_size)
@@ -65,26 +62,49 @@ def translate(model: Transformer, tokenizer: Any, sentences: Sequence[str], beam
             parts += split_encoding(encoding, sentences[i], max_len, max(1, max_len // 8))  # pieces: short
             owner += [i] * (len(parts) - len(owner))
     texts = ["" for _ in parts]
+    parts_of: list[list[int]] = [[] for _ in sentences]  # the parts of each sentence, in order
+    for j, i in enumerate(owner):
+        parts_of[i].append(j)
+    left = [len(of) for of in parts_of]  # parts of each sentence not yet translated
+    given = 0  # the sentences given so far
     tokens_of = [len(row) * beam_size for row in parts]  # a part's tokens, once per hypothesis
-    bar = tqdm(total=len(parts), desc="translating", unit="sentence", disable=not progress)
-    for batch in token_batches(tokens_of, tokens_of, batch_tokens, max_sentences=max(1, len(parts))):
-        src = pad_rows([parts[j] for j in batch], PAD_ID, device)  # (B, S)
-        src_mask = padding_mask(src, PAD_ID)  # (B, 1, 1, S)
-        limit = min(max_len, src.shape[1] + extra_len + 1)  # <bos> + at most S + extra_len tokens
-        if beam_size == 1:
-            tokens = greedy_decode(model, src, limit, BOS_ID, EOS_ID, src_mask=src_mask, pad_id=PAD_ID,
-                                   extra_len=extra_len)
-        else:
-            tokens = beam_search(model, src, limit, BOS_ID, EOS_ID, beam_size, length_penalty, src_mask=src_mask,
-                                 pad_id=PAD_ID, extra_len=extra_len)  # (B, T)
-        for j, row in zip(batch, generated_ids(tokens, EOS_ID)):
-            texts[j] = tokenizer.decode(row)
-        bar.update(len(batch))
-    output: list[list[str]] = [[] for _ in sentences]
-    for i, text in zip(owner, texts):  # the parts of a sentence, in order, joined by a space
-        output[i].append(text)
-    bar.close()
-    return [" ".join(text for text in texts if text) for texts in output]
+    batches = token_batches(tokens_of, tokens_of, batch_tokens, max_sentences=max(1, len(parts)))
+    with tqdm(total=len(parts), desc="translating", unit="sentence", disable=not progress) as bar:
+        for batch in sorted(batches, key=lambda batch: min(owner[j] for j in batch)):
+            src = pad_rows([parts[j] for j in batch], PAD_ID, device)  # (B, S)
+            src_mask = padding_mask(src, PAD_ID)  # (B, 1, 1, S)
+            limit = min(max_len, src.shape[1] + extra_len + 1)  # <bos> + at most S + extra_len tokens
+            if beam_size == 1:
+                tokens = greedy_decode(model, src, limit, BOS_ID, EOS_ID, src_mask=src_mask, pad_id=PAD_ID,
+                                       extra_len=extra_len)
+            else:
+                tokens = beam_search(model, src, limit, BOS_ID, EOS_ID, beam_size, length_penalty, src_mask=src_mask,
+                                     pad_id=PAD_ID, extra_len=extra_len)  # (B, T)
+            for j, row in zip(batch, generated_ids(tokens, EOS_ID)):
+                texts[j] = tokenizer.decode(row)
+                left[owner[j]] -= 1
+            bar.update(len(batch))
+            while given < len(sentences) and not left[given]:  # the parts of a sentence, joined by a space
+                yield " ".join(texts[j] for j in parts_of[given] if texts[j])
+                given += 1
+    for i in range(given, len(sentences)):  # what follows the last part: empty sentences
+        yield " ".join(texts[j] for j in parts_of[i] if texts[j])
+
+
+def translate(model: Transformer, tokenizer: Any, sentences: Sequence[str], beam_size: int = 1,
+              length_penalty: float = 0.6, extra_len: int = 50, batch_tokens: int = 4096,
+              progress: bool = False) -> list[str]:
+    """Translate ``sentences`` (one each) with greedy decoding (``beam_size=1``) or beam search.
+
+    Sentences are sorted by length and decoded in batches of at most ``batch_tokens`` tokens
+    (sentences x ``beam_size`` x the longest source); outputs come in the input order. An output
+    has at most (source length + ``extra_len``) tokens, the paper's limit, and never more than the
+    model's ``max_len``. An empty (or all-blank) sentence translates to an empty line. A source longer
+    than ``max_len`` tokens is translated whole: in parts that fit (``split_encoding``; a sentence too long
+    in pieces of ``max_len // 8`` tokens), joined by a space.
+    """
+    return list(translate_lines(model, tokenizer, sentences, beam_size, length_penalty, extra_len, batch_tokens,
+                                progress))
 
 
 # chapters/translation.md: Training

@@ -6,8 +6,8 @@ from transformer.training.vocab import Vocab
 from transformer.training.batch import Batch, pad_rows
 from transformer.training.losses import label_smoothed_cross_entropy, LossFunction, seq2seq_loss
 from transformer.training.schedules import warmup_lr, cooldown_factor, warmup_rate, make_adam, warmup_cosine
-from transformer.training.loop import (optimizer_step, train_step, Callback, run_steps, Progress, Evaluate,
-    run_settings, free_cores)
+from transformer.training.loop import (DivergedError, first_non_finite, optimizer_step, train_step, Callback, run_steps,
+    Progress, Evaluate, run_settings, free_cores)
 from transformer.training.config import TrainConfig, make_model, make_optimizer
 from transformer.training.checkpoint import (BUILDERS, save_checkpoint, read_checkpoint, restore_checkpoint,
     check_resume, resume, SaveEvery, numbers_model, model_of, load_checkpoint, average_checkpoints)
@@ -26,6 +26,8 @@ __all__ = [
     'warmup_rate',
     'make_adam',
     'warmup_cosine',
+    'DivergedError',
+    'first_non_finite',
     'optimizer_step',
     'train_step',
     'Callback',

@@ -24,9 +24,17 @@ from torch import Tensor, nn
 
 from transformer.files import read_torch_file, save_torch_file
 from transformer.training.config import TrainConfig, make_model
-from transformer.training.loop import Callback
+from transformer.training.loop import Callback, DivergedError, first_non_finite
 from transformer.training.vocab import Vocab
 from transformer.nn.model import Transformer
+
+
+# chapters/training_run.md: Checkpoints
+def _reschedule(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
+    """Set each parameter group's rate to what ``scheduler``'s own functions give at its step, as LambdaLR
+    computes it (base rate times the function's value)."""
+    for group, rate, base in zip(optimizer.param_groups, scheduler.lr_lambdas, scheduler.base_lrs):
+        group["lr"] = base * rate(scheduler.last_epoch)
 
 
 # chapters/training_run.md: Checkpoints
@@ -72,6 +80,10 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.
     clash = sorted(set(extra or {}) & set(_OWN_ENTRIES))
     if clash:
         raise ValueError(f"extra must not replace the checkpoint's own entries, got {clash}")
+    broken = first_non_finite(model.state_dict().items())
+    if broken is not None:  # a file that no run could continue from, and no one should translate with
+        raise DivergedError(step, f"the weight {broken!r} is not finite (nan or inf), so {os.fspath(path)} "
+                                  "was not written")
     checkpoint = {
         "format": FORMAT,
         "version": VERSION,
@@ -119,6 +131,10 @@ def read_checkpoint(path: str | os.PathLike, kind: str | None = None) -> dict:
         raise ValueError(f"{os.fspath(path)} is {_KIND_WORDS.get(held, repr(held))} checkpoint, not "
                          f"{_KIND_WORDS.get(kind, repr(kind))}" + ("" if held is None else
                                                                     ": load_checkpoint(path) loads any kind"))
+    broken = first_non_finite(checkpoint["model"].items()) if isinstance(checkpoint["model"], dict) else None
+    if broken is not None:
+        raise ValueError(f"{os.fspath(path)}: the weight {broken!r} is not finite (nan or inf): refused, as the "
+                         "model could only compute nan (the run that saved it had diverged)")
     return checkpoint
 
 
@@ -164,13 +180,16 @@ def restore_checkpoint(checkpoint: dict, model: nn.Module, optimizer: torch.opti
         optimizer.load_state_dict(checkpoint["optimizer"])
     if scheduler is not None:
         scheduler.load_state_dict(checkpoint["scheduler"])
+        if optimizer is not None and isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+            _reschedule(optimizer, scheduler)
     return checkpoint["step"]
 
 
 # chapters/training_run.md: Resuming exactly
-# A resumed run may go on for more steps, evaluate differently or use other threads; anything else
-# would silently continue another run than the one it claims to continue.
-_MAY_CHANGE_ON_RESUME = ("steps", "eval_every", "eval_size", "num_threads")
+# A resumed run may go on for more steps, evaluate differently, use other threads, or take smaller or
+# clipped steps (a run that diverged goes on from its last good checkpoint with a lower rate); anything
+# else would silently continue another run than the one it claims to continue.
+_MAY_CHANGE_ON_RESUME = ("steps", "eval_every", "eval_size", "num_threads", "lr_factor", "clip")
 
 
 def check_resume(checkpoint: dict, config: Any, path: str | os.PathLike,

@@ -9,28 +9,58 @@ Defined in the book's chapters "Training" (chapters/training.md) and "Training t
 """
 
 
-__all__ = ['optimizer_step', 'train_step', 'Callback', 'run_steps', 'Progress', 'Evaluate', 'run_settings', 'free_cores']
+__all__ = ['DivergedError', 'first_non_finite', 'optimizer_step', 'train_step', 'Callback', 'run_steps', 'Progress', 'Evaluate', 'run_settings', 'free_cores']
 
 
 import contextlib
 import math
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
-from torch import nn
+from torch import nn, Tensor
 from tqdm import tqdm
 
+from transformer.checks import check_non_negative_int
 from transformer.training.batch import Batch
 from transformer.training.losses import LossFunction, seq2seq_loss
 
 
 # chapters/training.md: Gradient clipping
+class DivergedError(FloatingPointError):
+    """A training step whose loss or gradient is not finite (nan or inf): the run diverged. ``step`` is
+    the step (None: not known) and ``what`` says what was not finite. Raised before the optimiser moved."""
+
+    def __init__(self, step: int | None, what: str):
+        self.step, self.what = step, what
+        super().__init__(f"the run diverged at step {step}: {what}" if step is not None else
+                         f"the run diverged: {what}")
+
+
+def first_non_finite(tensors: Iterable[tuple[str, Tensor | None]]) -> str | None:
+    """The name of the first of the (name, tensor) pairs whose tensor holds a nan or an infinity; None if
+    none does (a None tensor counts as finite)."""
+    return next((name for name, tensor in tensors
+                 if tensor is not None and tensor.is_floating_point() and not torch.isfinite(tensor).all()), None)
+
+
+def _what_diverged(model: nn.Module, loss: float, grad_norm: float) -> str:
+    """In words, what of a step was not finite: the loss, or the gradient (naming its first parameter)."""
+    if not math.isfinite(loss):
+        return f"the loss is {loss}"
+    name = first_non_finite((name, p.grad) for name, p in model.named_parameters())
+    return f"the gradient norm is {grad_norm}" + (f" (first in the gradient of {name!r})" if name else "")
+
+
+# chapters/training.md: Gradient clipping
 def optimizer_step(model: nn.Module, batch: Any, optimizer: torch.optim.Optimizer,
                    scheduler: torch.optim.lr_scheduler.LRScheduler | None, loss_fn: LossFunction,
-                   clip: float | None = 1.0) -> tuple[float, dict[str, float], float]:
+                   clip: float | None = 1.0, *, step: int | None = None) -> tuple[float, dict[str, float], float]:
     """One optimiser step on one batch: ``loss_fn``'s loss, backward, clipping, Adam, schedule.
+
+    Raises ``DivergedError`` (naming ``step``) before the optimiser moves when the loss or the
+    gradient norm is not finite.
 
     Returns:
         The batch's loss, its metrics (from ``loss_fn``) as floats, and the gradient norm before
@@ -40,11 +70,15 @@ def optimizer_step(model: nn.Module, batch: Any, optimizer: torch.optim.Optimize
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     parameters = [p for p in model.parameters() if p.grad is not None]
-    grad_norm = torch.nn.utils.clip_grad_norm_(parameters, clip if clip else math.inf)
+    grad_norm = torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])  # (): clip_grad_norm_'s first half
+    loss_value, norm = loss.item(), grad_norm.item()
+    if not (math.isfinite(loss_value) and math.isfinite(norm)):  # stop here: the weights stay those of the last step
+        raise DivergedError(step, _what_diverged(model, loss_value, norm))
+    torch.nn.utils.clip_grads_with_norm_(parameters, clip if clip else math.inf, grad_norm)  # and its second
     optimizer.step()
     if scheduler is not None:
         scheduler.step()
-    return loss.item(), {name: value.item() for name, value in metrics.items()}, grad_norm.item()
+    return loss_value, {name: value.item() for name, value in metrics.items()}, norm
 
 
 def train_step(model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer,
@@ -84,6 +118,9 @@ class Callback:
         """After the last step taken."""
 
 
+_END = object()  # what ``next`` gives for a stream that has run out
+
+
 def run_steps(net: nn.Module, stream: Iterator[Any], optimizer: torch.optim.Optimizer,
               scheduler: torch.optim.lr_scheduler.LRScheduler | None, loss_fn: LossFunction, steps: int,
               history: dict[str, list], step: int = 0, *, clip: float | None = 1.0,
@@ -92,15 +129,23 @@ def run_steps(net: nn.Module, stream: Iterator[Any], optimizer: torch.optim.Opti
 
     Per step, appends "step", "lr", "loss", each metric of ``loss_fn`` and "grad_norm" to
     ``history``, and calls the hooks of ``callbacks``, in order (progress, validation, saving, sharding).
+    A step whose loss or gradient is not finite raises ``DivergedError`` naming it; a ``stream`` that
+    runs out before ``steps`` raises ValueError.
     """
+    check_non_negative_int("steps", steps)
+    check_non_negative_int("step", step)
+    if not isinstance(history, dict):
+        raise TypeError(f"history must be a dict (of lists, filled per step), got {type(history).__name__}")
     for callback in callbacks:
         callback.on_train_begin(step + 1, steps)
     for step in range(step + 1, steps + 1):
         lr = optimizer.param_groups[0]["lr"]
-        batch = next(stream)
+        batch = next(stream, _END)
+        if batch is _END:
+            raise ValueError(f"stream ran out of batches before step {step} of {steps}: it must yield one per step")
         for callback in callbacks:
             batch = callback.on_step_begin(step, batch)
-        loss, metrics, grad_norm = optimizer_step(net, batch, optimizer, scheduler, loss_fn, clip)
+        loss, metrics, grad_norm = optimizer_step(net, batch, optimizer, scheduler, loss_fn, clip, step=step)
         record = {"step": step, "lr": lr, "loss": loss, **metrics, "grad_norm": grad_norm}
         for key, value in record.items():
             history.setdefault(key, []).append(value)

@@ -27,7 +27,8 @@ def label_smoothed_cross_entropy(logits: Tensor, target: Tensor, epsilon: float 
 
     Equal to ``F.cross_entropy(logits.flatten(0, -2), target.flatten(), label_smoothing=epsilon,
     ignore_index=ignore_index)``: the target distribution is (1 - epsilon) on the correct token plus
-    epsilon spread evenly over all V tokens.
+    epsilon spread evenly over all V tokens. Where every target is ``ignore_index``, there is nothing to
+    learn: the loss is 0, with a zero gradient (``F.cross_entropy``'s mean is 0 / 0 = nan there).
 
     Shape:
         logits (..., V), target (...) integer ids -> a scalar.
@@ -46,7 +47,7 @@ def label_smoothed_cross_entropy(logits: Tensor, target: Tensor, epsilon: float 
     nll = -log_probs.gather(-1, target.masked_fill(~keep, 0).unsqueeze(-1)).squeeze(-1)  # (...)
     uniform = -log_probs.mean(dim=-1)  # (...): the cross-entropy with the uniform distribution
     loss = (1.0 - epsilon) * nll + epsilon * uniform  # (...), the equation
-    return loss.masked_fill(~keep, 0.0).sum() / keep.sum()
+    return loss.masked_fill(~keep, 0.0).sum() / keep.sum().clamp(min=1)  # all padding: 0 / 1, not 0 / 0
 
 
 # chapters/training.md: Gradient clipping
