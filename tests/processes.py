@@ -1,6 +1,16 @@
 """Running the processes of a parallel run in a test, as torchrun would."""
 
+import signal
 import subprocess
+
+
+def interruptible() -> None:
+    """``preexec_fn`` of a process a test will stop with SIGINT: SIGINT's default action restored.
+
+    A command started in the background by a non-interactive shell (``make test &``, a CI script) inherits
+    SIGINT *ignored*, and Python then installs no KeyboardInterrupt handler: the child would never see
+    the test's Ctrl-C. Restored, the child behaves as under a terminal's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_ranks(commands: list[list[str]], envs: list[dict[str, str]], cwd, timeout: float) -> list[str]:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from processes import run_ranks
+from processes import interruptible, run_ranks
 import torch
 
 import transformer
@@ -620,7 +620,8 @@ def test_ctrl_c_stops_train_with_130_and_one_line_naming_what_was_kept(tmp_path)
     folder = tmp_path / "run"
     process = subprocess.Popen([sys.executable, "-m", "transformer", "train", *TINY, "--steps", "5000",
                                 "--save-every", "2", "--checkpoint-dir", str(folder)],
-                               cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                       preexec_fn=interruptible)
     deadline = time.monotonic() + TIMEOUT
     while not (folder / "checkpoint.pt").is_file() or torch.load(folder / "checkpoint.pt", weights_only=True)["step"] < 4:
         assert process.poll() is None and time.monotonic() < deadline, "the run ended before Ctrl-C"

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from processes import run_ranks
+from processes import interruptible, run_ranks
 import sacrebleu
 import torch
 
@@ -841,7 +841,8 @@ def test_ctrl_c_stops_translate_with_130_and_one_line_and_keeps_every_line_writt
         process = subprocess.Popen([sys.executable, "-m", "transformer", "translate", "--checkpoint", str(MODEL),
                                     "--no-progress", "--batch-tokens", "256", "--device", "cpu"],
                                    stdin=german, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                   env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+                                   env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+                                       preexec_fn=interruptible)
     first = process.stdout.readline()  # a line comes out as soon as it is translated
     process.send_signal(signal.SIGINT)
     rest, err = process.communicate(timeout=120)
