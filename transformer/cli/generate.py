@@ -23,17 +23,17 @@ from torch import Tensor
 
 from transformer.checks import check_number
 from transformer.cli.options import CommandParser, positive_int
-from transformer.generation.sampling import _check_top_p, sample_steps
+from transformer.generation.sampling import check_top_p, sample_steps
 from transformer.interop.gguf import (SMOLLM2_SHA256, chat_prompt, gguf_tokenizer, llama_from_gguf, read_gguf,
     smollm2_path)
 
 
 # chapters/modern_decoder.md: A command: `transformer generate`
-def _checked(check: Callable[[str, float], float], name: str) -> Callable[[str], float]:
-    """An argparse type: a float that ``check(name, value)`` accepts (its message, if not)."""
+def _checked(check: Callable[[float], float], name: str) -> Callable[[str], float]:
+    """An argparse type: a float that ``check`` accepts (its message, naming ``name``, if not)."""
     def read(text: str) -> float:
         try:
-            return check(name, float(text))
+            return check(float(text))
         except ValueError as err:
             raise argparse.ArgumentTypeError(str(err) if "must" in str(err) else
                                              f"{name} must be a number, got {text!r}") from None
@@ -65,11 +65,11 @@ def _parser(prog: str) -> CommandParser:
                         "by `make setup` into models/smollm2/, its SHA-256 checked)")
     parser.add_argument("--max-new-tokens", type=positive_int, default=256, metavar="N",
                         help="stop after N tokens, if the model has not ended its answer")
-    parser.add_argument("--temperature", type=_checked(check_number, "--temperature"), default=0.7,
+    parser.add_argument("--temperature", type=_checked(lambda t: check_number("--temperature", t), "--temperature"), default=0.7,
                         help="divides the logits before the softmax (> 0): below 1 sharpens, above 1 flattens")
     parser.add_argument("--top-k", type=_top_k, default=None, metavar="K|none",
                         help="draw among the K most likely tokens only; 1 is greedy decoding (default: none, all)")
-    parser.add_argument("--top-p", type=_checked(lambda name, p: _check_top_p(p), "--top-p"), default=0.9,
+    parser.add_argument("--top-p", type=_checked(lambda p: check_top_p(p, "--top-p"), "--top-p"), default=0.9,
                         help="draw from the nucleus, the fewest likeliest tokens of probability >= P, in (0, 1]")
     parser.add_argument("--seed", type=_seed, help="seed the draws, for the same text every run "
                         "(default: none, fresh draws)")

@@ -7,7 +7,7 @@ Defined in the book's chapter "Sampling" (chapters/sampling.md).
 """
 
 
-__all__ = ['top_k_filter', 'top_p_filter', 'sample_steps', 'sample']
+__all__ = ['top_k_filter', 'check_top_p', 'top_p_filter', 'sample_steps', 'sample']
 
 
 import numbers
@@ -46,12 +46,12 @@ def top_k_filter(logits: Tensor, k: int | None) -> Tensor:
 
 
 # chapters/sampling.md: Temperature, top-k and top-p
-def _check_top_p(p: object) -> float:
-    """Return ``p`` as a float if it is a number in (0, 1], else raise a clear error."""
+def check_top_p(p: object, name: str = "top_p") -> float:
+    """Return ``p`` as a float if it is a number in (0, 1], else raise a clear error naming ``name``."""
     if isinstance(p, bool) or not isinstance(p, numbers.Real):
-        raise TypeError(f"top_p must be a number in (0, 1], got {type(p).__name__} {p!r}")
+        raise TypeError(f"{name} must be a number in (0, 1], got {type(p).__name__} {p!r}")
     if not 0.0 < float(p) <= 1.0:
-        raise ValueError(f"top_p must be a number in (0, 1], got {p}")
+        raise ValueError(f"{name} must be a number in (0, 1], got {p}")
     return float(p)
 
 
@@ -68,7 +68,7 @@ def top_p_filter(logits: Tensor, p: float | None) -> Tensor:
     """
     if not isinstance(logits, Tensor):
         raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
-    if p is None or _check_top_p(p) == 1.0:
+    if p is None or check_top_p(p) == 1.0:
         return logits.clone()
     probabilities = logits.to(torch.promote_types(logits.dtype, torch.float32)).softmax(dim=-1)  # (..., V)
     ordered = probabilities.sort(dim=-1, descending=True).values  # (..., V)
@@ -118,7 +118,7 @@ def sample_steps(model: DecoderOnlyLM, prompt: Tensor, max_new_tokens: int, temp
     if top_k is not None:
         check_positive_int("top_k", top_k)
     if top_p is not None:
-        _check_top_p(top_p)
+        check_top_p(top_p)
     with evaluating(model):
         cache = model.new_cache() if use_cache else None
         tokens = prompt  # (B, P)
