@@ -33,10 +33,13 @@ def _checked(check: Callable[[float], float], name: str) -> Callable[[str], floa
     """An argparse type: a float that ``check`` accepts (its message, naming ``name``, if not)."""
     def read(text: str) -> float:
         try:
-            return check(float(text))
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
+        try:
+            return check(value)
         except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err) if "must" in str(err) else
-                                             f"{name} must be a number, got {text!r}") from None
+            raise argparse.ArgumentTypeError(str(err)) from None
     read.__name__ = "float"
     return read
 
@@ -58,6 +61,7 @@ def _seed(text: str) -> int:
 
 
 def _parser(prog: str) -> CommandParser:
+    """The options of ``transformer generate``, each value checked as it is read (argparse's usage error)."""
     parser = CommandParser(prog=prog, description="Continue a prompt with a Llama model of a GGUF file "
                            "(SmolLM2-135M-Instruct by default), writing each token as it is drawn.")
     parser.add_argument("--prompt", default="-", help="the text to continue; - (the default): read it from stdin")
@@ -65,7 +69,8 @@ def _parser(prog: str) -> CommandParser:
                         "by `make setup` into models/smollm2/, its SHA-256 checked)")
     parser.add_argument("--max-new-tokens", type=positive_int, default=256, metavar="N",
                         help="stop after N tokens, if the model has not ended its answer")
-    parser.add_argument("--temperature", type=_checked(lambda t: check_number("--temperature", t), "--temperature"), default=0.7,
+    parser.add_argument("--temperature", type=_checked(lambda t: check_number("--temperature", t), "--temperature"),
+                        default=0.7,
                         help="divides the logits before the softmax (> 0): below 1 sharpens, above 1 flattens")
     parser.add_argument("--top-k", type=_top_k, default=None, metavar="K|none",
                         help="draw among the K most likely tokens only; 1 is greedy decoding (default: none, all)")
