@@ -177,6 +177,18 @@ def test_random_flags_of_translate_and_export(playground):
                               ["--checkpoint", rng.choice(["random.bin", "folder", "run.json"])]), playground)
 
 
+def test_random_flags_of_generate(playground):
+    # --model names a file that is no GGUF model (the flags may name another): every run ends in a
+    # refusal or in --version, before any model is built.
+    rng = random.Random(39)
+    flags = flags_of(["generate"])
+    assert {"--prompt", "--model", "--temperature", "--top-k", "--top-p", "--seed", "--no-chat"} <= set(flags)
+    codes = [check_run(random_argv(rng, ["generate"], flags, ["--model", rng.choice(["random.bin", "folder", "run.json",
+                                                                                      "nowhere"]), "--prompt", "Hi"]),
+                       playground, stdin=rng.choice([b"Hallo.\n", b"", b"\xff\xfe"]))[0] for _ in range(40)]
+    assert codes.count(2) >= 30
+
+
 def test_translate_with_random_flags_and_text(playground):
     rng = random.Random(35)
     good = {"--beam": ["1", "2", "3"], "--length-penalty": ["0", "0.6", "2"], "--extra-len": ["0", "3", "50"],

@@ -85,7 +85,7 @@ SUBPACKAGES = {
              "(Multi30k and subwords), brackets, classification, sentiment, tagging, language modelling, digit images, "
              "captions and drawings.",
     "interop": "Other libraries' formats and names, in and out: torch.nn, Hugging Face (BERT included), ONNX and CTranslate2.",
-    "cli": "The ``transformer`` command: its options and its ``train``, ``translate`` and ``export`` commands.",
+    "cli": "The ``transformer`` command: its options and its ``train``, ``translate``, ``classify``, ``export`` and ``generate`` commands.",
     "book": "Helpers for the book's own measurements and figures; not part of the package's public face.",
 }
 LINE_WIDTH = 120

@@ -7,7 +7,7 @@ from transformer.generation.topk import block_top_k
 from transformer.generation.quantize import quantize_int8
 from transformer.generation.compiled import (static_cache, decode_step, compile_step, static_greedy_decode,
     PackedLinear, prepack)
-from transformer.generation.sampling import top_k_filter, top_p_filter, sample
+from transformer.generation.sampling import top_k_filter, check_top_p, top_p_filter, sample_steps, sample
 
 __all__ = [
     'output_limits',
@@ -24,6 +24,8 @@ __all__ = [
     'PackedLinear',
     'prepack',
     'top_k_filter',
+    'check_top_p',
     'top_p_filter',
+    'sample_steps',
     'sample',
 ]

@@ -7,10 +7,11 @@ Defined in the book's chapter "Sampling" (chapters/sampling.md).
 """
 
 
-__all__ = ['top_k_filter', 'top_p_filter', 'sample']
+__all__ = ['top_k_filter', 'check_top_p', 'top_p_filter', 'sample_steps', 'sample']
 
 
 import numbers
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -45,12 +46,12 @@ def top_k_filter(logits: Tensor, k: int | None) -> Tensor:
 
 
 # chapters/sampling.md: Temperature, top-k and top-p
-def _check_top_p(p: object) -> float:
-    """Return ``p`` as a float if it is a number in (0, 1], else raise a clear error."""
+def check_top_p(p: object, name: str = "top_p") -> float:
+    """Return ``p`` as a float if it is a number in (0, 1], else raise a clear error naming ``name``."""
     if isinstance(p, bool) or not isinstance(p, numbers.Real):
-        raise TypeError(f"top_p must be a number in (0, 1], got {type(p).__name__} {p!r}")
+        raise TypeError(f"{name} must be a number in (0, 1], got {type(p).__name__} {p!r}")
     if not 0.0 < float(p) <= 1.0:
-        raise ValueError(f"top_p must be a number in (0, 1], got {p}")
+        raise ValueError(f"{name} must be a number in (0, 1], got {p}")
     return float(p)
 
 
@@ -67,7 +68,7 @@ def top_p_filter(logits: Tensor, p: float | None) -> Tensor:
     """
     if not isinstance(logits, Tensor):
         raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
-    if p is None or _check_top_p(p) == 1.0:
+    if p is None or check_top_p(p) == 1.0:
         return logits.clone()
     probabilities = logits.to(torch.promote_types(logits.dtype, torch.float32)).softmax(dim=-1)  # (..., V)
     ordered = probabilities.sort(dim=-1, descending=True).values  # (..., V)
@@ -105,6 +106,30 @@ def _check_prompt(model: nn.Module, prompt: Any, max_new_tokens: Any) -> tuple[T
     return prompt, max_new_tokens
 
 
+def sample_steps(model: DecoderOnlyLM, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, use_cache: bool = True,
+                 generator: torch.Generator | None = None) -> Iterator[Tensor]:
+    """``sample`` one step at a time, for a reader who shows each token as it comes (a command that
+    streams its answer, one that stops at an end-of-text token): the arguments are ``sample``'s, and it
+    yields the tokens so far, ``(B, P + i)``, after the i-th draw. Its checks run at the first ``next``.
+    """
+    prompt, max_new_tokens = _check_prompt(model, prompt, max_new_tokens)
+    temperature = check_number("temperature", temperature)
+    if top_k is not None:
+        check_positive_int("top_k", top_k)
+    if top_p is not None:
+        check_top_p(top_p)
+    with evaluating(model):
+        cache = model.new_cache() if use_cache else None
+        tokens = prompt  # (B, P)
+        for _ in range(max_new_tokens):
+            new = tokens if cache is None else tokens[:, cache.length:]  # all, or those not yet cached
+            logits = model(new, cache=cache)[:, -1]  # (B, V): the scores of the next token
+            drawn = _next_token(logits, temperature, top_k, top_p, generator)  # (B,)
+            tokens = torch.cat([tokens, drawn[:, None]], dim=1)
+            yield tokens
+
+
 def sample(model: DecoderOnlyLM, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0,
            top_k: int | None = None, top_p: float | None = None, use_cache: bool = True,
            generator: torch.Generator | None = None) -> Tensor:
@@ -126,18 +151,7 @@ def sample(model: DecoderOnlyLM, prompt: Tensor, max_new_tokens: int, temperatur
         LongTensor ``(B, P + max_new_tokens)`` (B = 1 for a 1-D prompt): the prompt, then the new
         tokens. The model runs in eval mode without gradients; its mode is restored.
     """
-    prompt, max_new_tokens = _check_prompt(model, prompt, max_new_tokens)
-    temperature = check_number("temperature", temperature)
-    if top_k is not None:
-        check_positive_int("top_k", top_k)
-    if top_p is not None:
-        _check_top_p(top_p)
-    with evaluating(model):
-        cache = model.new_cache() if use_cache else None
-        tokens = prompt  # (B, P)
-        for _ in range(max_new_tokens):
-            new = tokens if cache is None else tokens[:, cache.length:]  # all, or those not yet cached
-            logits = model(new, cache=cache)[:, -1]  # (B, V): the scores of the next token
-            drawn = _next_token(logits, temperature, top_k, top_p, generator)  # (B,)
-            tokens = torch.cat([tokens, drawn[:, None]], dim=1)
+    steps = sample_steps(model, prompt, max_new_tokens, temperature, top_k, top_p, use_cache, generator)
+    for tokens in steps:  # the last step holds them all
+        pass
     return tokens
