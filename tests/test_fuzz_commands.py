@@ -406,6 +406,7 @@ def flag_playground(folder: Path) -> None:
 def check_edge_run(argv: list[str], folder: Path, stdin: bytes, seconds: float = 5.0) -> int:
     """``check_run``, with Ctrl-C (SIGINT's KeyboardInterrupt) sent after ``seconds``: a value the command
     accepts (``--steps 10**12``) may mean a long run; stopped, it must end with 130 and one line."""
+    before = snapshot(folder)
     saved = signal.signal(signal.SIGALRM, signal.default_int_handler)  # the alarm is a Ctrl-C
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
@@ -413,9 +414,12 @@ def check_edge_run(argv: list[str], folder: Path, stdin: bytes, seconds: float =
     except AssertionError as error:
         if "exited 130: " not in str(error):
             raise
+        signal.setitimer(signal.ITIMER_REAL, 0)
         said = str(error).split("exited 130: ", 1)[1].splitlines()  # stderr, then pytest's "assert 130 in (0, 2)"
         lines = [line for line in said if line.strip() and not line.startswith("assert ")]
         assert len(lines) == 1 and "interrupted (Ctrl-C)" in lines[0], f"transformer {argv!r}: {lines}"
+        outside = changed_outside(before, snapshot(folder), outputs(argv))
+        assert outside == [], f"the interrupted transformer {argv!r} changed {outside}"
         return 130
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
