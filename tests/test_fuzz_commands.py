@@ -8,6 +8,7 @@ that a failure names its arguments and can be replayed; a few run as real proces
 stderr holds no traceback.
 """
 
+import argparse
 import contextlib
 import hashlib
 import io
@@ -15,6 +16,8 @@ import json
 import os
 import random
 import re
+import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -342,3 +345,121 @@ def test_non_finite_numbers_of_translate_are_usage_errors(playground, value):
     code, err = check_run(["translate", "--checkpoint", str(MODEL), "--beam", "2", f"--length-penalty={value}"],
                           playground, stdin=b"Ein Hund.\n")
     assert code == 2 and "--length-penalty must be a number >= 0 and finite" in err
+
+
+# Every flag of every command (issue 47, item 5). The parsers are found by running each command up to its
+# ``parse_args``: a flag a chapter adds is fuzzed here without editing this file; a command or task a chapter
+# adds needs its required arguments in ``FLAG_BASES`` (the test says so).
+#: Values for every flag that takes one: not a number, the infinities' edge, negative, zero, empty, huge.
+EDGE_VALUES = ["nan", "inf", "-1", "0", "", "1e9", str(10**12)]
+PARALLEL = {"--train-src": "src.txt", "--train-tgt": "tgt.txt", "--valid-src": "src.txt", "--valid-tgt": "tgt.txt"}
+#: (command, task) -> the arguments a run needs, before the fuzzed flag (which overrides them), and its stdin.
+FLAG_BASES: dict[tuple[str, str | None], tuple[list[str], bytes]] = {
+    ("train", "numbers"): (["train", "--task", "numbers", *TINY, "--checkpoint-dir", "out"], b""),
+    ("train", "multi30k"): (["train", "--task", "multi30k", *TINY, "--checkpoint-dir", "out"], b""),
+    ("train", "translation"): (["train", "--task", "translation", *TINY, "--vocab-size", "40", "--max-len", "16",
+                                "--checkpoint-dir", "out", *[x for pair in PARALLEL.items() for x in pair]], b""),
+    ("train", "classify"): (["train", "--task", "classify", "--train", "labels.jsonl", "--valid", "labels.jsonl",
+                             "--steps", "2", "--batch-size", "4", "--vocab-size", "40", "--length", "8",
+                             "--checkpoint-dir", "out"], b""),
+    ("translate", None): (["translate", "--checkpoint", str(MODEL), "--no-progress", "--device", "cpu",
+                           "--threads", "1"], b"Ein Hund.\n"),
+    ("classify", None): (["classify", "--checkpoint", str(ROOT / "models" / "spam-classifier" / "classifier.pt"),
+                          "--input", "labels.jsonl"], b""),
+    ("export", None): (["export", "huggingface", "--checkpoint", str(MODEL), "--out", "out"], b""),
+}
+
+
+class _Parsed(Exception):
+    """Raised in place of ``parse_args``: carries the parser a command built."""
+
+
+def parser_of(argv: list[str]) -> argparse.ArgumentParser:
+    """The parser that ``transformer ARGV`` parses its options with (the command stops before it parses)."""
+    def caught(self, *args, **kwargs):
+        raise _Parsed(self)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(argparse.ArgumentParser, "parse_args", caught)
+        try:
+            command(argv)
+        except _Parsed as found:
+            return found.args[0]
+    raise AssertionError(f"transformer {argv!r} parsed no options")
+
+
+def commands_and_tasks() -> list[tuple[str, str | None]]:
+    """Every command of ``COMMANDS``, and every task of ``transformer train``."""
+    from transformer.__main__ import COMMANDS
+    from transformer.cli.train import TRAINERS
+
+    return [("train", task) for task in TRAINERS] + [(name, None) for name in COMMANDS if name != "train"]
+
+
+def flags_with_values(parser: argparse.ArgumentParser) -> list[tuple[str, int]]:
+    """The flags of ``parser`` that take values: (flag, how many)."""
+    found = []
+    for action in parser._actions:
+        if not action.option_strings or action.nargs == 0 or isinstance(action, (argparse._HelpAction,
+                                                                                    argparse._VersionAction)):
+            continue
+        count = action.nargs if isinstance(action.nargs, int) else 1
+        found.append((max(action.option_strings, key=len), count))
+    return found
+
+
+def flag_playground(folder: Path) -> None:
+    """The files the bases name: JSON lines of labelled texts, and a parallel text."""
+    rows = [{"text": f"{word} {i}", "label": "spam" if i % 2 else "ham"} for i, word in enumerate("abcdefgh")]
+    (folder / "labels.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    (folder / "src.txt").write_text("ein hund .\nzwei katzen .\n" * 4, encoding="utf-8")
+    (folder / "tgt.txt").write_text("a dog .\ntwo cats .\n" * 4, encoding="utf-8")
+
+
+def check_edge_run(argv: list[str], folder: Path, stdin: bytes, seconds: float = 5.0) -> int:
+    """``check_run``, with Ctrl-C (SIGINT's KeyboardInterrupt) sent after ``seconds``: a value the command
+    accepts (``--steps 10**12``) may mean a long run; stopped, it must end with 130 and one line."""
+    before = snapshot(folder)
+    saved = signal.signal(signal.SIGALRM, signal.default_int_handler)  # the alarm is a Ctrl-C
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        return check_run(argv, folder, stdin)[0]
+    except AssertionError as error:
+        if "exited 130: " not in str(error):
+            raise
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        said = str(error).split("exited 130: ", 1)[1].splitlines()  # stderr, then pytest's "assert 130 in (0, 2)"
+        lines = [line for line in said if line.strip() and not line.startswith("assert ")]
+        assert len(lines) == 1 and "interrupted (Ctrl-C)" in lines[0], f"transformer {argv!r}: {lines}"
+        outside = changed_outside(before, snapshot(folder), outputs(argv))
+        assert outside == [], f"the interrupted transformer {argv!r} changed {outside}"
+        return 130
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, saved)
+
+
+@pytest.mark.parametrize("where", commands_and_tasks(), ids=lambda w: "-".join(x for x in w if x))
+def test_every_flag_with_edge_values(tmp_path, monkeypatch, where):
+    assert where in FLAG_BASES, f"{where}: a new command or task: add the arguments a run needs to FLAG_BASES"
+    base, stdin = FLAG_BASES[where]
+    monkeypatch.chdir(tmp_path)
+    flag_playground(tmp_path)
+    flags = flags_with_values(parser_of(base[:3] if where[0] == "train" else base[:1]))
+    assert len(flags) >= 2, flags
+    failures = []
+    for flag, count in flags:
+        for value in EDGE_VALUES:
+            argv = [*base, flag, *[value] * count]
+            try:
+                check_edge_run(argv, tmp_path, stdin)
+            except AssertionError as error:
+                failures.append(f"{flag} {value!r}: {str(error)[-300:]}")
+            for path in tmp_path.glob("out/**/*.pt"):  # no checkpoint with a non-finite weight
+                state = torch.load(path, weights_only=True)
+                model = state.get("model", {}) if isinstance(state, dict) else {}
+                bad = [k for k, t in model.items() if torch.is_tensor(t) and t.is_floating_point()
+                       and not torch.isfinite(t).all()]
+                if bad:
+                    failures.append(f"{flag} {value!r}: {path} holds non-finite {bad[:3]}")
+            shutil.rmtree(tmp_path / "out", ignore_errors=True)
+    assert not failures, "\n".join(failures)

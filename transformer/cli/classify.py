@@ -9,7 +9,7 @@ Defined in the book's chapter "Your own classifier: two commands" (chapters/clas
 """
 
 
-__all__ = ['read_jsonl', 'what_is_read', 'TASK', 'classifier_model', 'save_classifier', 'load_classifier', 'build_train_parser', 'train_main', 'main']
+__all__ = ['read_jsonl', 'what_is_read', 'TASK', 'WIDTH', 'classifier_model', 'save_classifier', 'load_classifier', 'build_train_parser', 'train_main', 'main']
 
 
 import argparse
@@ -22,6 +22,7 @@ from typing import Any, cast
 
 import torch
 
+from transformer.checks import check_fits_in_memory, check_number
 from transformer.cli.options import CommandParser, positive_int
 from transformer.files import read_lines
 from transformer.nn.encoder_only import SequenceClassifier
@@ -72,6 +73,8 @@ def what_is_read(text: str, reads: str) -> str:
 
 # chapters/classify_command.md: The checkpoint
 TASK = "classify"
+#: The width (d_model) of a classifier trained from scratch (without --pretrained).
+WIDTH = 64
 
 
 def classifier_model(checkpoint: dict, path: str | os.PathLike) -> SequenceClassifier:
@@ -126,7 +129,13 @@ def train_main(argv: Sequence[str] | None = None, prog: str = "transformer train
     """``transformer train --task classify --train FILE --valid FILE [options]``."""
     parser = build_train_parser(prog)
     args = parser.parse_args(argv)
-    try:
+    try:  # the numbers first, before a file is read or a tokenizer learned: one line each
+        check_number("--lr", args.lr)
+        if not 0 <= args.seed < 2**64:
+            raise ValueError(f"--seed must be in [0, 2**64) (torch takes 64-bit seeds), got {args.seed}")
+        for name, value in (("--vocab-size", args.vocab_size), ("--length", args.length)):  # a (value, 64) table
+            check_fits_in_memory(name, value, 16 * WIDTH * value, f"a ({value:,}, {WIDTH}) table with its gradient "
+                                 "and Adam's moments")
         train, valid = read_jsonl(args.train, ("text", "label")), read_jsonl(args.valid, ("text", "label"))
         labels = sorted({row["label"] for row in train})
         if len(labels) < 2 or (unknown := {row["label"] for row in valid} - set(labels)):
@@ -144,7 +153,7 @@ def train_main(argv: Sequence[str] | None = None, prog: str = "transformer train
             tokenizer = email_tokenizer(texts["train"], args.vocab_size)
         except ValueError as error:  # a --vocab-size smaller than the text's characters
             parser.error(f"--vocab-size {args.vocab_size}: {error}")
-        settings = dict(vocab_size=tokenizer.get_vocab_size(), d_model=64, num_heads=4, d_ff=256, num_layers=2,
+        settings = dict(vocab_size=tokenizer.get_vocab_size(), d_model=WIDTH, num_heads=4, d_ff=256, num_layers=2,
                         dropout=0.1, max_len=args.length, pad_id=0, norm_first=True)
         torch.manual_seed(args.seed)
         model = from_settings(SequenceClassifier, settings, num_classes=len(labels), pooling="mean")

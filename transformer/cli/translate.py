@@ -13,6 +13,7 @@ __all__ = ['build_parser', 'ctrl_c_held', 'main']
 
 import argparse
 import contextlib
+import os
 import signal
 import sys
 from collections.abc import Iterator, Sequence
@@ -79,10 +80,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.t
         parser.error(f"--int8 runs on the CPU: add --device cpu (got --device {args.device})")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda was asked for, but torch.cuda.is_available() is False")
+    if args.threads is not None and args.threads > (os.cpu_count() or 1):  # torch overflows on 10**12 threads
+        parser.error(f"--threads {args.threads} is more than the {os.cpu_count() or 1} cores of this machine")
     try:
         model, tokenizer = load_translator(args.checkpoint, args.device)
     except (OSError, ValueError) as err:
         parser.error(f"--checkpoint {args.checkpoint}: {err}")
+    if args.beam > tokenizer.get_vocab_size():  # the first step's candidates are the tokens, one hypothesis each
+        parser.error(f"--beam {args.beam} is more than the {tokenizer.get_vocab_size()} tokens of the model's "
+                     "vocabulary: a beam keeps at most one hypothesis per token")
     try:
         lines = read_lines(sys.stdin, what="stdin", errors=args.errors)
     except ValueError as err:
