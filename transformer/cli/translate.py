@@ -16,6 +16,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -56,16 +57,21 @@ def build_parser(prog: str = "python -m transformer.translate") -> argparse.Argu
 
 @contextlib.contextmanager
 def ctrl_c_held() -> Iterator[None]:
-    """Hold Ctrl-C (SIGINT) back for the length of the block, and let it through after: the block is done
-    whole or not at all. (Where signals cannot be blocked, as on Windows, the block runs as it is.)"""
-    if not hasattr(signal, "pthread_sigmask"):
+    """Hold Ctrl-C (SIGINT) back for the length of the block, and raise it after: the block is done
+    whole or not at all. A Python handler, not a blocked signal: the process's other threads (torch's)
+    can receive the signal too, but Python runs its handlers in the main thread, where this one
+    only notes it. (Outside the main thread, where handlers cannot be set, the block runs as it is.)"""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    came: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # one that came is raised now
+        signal.signal(signal.SIGINT, previous)
+        if came:
+            raise KeyboardInterrupt  # the Ctrl-C that came during the block
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.translate") -> int:
