@@ -367,6 +367,8 @@ FLAG_BASES: dict[tuple[str, str | None], tuple[list[str], bytes]] = {
     ("classify", None): (["classify", "--checkpoint", str(ROOT / "models" / "spam-classifier" / "classifier.pt"),
                           "--input", "labels.jsonl"], b""),
     ("export", None): (["export", "huggingface", "--checkpoint", str(MODEL), "--out", "out"], b""),
+    ("generate", None): (["generate", "--prompt", "Hello", "--max-new-tokens", "2", "--seed", "0",
+                          "--num-threads", "1"], b""),
 }
 
 

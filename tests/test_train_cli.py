@@ -393,8 +393,8 @@ def test_the_transformer_command_lists_its_commands_and_passes_each_its_options(
 
 
 @pytest.mark.parametrize("argv, message", [
-    ([], "usage: transformer {train,translate,classify,export}"),
-    (["fly"], "transformer: error: unknown command 'fly' (choose from train, translate, classify, export)"),
+    ([], "usage: transformer {train,translate,classify,generate,export}"),
+    (["fly"], "transformer: error: unknown command 'fly' (choose from train, translate, classify, generate, export)"),
 ])
 def test_the_transformer_command_without_a_known_command_exits_2(argv, message, capsys):
     from transformer.__main__ import command
