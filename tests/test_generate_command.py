@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from processes import interruptible
 
 from transformer.__main__ import command
 from transformer.cli.generate import write_stream
@@ -83,7 +84,8 @@ def test_ctrl_c_stops_generate_with_130_and_one_line():
                                 "--no-chat", "--temperature", "1.5", "--top-p", "1", "--seed", "0",
                                 "--max-new-tokens", "4000"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+                               env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+                               preexec_fn=interruptible)
     first = process.stdout.read(1)  # written as soon as the first token is drawn, and flushed
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=60)
