@@ -173,3 +173,14 @@ def test_load_mlm_names_a_file_that_is_not_a_saved_model(tmp_path):
     (tmp_path / "model.pt").write_bytes(b"not a model")
     with pytest.raises(ValueError, match=r"model\.pt cannot be read as a torch checkpoint: it is not a torch"):
         load_mlm(tmp_path)
+
+
+def test_settings_are_plain_values_that_a_weights_only_file_can_hold(tmp_path):
+    # LayerOptions also holds builders (norm, feed_forward, self_attention): classes, which a weights-only
+    # checkpoint refuses as pickled code, so the settings a checkpoint saves leave them out.
+    from transformer.nn.encoder_only import MaskedLanguageModel
+
+    mlm = MaskedLanguageModel(50, d_model=16, num_heads=2, d_ff=32, num_layers=1, max_len=8)
+    assert all(isinstance(value, (bool, int, float, str)) for value in mlm.settings.values()), mlm.settings
+    torch.save({"settings": mlm.settings}, tmp_path / "settings.pt")
+    assert torch.load(tmp_path / "settings.pt", weights_only=True)["settings"] == mlm.settings

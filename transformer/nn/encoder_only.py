@@ -114,7 +114,8 @@ class MaskedLanguageModel(nn.Module):
 
     Attributes:
         settings: the arguments, as plain values a checkpoint can hold: the ``LayerOptions`` fields
-            flat among the others (all but ``self_attention``); ``from_settings`` builds the model again.
+            flat among the others (all but the modules' builders: ``self_attention``, ``norm``,
+            ``feed_forward``, which a weights-only file cannot hold); ``from_settings`` builds the model again.
 
     Shape:
         tokens (B, S) -> logits (B, S, vocab_size).
@@ -132,7 +133,7 @@ class MaskedLanguageModel(nn.Module):
         self.settings: dict[str, Any] = dict(vocab_size=vocab_size, d_model=d_model, num_heads=num_heads, d_ff=d_ff,
                              num_layers=num_layers, dropout=dropout, max_len=max_len, pad_id=pad_id,
                              **{field.name: getattr(options, field.name) for field in fields(options)
-                                if field.name != "self_attention"})
+                                if not callable(getattr(options, field.name))})  # plain values only
 
     def encode(self, tokens: Tensor) -> Tensor:
         """The encoder's output vectors, (B, S) -> (B, S, d_model); padding is attended to by no position."""
