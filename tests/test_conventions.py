@@ -85,6 +85,10 @@ def test_exercises_have_solutions_that_are_checked(path):
     solutions = exercises.count(":class: dropdown") + len(re.findall(r"^# Solution to exercise", exercises, re.MULTILINE))
     assert count >= 1, f"{path.name}: no numbered exercises"
     assert solutions >= count, f"{path.name}: {count} exercises but {solutions} solutions"
+    # The page shows each hidden cell and each dropdown as one solution behind a click
+    # (tests/browser/test_site.py asks for two): two solutions in one cell count once there.
+    hidden = exercises.count(":class: dropdown") + len(re.findall(r"^:?tags: \[hide-cell\]", exercises, re.MULTILINE))
+    assert hidden >= 2, f"{path.name}: {hidden} hidden solution(s) on the page, the site test asks for two"
     for cell in _code_cells(path):
         if cell.source.lstrip().startswith("# Solution"):
             assert "assert" in cell.source, f"{path.name}: a solution cell that checks nothing: {cell.source[:80]!r}"
