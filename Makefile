@@ -37,7 +37,7 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 # application logging errors only, so that the build log shows nothing but real problems.
 export JUPYTER_PATH := $(CURDIR)/tools/jupyter
 
-.PHONY: book test setup export export-check lint unit quick typecheck notebooks nbval html assets browser chapter robustness busy-check clean
+.PHONY: lab book test setup export export-check lint unit quick typecheck notebooks nbval html assets browser chapter robustness busy-check clean
 
 # The chapters are executed into the build's cache, _build/.jupyter_cache, by tools/execute_book.py:
 # BOOK_JOBS at a time (one a core, nproc), each kernel on one thread when more than one runs
@@ -131,6 +131,21 @@ lint: setup
 # mypy over the package, as a user's type checker sees it (settings in pyproject.toml); part of `make test`.
 typecheck: setup
 	$(BIN)/python -m mypy transformer
+
+# JupyterLab on the book's root, to read and run the chapters as notebooks: installed into .venv
+# once, from exact pins (requirements-lab.txt; the book and the tests do not need it). Its settings
+# in the environment (overrides.json) open every .md chapter as a notebook, through jupytext's
+# JupyterLab extension (requirements.txt); the book's kernel is found through JUPYTER_PATH.
+LAB_STAMP := $(VENV)/.lab-installed
+LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.json
+lab: setup export $(LAB_STAMP)
+	$(BIN)/jupyter lab --notebook-dir=$(CURDIR) $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
+
+$(LAB_STAMP): requirements-lab.txt $(STAMP)
+	$(BIN)/pip install --quiet -r requirements-lab.txt
+	mkdir -p $(dir $(LAB_SETTINGS))
+	echo '{"@jupyterlab/docmanager-extension:plugin": {"defaultViewers": {"markdown": "Jupytext Notebook", "myst": "Jupytext Notebook"}}}' > $(LAB_SETTINGS)
+	touch $@
 
 # .ipynb copies of the chapters, in a build folder (never beside the .md files).
 notebooks: setup

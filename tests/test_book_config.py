@@ -70,6 +70,34 @@ def test_command_writes_a_configuration_jupyter_book_reads(tmp_path):
     assert main(["--repository", "/not/github", "--out", str(out)]) == 2
 
 
+@pytest.mark.parametrize("out", ["_build/_config.yml", "elsewhere/deeper/_config.yml"])
+def test_the_notebook_download_extension_is_found_from_the_written_configuration(tmp_path, out):
+    # Jupyter Book resolves a local extension's folder against the folder of the configuration file.
+    path = tmp_path / out
+    assert main(["--out", str(path)]) == 0
+    written = yaml.safe_load(path.read_text())["sphinx"]
+    assert "ipynb_download" in written["config"]["extensions"]
+    folder = (path.parent / written["local_extensions"]["ipynb_download"]).resolve()
+    assert folder == ROOT / "tools" and (folder / "ipynb_download.py").is_file()
+
+
+def test_the_notebook_download_extension_offers_the_executed_notebook(tmp_path):
+    from types import SimpleNamespace
+
+    from tools.ipynb_download import offer_notebook
+
+    executed = tmp_path / "jupyter_execute" / "chapters" / "attention.ipynb"
+    executed.parent.mkdir(parents=True)
+    executed.write_text('{"cells": []}')
+    app, context = SimpleNamespace(outdir=str(tmp_path / "html")), {}
+    offer_notebook(app, "chapters/attention", "page.html", context, None)
+    assert context["ipynb_source"] == "chapters/attention.ipynb"
+    assert (tmp_path / "html" / "_sources" / "chapters" / "attention.ipynb").read_text() == '{"cells": []}'
+    other: dict = {}
+    offer_notebook(app, "glossary", "page.html", other, None)  # not a notebook: no entry
+    assert other == {}
+
+
 def test_binder_environment_installs_the_book_with_jupytext():
     requirements = (ROOT / "binder" / "requirements.txt").read_text().splitlines()
     assert "-r ../requirements.txt" in requirements
@@ -80,6 +108,8 @@ def test_binder_environment_installs_the_book_with_jupytext():
     assert post_build.stat().st_mode & 0o111  # executable, as Binder requires
     text = post_build.read_text()
     assert "pip install --no-deps -e ." in text and '"markdown": "Jupytext Notebook"' in text
+    fetched = set(re.findall(r"-m (tools\.fetch_\w+)", (ROOT / "Makefile").read_text()))
+    assert len(fetched) >= 3 and all(f"python -m {tool} " in text for tool in fetched), "Binder lacks a fetch of set-up"
 
 
 def test_the_introductions_roadmap_names_every_chapter_of_the_table_of_contents():
@@ -92,3 +122,26 @@ def test_the_introductions_roadmap_names_every_chapter_of_the_table_of_contents(
     named = set(re.findall(r"\{doc\}`([a-z_]+)`", roadmap))
     missing = [c for c in chapters if c.removeprefix("chapters/") not in named]
     assert len(chapters) > 20 and not missing, f"the roadmap of chapters/introduction.md does not name {missing}"
+
+
+def _pins(path: Path) -> dict[str, str]:
+    lines = [line.split("#")[0].strip() for line in path.read_text().splitlines()]
+    pins = {}
+    for line in filter(None, lines):
+        if line.startswith("-"):  # -r, --extra-index-url: not a package
+            continue
+        name, sep, version = line.partition("==")
+        assert sep and version and not any(c in version for c in "<>=*,"), f"{path.name}: {line!r} is not an exact pin"
+        pins[re.sub(r"[-_.]+", "-", name).lower()] = version
+    return pins
+
+
+def test_jupyterlab_is_pinned_apart_and_moves_none_of_the_books_pins():
+    # `make lab` installs requirements-lab.txt into the book's environment: it may only add packages.
+    lab = _pins(ROOT / "requirements-lab.txt")
+    book = {**_pins(ROOT / "requirements.txt"), **_pins(ROOT / "requirements-export.txt")}
+    assert {"jupyterlab", "nbconvert", "jupyter-server"} <= set(lab)
+    assert not set(lab) & set(book), f"requirements-lab.txt repins {sorted(set(lab) & set(book))}"
+    makefile = (ROOT / "Makefile").read_text()
+    assert "pip install --quiet -r requirements-lab.txt" in makefile and "jupyter lab --notebook-dir" in makefile
+    assert '"markdown": "Jupytext Notebook"' in makefile  # .md chapters open as notebooks, as on Binder

@@ -12,8 +12,9 @@ every chapter ends with exercises whose solutions stay hidden until clicked, the
 sidebar and the search page, and saves screenshots of two chapters under `_build/screenshots/`.
 """
 
+import json
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import urljoin, urlparse
 
 import pytest
 import yaml
@@ -160,3 +161,33 @@ def test_search_finds_attention(visit):
     hits = v.page.eval_on_selector_all("#search-results li a", "els => els.map(e => e.href)")
     assert any("attention" in href for href in hits), hits
     assert v.errors == [] and v.outside == []
+
+
+@pytest.mark.parametrize("doc", ["chapters/attention", "chapters/training_run"])
+def test_a_chapter_offers_its_executed_notebook_for_download(doc, visit):
+    page = visit(f"{doc}.html").page
+    link = page.locator("a.btn-download-notebook-button")
+    assert link.count() == 1, "the download menu offers no .ipynb (tools/ipynb_download.py)"
+    response = page.request.get(urljoin(page.url, link.get_attribute("href")))
+    assert response.ok, f"the .ipynb link answers {response.status}"
+    notebook = json.loads(response.text())
+    code = [cell for cell in notebook["cells"] if cell["cell_type"] == "code"]
+    executed = [cell for cell in code if cell.get("execution_count")]
+    assert len(code) > 10 and len(executed) == len(code), "the notebook offered is not the executed one"
+    assert sum(bool(cell.get("outputs")) for cell in code) > len(code) / 3
+
+
+def test_printed_pages_wrap_code_and_print_only_the_solutions_of_what_is_hidden(visit):
+    page = visit("chapters/attention.html").page
+    page.emulate_media(media="print")
+    wrap = page.evaluate("getComputedStyle(document.querySelector('div.highlight pre')).whiteSpace")
+    assert wrap == "pre-wrap", f"printed code does not wrap (white-space {wrap})"
+    body = page.locator("section:not(#exercises) > .cell details.hide")
+    assert body.count() > 0 and not any(body.nth(i).is_visible() for i in range(body.count()))
+    solutions = page.locator("section#exercises details.hide")
+    assert solutions.count() >= 1
+    for i in range(solutions.count()):
+        assert not solutions.nth(i).locator("summary").is_visible(), "a toggle bar is printed"
+        assert solutions.nth(i).locator("pre").first.is_visible(), "a code solution is not printed"
+    page.emulate_media(media="screen")
+    assert page.evaluate("getComputedStyle(document.querySelector('div.highlight pre')).whiteSpace") == "pre"
