@@ -145,3 +145,16 @@ def test_jupyterlab_is_pinned_apart_and_moves_none_of_the_books_pins():
     makefile = (ROOT / "Makefile").read_text()
     assert "pip install --quiet -r requirements-lab.txt" in makefile and "jupyter lab --notebook-dir" in makefile
     assert '"markdown": "Jupytext Notebook"' in makefile  # .md chapters open as notebooks, as on Binder
+
+
+def test_the_chapters_are_numbered_and_the_back_matter_is_not():
+    # Every part but the back matter is numbered; sphinx_multitoc_numbering carries the numbers
+    # across the parts (1, 2, ... to the last chapter) instead of restarting them in each.
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())["sphinx"]["config"]
+    assert "sphinx_multitoc_numbering" in config["extensions"] and config["numfig_secnum_depth"] == 1
+    for part in toc["parts"]:
+        numbered = part["caption"] != "Back matter"
+        assert part.get("numbered", False) is numbered, f"part {part['caption']!r}: numbered should be {numbered}"
+    assert all(entry["file"].startswith("chapters/") for part in toc["parts"] if part.get("numbered")
+               for entry in part["chapters"])
