@@ -10,23 +10,108 @@ as a tool" (chapters/package_as_tool.md: ``load_checkpoint``) and, for averaging
 """
 
 
-__all__ = ['BUILDERS', 'save_checkpoint', 'read_checkpoint', 'restore_checkpoint', 'check_resume', 'resume', 'SaveEvery', 'numbers_model', 'model_of', 'load_checkpoint', 'average_checkpoints']
+__all__ = ['save_torch_file', 'read_torch_file', 'BUILDERS', 'save_checkpoint', 'read_checkpoint', 'restore_checkpoint', 'check_resume', 'resume', 'SaveEvery', 'numbers_model', 'model_of', 'load_checkpoint', 'average_checkpoints']
 
 
 import os
+import re
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any, overload
 import importlib
 
 import torch
 from torch import Tensor, nn
 
-from transformer.files import read_torch_file, save_torch_file
 from transformer.training.config import TrainConfig, make_model
 from transformer.training.loop import Callback, DivergedError, first_non_finite
 from transformer.training.vocab import Vocab
 from transformer.nn.model import Transformer
+
+
+# chapters/training_run.md: Checkpoints
+def save_torch_file(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save(obj, path)``, whole or not at all: save to ``.NAME.PID.partial`` beside ``path``, force
+    it onto the disk, then rename it over ``path``. Partial files of saves killed before their rename
+    (their process is gone) are removed first. A ``path`` that is a folder raises ValueError."""
+    path = Path(path)
+    if path.is_dir():  # the rename would fail only after the whole save, naming the partial file
+        raise ValueError(f"path {os.fspath(path)} is a folder: name a file to save to, such as "
+                         f"{os.fspath(path / 'checkpoint.pt')}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{path.name}.*.partial"):
+        pid = stale.name[len(path.name) + 2:-len(".partial")]
+        if pid.isdigit() and not _running(int(pid)):
+            stale.unlink(missing_ok=True)
+    partial = path.parent / f".{path.name}.{os.getpid()}.partial"
+    try:
+        with open(partial, "wb") as file:
+            torch.save(obj, file)
+            file.flush()
+            os.fsync(file.fileno())  # on the disk, not only in the system's cache, before it replaces anything
+        os.replace(partial, path)  # atomic: readers see the old file or the new one, never a mix
+    finally:
+        partial.unlink(missing_ok=True)  # a save that failed (disk full) leaves nothing behind
+    if os.name == "posix":  # make the rename itself survive a power cut
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` (of this machine) is running; this process's own leftovers count as not."""
+    if pid == os.getpid():
+        return False
+    if os.name != "posix":  # on Windows, os.kill(pid, 0) would end the process: keep its file
+        return True
+    try:
+        os.kill(pid, 0)  # signal 0: no signal, only the check that the process exists
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists, but belongs to another user
+        return True
+    return True
+
+
+# chapters/training_run.md: Checkpoints
+def read_torch_file(path: str | os.PathLike, what: str = "file") -> Any:
+    """``torch.load(path, weights_only=True)`` onto the CPU; FileNotFoundError, or a ValueError that names
+    the file and says what it is (a directory, empty, truncated, not a torch file, pickled code)."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no {what} at {os.fspath(path)}")
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")  # a file refused anyway
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch.load fails in many ways on a file it did not write
+        raise ValueError(f"{os.fspath(path)} cannot be read as a torch {what}: {_what_it_is(path, err)}") from None
+
+
+def _what_it_is(path: str | os.PathLike, err: Exception) -> str:
+    """What the file at ``path`` is, as ``torch.load`` failed on it with ``err``, in words (never torch's advice)."""
+    if os.path.isdir(path):
+        return "it is a directory"
+    try:
+        with open(path, "rb") as file:
+            head = file.read(4)
+    except OSError as error:
+        return f"{error.strerror or error}"
+    unsafe = re.search(r"GLOBAL (\S+)", str(err))  # the safe unpickler met a function to call
+    if unsafe:
+        return f"it holds pickled code ({unsafe.group(1)}), which loading would run: refused"
+    if not head:
+        return "it is empty (0 bytes)"
+    if head == b"PK\x03\x04":  # a zip archive: torch's format
+        if "Weights only" in str(err):
+            return "it holds objects other than tensors and plain values: refused, as they could run code"
+        return "it is truncated or corrupt (a save cut short, or a copy that did not finish?)"
+    if head[:1] == b"\x80":  # pickle's protocol mark
+        return "it is a Python pickle, not a torch file: refused, as unpickling it could run code"
+    return f"it is not a torch file (it starts with {head!r}; a torch file is a zip archive, b'PK\\x03\\x04')"
 
 
 # chapters/training_run.md: Checkpoints
