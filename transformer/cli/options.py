@@ -8,7 +8,7 @@ Defined in the book's chapter "Long runs" (chapters/long_runs.md).
 """
 
 
-__all__ = ['package_version', 'DefaultsHelpFormatter', 'CommandParser', 'field_docs', 'add_config_options', 'read_config_file', 'config_from_args', 'positive_int', 'add_where_options', 'check_where', 'check_machine']
+__all__ = ['package_version', 'DefaultsHelpFormatter', 'CommandParser', 'field_docs', 'add_config_options', 'read_config_file', 'config_from_args', 'positive_int', 'add_where_options', 'check_where', 'check_machine', 'check_threads']
 
 
 import argparse
@@ -192,8 +192,9 @@ def positive_int(text: str) -> int:
     return value
 
 
-def add_where_options(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
-    """Where the run happens: checkpoints, device, progress bar, how processes meet; returns the group."""
+def add_where_options(parser: argparse.ArgumentParser, parallel: bool = True) -> argparse._ArgumentGroup:
+    """Where the run happens: checkpoints, device, progress bar, and (``parallel``: a task that also runs
+    as several processes) how processes meet; returns the group."""
     where = parser.add_argument_group("where")
     where.add_argument("--checkpoint-dir", help="save checkpoint.pt (and more) in this folder, made when training "
                                                 "starts (default: none, nothing is saved)")
@@ -206,16 +207,18 @@ def add_where_options(parser: argparse.ArgumentParser) -> argparse._ArgumentGrou
                        help="where to train: cpu, or cuda, the GPU (default: cuda when torch finds one, here "
                             f"{'cuda' if torch.cuda.is_available() else 'cpu'})")
     where.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
-                       help="show a progress bar (process 0 only)")
-    where.add_argument("--init-method", default="env://",
-                       help="where the processes meet: env:// under torchrun, or file:///a/shared/file")
+                       help="show a progress bar" + (" (process 0 only)" if parallel else ""))
+    if parallel:
+        where.add_argument("--init-method", default="env://",
+                           help="where the processes meet: env:// under torchrun, or file:///a/shared/file")
     return where
 
 
 # chapters/long_runs.md: A command for every run
-def check_where(args: argparse.Namespace, config: TrainConfig) -> None:
+def check_where(args: argparse.Namespace, config: TrainConfig | dict[str, Any]) -> None:
     """The options of ``add_where_options`` can be honoured: the device exists, the checkpoint folder
-    can be written, and a run in it is continued only with ``--resume`` and with the same settings."""
+    can be written, and a run in it is continued only with ``--resume`` and with the same settings
+    (``config``: the run's configuration, or, for a task without a ``TrainConfig``, a dict of its settings)."""
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for, but torch.cuda.is_available() is False")
     for option in ("save_every", "resume"):
@@ -228,7 +231,7 @@ def check_where(args: argparse.Namespace, config: TrainConfig) -> None:
         _check_checkpoint_dir(args.checkpoint_dir, config, args.resume)
 
 
-def _check_checkpoint_dir(folder: str, config: TrainConfig, resume: bool) -> None:
+def _check_checkpoint_dir(folder: str, config: TrainConfig | dict[str, Any], resume: bool) -> None:
     """The folder can be written to, and a checkpoint in it is continued on purpose, with these settings."""
     existing = Path(os.path.abspath(folder))  # the folder is made by the first save: a refused run leaves none
     while not existing.exists() and existing != existing.parent:
@@ -264,6 +267,11 @@ def check_machine(config: TrainConfig, vocab_size: int, device: str) -> None:
         raise ValueError(f"the model these settings describe has about {parameters:,} parameters: training it needs "
                          f"{16 * parameters / 2**30:,.1f} GiB or more, and the {device} has {memory / 2**30:,.1f} GiB "
                          f"(--d-model {d}, --d-ff {config.d_ff}, --num-layers {layers}, --max-len {config.max_len})")
+    check_threads(config.num_threads)
+
+
+def check_threads(num_threads: int | None, flag: str = "--num-threads") -> None:
+    """Refuse more CPU threads than this machine has cores (None: torch's own setting), naming ``flag``."""
     cores = os.cpu_count() or 1
-    if config.num_threads is not None and config.num_threads > cores:
-        raise ValueError(f"--num-threads {config.num_threads} is more than the {cores} cores of this machine")
+    if num_threads is not None and num_threads > cores:
+        raise ValueError(f"{flag} {num_threads} is more than the {cores} cores of this machine")

@@ -228,16 +228,18 @@ def train_translator(parser: argparse.ArgumentParser, args: argparse.Namespace, 
 
 
 # chapters/scaling_out.md: Putting it together
-def stopped(prog: str, stop: BaseException, folder: str | None, steps: int) -> int:
+def stopped(prog: str, stop: BaseException, folder: str | None, steps: int,
+            slower: str = "a smaller --lr-factor (or with --clip 1)") -> int:
     """Say on stderr, in one line, why a run of ``steps`` steps stopped (``DivergedError``, or
-    ``KeyboardInterrupt``: Ctrl-C), what ``folder`` kept and how to go on; return the exit status, 2 or 130."""
+    ``KeyboardInterrupt``: Ctrl-C), what ``folder`` kept and how to go on (after a divergence: with
+    ``slower``, the task's smaller steps); return the exit status, 2 or 130."""
     path = None if folder is None else os.path.join(folder, "checkpoint.pt")
     step = read_checkpoint(path)["step"] if path is not None and os.path.isfile(path) else None
     kept = (f"{path} holds step {step} of {steps}" if step is not None else
             "no checkpoint was saved" + (" (no --checkpoint-dir)" if folder is None else ""))
     if isinstance(stop, DivergedError):
-        how = ("resume from it with a lower rate: the same command with --resume and a smaller --lr-factor "
-               "(or with --clip 1)" if step is not None else "start again with a smaller --lr-factor (or with --clip 1)")
+        how = (f"resume from it with a lower rate: the same command with --resume and {slower}"
+               if step is not None else f"start again with {slower}")
         print(f"{prog}: error: {stop}; {kept}: {how}", file=sys.stderr)
         return 2
     how = ": the same command with --resume goes on from there" if step is not None else ""
