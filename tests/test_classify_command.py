@@ -184,7 +184,7 @@ def one_line_refusal(run: subprocess.CompletedProcess) -> str:
     return lines[1]
 
 
-def test_a_finished_run_is_refused_and_resume_continues_it(tmp_path):
+def test_a_finished_run_is_refused_and_resume_continues_it(tmp_path, capsys):
     train = write_lines(tmp_path / "train.jsonl", toy_rows(32, 0))
     valid = write_lines(tmp_path / "valid.jsonl", toy_rows(8, 1))
     run = ["train", "--task", "classify", "--train", str(train), "--valid", str(valid), *TINY,
@@ -195,8 +195,10 @@ def test_a_finished_run_is_refused_and_resume_continues_it(tmp_path):
     line = one_line_refusal(transformer(*run))  # the same command again: refused, nothing replaced
     assert "holds a run already (checkpoint.pt, at step 2): pass --resume to continue it" in line
     assert (tmp_path / "run" / "classifier.pt").read_bytes() == written
-    line = one_line_refusal(transformer(*run, "--resume", "--seed", "1"))  # another run than the one saved
-    assert "cannot resume from" in line and "seed=0 there, 1 here" in line
+    with pytest.raises(SystemExit) as stop:  # another run than the one saved
+        command([*run, "--resume", "--seed", "1"])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert stop.value.code == 2 and "cannot resume from" in line and "seed=0 there, 1 here" in line
     resumed = transformer(*run, "--resume", "--steps", "4", "--progress")
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming from {tmp_path / 'run' / 'checkpoint.pt'} at step 2 of 4" in resumed.stdout
@@ -204,8 +206,9 @@ def test_a_finished_run_is_refused_and_resume_continues_it(tmp_path):
     assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["step"] == 4
     (tmp_path / "only").mkdir()  # a classifier without its run's state, as in models/: never replaced
     (tmp_path / "only" / "classifier.pt").write_bytes(written)
-    line = one_line_refusal(transformer(*run[:-1], str(tmp_path / "only")))
-    assert "holds a classifier already (classifier.pt" in line
+    with pytest.raises(SystemExit) as stop:
+        command([*run[:-1], str(tmp_path / "only")])
+    assert stop.value.code == 2 and "holds a classifier already (classifier.pt" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -269,10 +272,11 @@ def test_a_run_stopped_and_resumed_ends_as_one_that_ran_through(tmp_path, capsys
     assert next(histories) == next(histories)  # five losses, the same
 
 
-def test_classify_reads_stdin_and_answers_every_line_on_its_line(tmp_path):
+def test_classify_reads_stdin_and_answers_every_line_on_its_line(tmp_path, capsys):
     train = write_lines(tmp_path / "train.jsonl", toy_rows(32, 0))
-    assert transformer("train", "--task", "classify", "--train", str(train), "--valid", str(train), *TINY,
-                       "--checkpoint-dir", str(tmp_path / "run")).returncode == 0
+    assert command(["train", "--task", "classify", "--train", str(train), "--valid", str(train), *TINY,
+                    "--checkpoint-dir", str(tmp_path / "run")]) == 0
+    capsys.readouterr()
     checkpoint = str(tmp_path / "run" / "classifier.pt")
     lines = ['{"text": "refund the lunch", "id": 7}', "", '{"text": "meeting notes"}', "   ",
              '{"text": "refund", "id": "b"}']
@@ -283,7 +287,8 @@ def test_classify_reads_stdin_and_answers_every_line_on_its_line(tmp_path):
     answers = [json.loads(line) for line in out if line]
     assert [answer.get("id") for answer in answers] == [7, None, "b"] and list(answers[0]) == ["id", "label", "score"]
     alone = write_lines(tmp_path / "texts.jsonl", [{"text": json.loads(line)["text"]} for line in lines if line.strip()])
-    by_file = transformer("classify", "--checkpoint", checkpoint, "--input", str(alone)).stdout.splitlines()
+    assert command(["classify", "--checkpoint", checkpoint, "--input", str(alone)]) == 0
+    by_file = capsys.readouterr().out.splitlines()
     assert [{k: v for k, v in a.items() if k != "id"} for a in answers] == [json.loads(line) for line in by_file]
     line = one_line_refusal(transformer("classify", "--checkpoint", checkpoint, "--input", "-",
                                         stdin='{"text": "a"}\n\n{"txt": "b"}\n'))
