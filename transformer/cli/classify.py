@@ -24,7 +24,8 @@ from typing import Any, cast
 import torch
 
 from transformer.checks import check_fits_in_memory, check_number
-from transformer.cli.options import CommandParser, add_where_options, check_threads, check_where, positive_int
+from transformer.cli.options import (CommandParser, add_where_options, check_threads, check_where, positive_int,
+    stopped, where_it_starts)
 from transformer.files import read_lines
 from transformer.nn.encoder_only import SequenceClassifier
 from transformer.tasks.classifier import accuracy, train_classifier
@@ -212,8 +213,6 @@ def check_train_arguments(args: argparse.Namespace) -> tuple[list[dict], list[di
 
 def train_main(argv: Sequence[str] | None = None, prog: str = "transformer train") -> int:
     """``transformer train --task classify --train FILE --valid FILE [options]``."""
-    from transformer.cli.train import _where_it_starts, stopped  # the other tasks' words for a run resumed or stopped
-
     parser = build_train_parser(prog)
     args = parser.parse_args(argv)
     try:
@@ -250,7 +249,7 @@ def train_main(argv: Sequence[str] | None = None, prog: str = "transformer train
         save_classifier(folder / "checkpoint.pt", model, {**settings, **run}, tokenizer, labels, length, args.reads,
                         optimizer, scheduler, step, history)
 
-    start = _where_it_starts(args.checkpoint_dir, args.steps) if args.resume else 0
+    start = where_it_starts(args.checkpoint_dir, args.steps) if args.resume else 0
     try:
         train_classifier(model.to(args.device), x, y, steps=args.steps, batch_size=min(args.batch_size, len(x)),
                          lr=args.lr, warmup=run["warmup"], seed=args.seed, num_threads=args.num_threads,
