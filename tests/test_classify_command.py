@@ -2,7 +2,10 @@
 classify``, ``transformer classify`` and the committed spam classifier, models/spam-classifier."""
 
 import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -146,8 +149,7 @@ def test_ctrl_c_stops_classify_and_its_trainer_with_130_and_one_line(tmp_path, c
     monkeypatch.setattr("transformer.cli.classify.train_classifier", interrupted)
     assert command(["train", "--task", "classify", "--train", str(rows), "--valid", str(rows), "--vocab-size", "60",
                     "--checkpoint-dir", str(tmp_path / "run")]) == 130
-    assert capsys.readouterr().err == ("transformer train --task classify: interrupted (Ctrl-C); nothing was saved "
-                                       "(a classifier is written when its run ends)\n")
+    assert capsys.readouterr().err == "transformer train --task classify: interrupted (Ctrl-C); no checkpoint was saved\n"
     assert not (tmp_path / "run").exists()
 
 
@@ -160,3 +162,134 @@ def test_a_classifier_with_a_weight_that_is_not_finite_is_refused_naming_file_an
     save_torch_file(checkpoint, tmp_path / "nan.pt")
     with pytest.raises(ValueError, match=rf"nan.pt: the weight '{name}' is not finite \(nan or inf\): refused"):
         load_classifier(tmp_path / "nan.pt")
+
+
+# --- the manners of the other tasks (issue 46, item 5) ---------------------------------------------
+
+TINY = ["--steps", "2", "--batch-size", "8", "--vocab-size", "60", "--length", "16", "--no-progress"]
+
+
+def transformer(*argv: str, stdin: str | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """``python -m transformer ARGV`` as a reader runs it, one thread, output captured."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "transformer", *argv], input=stdin, cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def one_line_refusal(run: subprocess.CompletedProcess) -> str:
+    """The error line of a command refused with status 2: the usage's first line, then it, and no more."""
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 2 and len(lines) == 2 and lines[0].startswith("usage:"), run.stderr
+    assert "error: " in lines[1] and "Traceback" not in run.stderr, run.stderr
+    return lines[1]
+
+
+def test_a_finished_run_is_refused_and_resume_continues_it(tmp_path, capsys):
+    train = write_lines(tmp_path / "train.jsonl", toy_rows(32, 0))
+    valid = write_lines(tmp_path / "valid.jsonl", toy_rows(8, 1))
+    run = ["train", "--task", "classify", "--train", str(train), "--valid", str(valid), *TINY,
+           "--checkpoint-dir", str(tmp_path / "run")]
+    first = transformer(*run)
+    assert first.returncode == 0, first.stderr
+    written = (tmp_path / "run" / "classifier.pt").read_bytes()
+    line = one_line_refusal(transformer(*run))  # the same command again: refused, nothing replaced
+    assert "holds a run already (checkpoint.pt, at step 2): pass --resume to continue it" in line
+    assert (tmp_path / "run" / "classifier.pt").read_bytes() == written
+    with pytest.raises(SystemExit) as stop:  # another run than the one saved
+        command([*run, "--resume", "--seed", "1"])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert stop.value.code == 2 and "cannot resume from" in line and "seed=0 there, 1 here" in line
+    resumed = transformer(*run, "--resume", "--steps", "4", "--progress")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming from {tmp_path / 'run' / 'checkpoint.pt'} at step 2 of 4" in resumed.stdout
+    assert "training: " in resumed.stderr and "2/2" in resumed.stderr  # the progress bar, over the two new steps
+    assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["step"] == 4
+    (tmp_path / "only").mkdir()  # a classifier without its run's state, as in models/: never replaced
+    (tmp_path / "only" / "classifier.pt").write_bytes(written)
+    with pytest.raises(SystemExit) as stop:
+        command([*run[:-1], str(tmp_path / "only")])
+    assert stop.value.code == 2 and "holds a classifier already (classifier.pt" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--lr", "nan"], "--lr must be a number > 0, got nan"),
+    (["--lr", "-1"], "--lr must be a number > 0, got -1.0"),
+    (["--length", "1e9"], "--length: expected a positive integer, got '1e9'"),
+    (["--length", "1000000000"], "--length=1,000,000,000 is too large"),
+    (["--pretrained", str(ROOT / "models" / "multi30k")], "is not a pre-trained encoder's folder: it has no tokenizer.json"),
+    (["--pretrained", "FOLDER"], "not a masked language model ("),
+    (["--checkpoint-dir", "FILE"], "cannot be written: "),
+    (["--num-threads", "100000"], "--num-threads 100000 is more than the"),
+    (["--save-every", "1"], "--save-every needs --checkpoint-dir"),
+    (["--device", "cuda"], "--device cuda was asked for") if not torch.cuda.is_available() else
+    (["--seed", "-1"], "--seed must be in [0, 2**64)"),
+])
+def test_a_bad_value_is_one_line_and_status_2_before_any_work(tmp_path, capsys, monkeypatch, extra, message):
+    from transformer.files import read_torch_file, save_torch_file
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("work was started before the options were checked")
+
+    rows = write_lines(tmp_path / "rows.jsonl", toy_rows(16, 0))
+    folder = tmp_path / "not-an-mlm"  # a model.pt of another kind (the digit detector's settings) and a tokenizer
+    folder.mkdir()
+    save_torch_file({**read_torch_file(ROOT / "models" / "digit-detector" / "model.pt")}, folder / "model.pt")
+    (folder / "tokenizer.json").write_text("{}")
+    extra = [{"FOLDER": str(folder), "FILE": str(rows)}.get(value, value) for value in extra]
+    for name in ("train_classifier", "email_tokenizer"):
+        monkeypatch.setattr(f"transformer.cli.classify.{name}", no_work)
+    with pytest.raises(SystemExit) as stop:
+        command(["train", "--task", "classify", "--train", str(rows), "--valid", str(rows), *TINY, *extra])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 2 and message in err[1], err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["not-an-mlm", "rows.jsonl"]  # no folder made
+
+
+def test_a_run_stopped_and_resumed_ends_as_one_that_ran_through(tmp_path, capsys, monkeypatch):
+    import transformer.training.loop as loop
+
+    train = write_lines(tmp_path / "train.jsonl", toy_rows(32, 0))
+    run = ["train", "--task", "classify", "--train", str(train), "--valid", str(train), *TINY, "--steps", "5"]
+    assert command([*run, "--checkpoint-dir", str(tmp_path / "through")]) == 0
+    step = loop.optimizer_step
+
+    def ctrl_c_at_step_4(*args, **kwargs):
+        if kwargs["step"] == 4:
+            raise KeyboardInterrupt
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "optimizer_step", ctrl_c_at_step_4)
+    stopped = [*run, "--checkpoint-dir", str(tmp_path / "stopped"), "--save-every", "2"]
+    assert command(stopped) == 130
+    assert capsys.readouterr().err.endswith(f"{tmp_path / 'stopped' / 'checkpoint.pt'} holds step 2 of 5: the same "
+                                            "command with --resume goes on from there\n")
+    monkeypatch.setattr(loop, "optimizer_step", step)
+    assert command([*stopped, "--resume"]) == 0
+    through, resumed = (load_classifier(tmp_path / name / "classifier.pt")[2]["model"] for name in ("through", "stopped"))
+    assert all(torch.equal(through[name], resumed[name]) for name in through)
+    histories = (torch.load(tmp_path / name / "checkpoint.pt", weights_only=True)["history"]["loss"]
+                 for name in ("through", "stopped"))
+    assert next(histories) == next(histories)  # five losses, the same
+
+
+def test_classify_reads_stdin_and_answers_every_line_on_its_line(tmp_path, capsys):
+    train = write_lines(tmp_path / "train.jsonl", toy_rows(32, 0))
+    assert command(["train", "--task", "classify", "--train", str(train), "--valid", str(train), *TINY,
+                    "--checkpoint-dir", str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    checkpoint = str(tmp_path / "run" / "classifier.pt")
+    lines = ['{"text": "refund the lunch", "id": 7}', "", '{"text": "meeting notes"}', "   ",
+             '{"text": "refund", "id": "b"}']
+    run = transformer("classify", "--checkpoint", checkpoint, "--input", "-", stdin="\n".join(lines) + "\n")
+    assert run.returncode == 0, run.stderr
+    out = run.stdout.split("\n")
+    assert len(out) == len(lines) + 1 and out[-1] == "" and out[1] == out[3] == ""  # one line out per line in
+    answers = [json.loads(line) for line in out if line]
+    assert [answer.get("id") for answer in answers] == [7, None, "b"] and list(answers[0]) == ["id", "label", "score"]
+    alone = write_lines(tmp_path / "texts.jsonl", [{"text": json.loads(line)["text"]} for line in lines if line.strip()])
+    assert command(["classify", "--checkpoint", checkpoint, "--input", str(alone)]) == 0
+    by_file = capsys.readouterr().out.splitlines()
+    assert [{k: v for k, v in a.items() if k != "id"} for a in answers] == [json.loads(line) for line in by_file]
+    line = one_line_refusal(transformer("classify", "--checkpoint", checkpoint, "--input", "-",
+                                        stdin='{"text": "a"}\n\n{"txt": "b"}\n'))
+    assert "stdin, line 3: expected a JSON object with fields ['text']" in line

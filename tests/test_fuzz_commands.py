@@ -361,7 +361,7 @@ FLAG_BASES: dict[tuple[str, str | None], tuple[list[str], bytes]] = {
                                 "--checkpoint-dir", "out", *[x for pair in PARALLEL.items() for x in pair]], b""),
     ("train", "classify"): (["train", "--task", "classify", "--train", "labels.jsonl", "--valid", "labels.jsonl",
                              "--steps", "2", "--batch-size", "4", "--vocab-size", "40", "--length", "8",
-                             "--checkpoint-dir", "out"], b""),
+                             "--no-progress", "--device", "cpu", "--checkpoint-dir", "out"], b""),
     ("translate", None): (["translate", "--checkpoint", str(MODEL), "--no-progress", "--device", "cpu",
                            "--threads", "1"], b"Ein Hund.\n"),
     ("classify", None): (["classify", "--checkpoint", str(ROOT / "models" / "spam-classifier" / "classifier.pt"),

@@ -11,7 +11,7 @@ Defined in the book's chapter "Scaling out" (chapters/scaling_out.md).
 """
 
 
-__all__ = ['TRAINERS', 'build_numbers_parser', 'build_multi30k_parser', 'check_multi30k_arguments', 'check_numbers_arguments', 'run_training', 'multi30k_main', 'Pairs', 'train_translator', 'stopped', 'numbers_main', 'main', 'build_translation_parser', 'translation_main', 'classify_main']
+__all__ = ['TRAINERS', 'build_numbers_parser', 'build_multi30k_parser', 'check_multi30k_arguments', 'check_numbers_arguments', 'run_training', 'multi30k_main', 'Pairs', 'train_translator', 'numbers_main', 'main', 'build_translation_parser', 'translation_main', 'classify_main']
 
 
 import argparse
@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from transformer.cli.options import (CommandParser, add_config_options, add_where_options, check_machine, check_where,
-    config_from_args, positive_int)
+    config_from_args, positive_int, stopped, where_it_starts)
 from transformer.training.config import TrainConfig, make_model
 from transformer.tasks.multi30k import TranslationConfig, make_translation_model, PAD_ID, load_multi30k
 from transformer.training.checkpoint import average_checkpoints, read_checkpoint
@@ -118,24 +118,12 @@ def check_numbers_arguments(args: argparse.Namespace, world_size: int = 1) -> Tr
 
 
 # chapters/scaling_out.md: Putting it together
-def _where_it_starts(folder: str, steps: int) -> int:
-    """Say where a ``--resume`` run in ``folder`` starts (process 0 says it); return that step."""
-    path = os.path.join(folder, "checkpoint.pt")
-    if not os.path.isfile(path):
-        print(f"no checkpoint in {folder} yet: starting from step 0")
-        return 0
-    step = read_checkpoint(path)["step"]
-    print(f"resuming from {path} at step {step} of {steps}" if step < steps else
-          f"resuming from {path}: the run is already complete, step {step} of {steps}")
-    return step
-
-
 def _train_here(args: argparse.Namespace, config: TrainConfig, rank: int, world_size: int, device: torch.device,
                 train_numbers: list[int], valid_numbers: list[int]) -> Transformer:
     """This process's part of the run: ``fit``, with the hooks when there are several processes."""
     path = None if args.checkpoint_dir is None else os.path.join(args.checkpoint_dir, "checkpoint.pt")
     resume = path if args.resume and path is not None and os.path.isfile(path) else None
-    start = _where_it_starts(args.checkpoint_dir, config.steps) if args.resume and rank == 0 else 0
+    start = where_it_starts(args.checkpoint_dir, config.steps) if args.resume and rank == 0 else 0
     parallel = data_parallel_options(rank, world_size, target_vocab().pad_id)
     model, _ = fit(config, train_numbers, valid_numbers if rank == 0 else None,
                    device=device, progress=args.progress and rank == 0 and start < config.steps, resume_from=resume,
@@ -199,7 +187,7 @@ def train_translator(parser: argparse.ArgumentParser, args: argparse.Namespace, 
     try:
         train, valid = data()
         parallel = data_parallel_options(rank, world_size, PAD_ID)
-        start = _where_it_starts(args.checkpoint_dir, config.steps) if args.resume and rank == 0 else 0
+        start = where_it_starts(args.checkpoint_dir, config.steps) if args.resume and rank == 0 else 0
         try:
             model, tokenizer, _ = fit_translation(
                 config, train, valid if rank == 0 else None, device=device,
@@ -225,24 +213,6 @@ def train_translator(parser: argparse.ArgumentParser, args: argparse.Namespace, 
     finally:
         if world_size > 1:
             torch.distributed.destroy_process_group()
-
-
-# chapters/scaling_out.md: Putting it together
-def stopped(prog: str, stop: BaseException, folder: str | None, steps: int) -> int:
-    """Say on stderr, in one line, why a run of ``steps`` steps stopped (``DivergedError``, or
-    ``KeyboardInterrupt``: Ctrl-C), what ``folder`` kept and how to go on; return the exit status, 2 or 130."""
-    path = None if folder is None else os.path.join(folder, "checkpoint.pt")
-    step = read_checkpoint(path)["step"] if path is not None and os.path.isfile(path) else None
-    kept = (f"{path} holds step {step} of {steps}" if step is not None else
-            "no checkpoint was saved" + (" (no --checkpoint-dir)" if folder is None else ""))
-    if isinstance(stop, DivergedError):
-        how = ("resume from it with a lower rate: the same command with --resume and a smaller --lr-factor "
-               "(or with --clip 1)" if step is not None else "start again with a smaller --lr-factor (or with --clip 1)")
-        print(f"{prog}: error: {stop}; {kept}: {how}", file=sys.stderr)
-        return 2
-    how = ": the same command with --resume goes on from there" if step is not None else ""
-    print(f"{prog}: interrupted (Ctrl-C); {kept}{how}", file=sys.stderr)
-    return 130
 
 
 # chapters/scaling_out.md: Putting it together

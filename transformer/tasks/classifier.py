@@ -11,6 +11,7 @@ Defined in the book's chapter "Encoder-only: a sequence classifier"
 __all__ = ['accuracy', 'classification_loss', 'peak_rate', 'train_classifier', 'SequenceClassifier']
 
 
+import itertools
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -22,6 +23,7 @@ from torch import Tensor, nn
 from transformer.checks import check_positive_int, check_tensor, check_token_tensor
 from transformer.nn.encoder_only import SequenceClassifier
 from transformer.nn.modes import evaluating
+from transformer.training.checkpoint import SaveEvery, resume
 from transformer.training.loop import Evaluate, Progress, run_settings, run_steps
 from transformer.training.schedules import make_adam, warmup_rate
 
@@ -94,7 +96,9 @@ def train_classifier(model: nn.Module, inputs: Tensor, labels: Tensor, steps: in
                      batch_size: int = 128, lr: float = 2e-3, warmup: int = 60, seed: int = 0,
                      valid: tuple[Tensor, Tensor] | None = None, eval_every: int = 50,
                      clip: float | None = 1.0, pad_id: int | None = 0, num_threads: int | None = 1,
-                     progress: bool = False, cooldown: float = 0.25) -> dict[str, list]:
+                     progress: bool = False, cooldown: float = 0.25, *, resume_from: dict | None = None,
+                     save: Callable[[int, torch.optim.Optimizer, Any, dict], None] | None = None,
+                     save_every: int | None = None) -> dict[str, list]:
     """Train ``model`` in place on (inputs (M, ...), labels (M,)) with cross-entropy; return the history.
 
     Adam (betas 0.9, 0.98, eps 1e-9); the learning rate rises linearly to ``lr`` in ``warmup`` steps,
@@ -105,6 +109,12 @@ def train_classifier(model: nn.Module, inputs: Tensor, labels: Tensor, steps: in
     cut off (the model must ignore padding, as ``SequenceClassifier`` does), or, with
     ``pad_id=None``, anything the model reads, such as images (M, C, H, W). The model is left in
     eval mode.
+
+    A run can be saved and continued: ``save(step, optimizer, scheduler, history)`` is called every
+    ``save_every`` steps (None: never) and after the last, and ``resume_from``, a checkpoint that
+    ``save`` wrote (as ``read_checkpoint`` returns it), continues that run up to ``steps`` in all: its
+    weights, optimiser, schedule, random state and history (``resume``), the batches it took skipped,
+    so that a run stopped and continued ends as one that ran through.
 
     Returns:
         History lists: "step", "lr", "loss", "accuracy" and "grad_norm" of each training batch; with ``valid``
@@ -117,7 +127,11 @@ def train_classifier(model: nn.Module, inputs: Tensor, labels: Tensor, steps: in
                                                     "valid_step", "valid_accuracy")}
     with run_settings(seed, num_threads):
         optimizer, scheduler = make_adam(model.parameters(), peak_rate(lr, warmup, steps, cooldown))
-        batches = ((x.to(device), y.to(device)) for x, y in _batches(inputs, labels, batch_size, seed, pad_id))
+        step = 0
+        if resume_from is not None:
+            step, history = resume(resume_from, "resume_from", model, optimizer, scheduler)
+        done = itertools.islice(_batches(inputs, labels, batch_size, seed, pad_id), step, None)  # from step + 1
+        batches = ((x.to(device), y.to(device)) for x, y in done)
 
         def validate(step: int) -> dict[str, str]:
             assert valid is not None  # validate is passed only with it
@@ -125,10 +139,17 @@ def train_classifier(model: nn.Module, inputs: Tensor, labels: Tensor, steps: in
             history["valid_accuracy"].append(accuracy(model, *valid))
             return {"valid_accuracy": f"{history['valid_accuracy'][-1]:.1%}"}
 
+        def save_now(step: int) -> None:
+            assert save is not None  # save_now is called only with it
+            save(step, optimizer, scheduler, history)
+
         model.train()
-        run_steps(model, batches, optimizer, scheduler, classification_loss, steps, history, clip=clip,
-                  callbacks=[*([Progress()] if progress else []),
-                             *([Evaluate(validate, eval_every)] if valid is not None else [])])
+        step = run_steps(model, batches, optimizer, scheduler, classification_loss, steps, history, step, clip=clip,
+                         callbacks=[*([Progress()] if progress else []),
+                                    *([Evaluate(validate, eval_every)] if valid is not None else []),
+                                    *([SaveEvery(save_now, save_every)] if save is not None and save_every else [])])
+        if save is not None:
+            save_now(step)
     model.eval()
     return history
 

@@ -272,9 +272,10 @@ def restore_checkpoint(checkpoint: dict, model: nn.Module, optimizer: torch.opti
 
 # chapters/training_run.md: Resuming exactly
 # A resumed run may go on for more steps, evaluate differently, use other threads, or take smaller or
-# clipped steps (a run that diverged goes on from its last good checkpoint with a lower rate); anything
-# else would silently continue another run than the one it claims to continue.
-_MAY_CHANGE_ON_RESUME = ("steps", "eval_every", "eval_size", "num_threads", "lr_factor", "clip")
+# clipped steps (a run that diverged goes on from its last good checkpoint with a lower rate: its
+# `lr_factor`, or the peak `lr` of the encoder tasks); anything else would silently continue another run
+# than the one it claims to continue.
+_MAY_CHANGE_ON_RESUME = ("steps", "eval_every", "eval_size", "num_threads", "lr_factor", "lr", "clip")
 
 
 def check_resume(checkpoint: dict, config: Any, path: str | os.PathLike,
