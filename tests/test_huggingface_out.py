@@ -238,3 +238,14 @@ def test_a_tokenizer_of_another_size_or_none_is_refused_by_name(committed):
         to_huggingface(small, tokenizer)
     with pytest.raises(TypeError, match="tokenizer must be the model's tokenizers.Tokenizer, got NoneType"):
         to_huggingface(model, None)
+
+
+def test_exporting_prints_no_progress_bar_and_leaves_transformers_setting_alone(tmp_path, capfd):
+    # transformers draws a "Writing model shards" bar on stderr; the command's output is its own lines
+    # (a Ctrl-C during the export must leave one line), and a library caller's setting is kept.
+    from transformers.utils import logging as hf_logging
+
+    assert hf_logging.is_progress_bar_enabled()
+    export_huggingface(MODEL, tmp_path / "hf")
+    assert "Writing model shards" not in capfd.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()

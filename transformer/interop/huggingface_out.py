@@ -192,10 +192,18 @@ def export_huggingface(checkpoint: str | os.PathLike, out: str | os.PathLike) ->
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"--out {out} exists and is not an empty folder")
+    from transformers.utils import logging as hf_logging
+
     model, tokenizer = load_translator(checkpoint)
     hf_model, hf_tokenizer = to_huggingface(model, tokenizer)
-    hf_model.save_pretrained(out)
-    hf_tokenizer.save_pretrained(out)
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a command's output is its own lines: no bar of transformers'
+    try:
+        hf_model.save_pretrained(out)
+        hf_tokenizer.save_pretrained(out)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
     (out / "README.md").write_text(model_card(checkpoint, out.name), encoding="utf-8")
     mode = (out / "README.md").stat().st_mode & 0o777  # a file as this process makes them (0644 under umask 022)
     for file in out.iterdir():  # safetensors writes its file 0600, through a private temporary file
