@@ -190,3 +190,29 @@ def test_a_finished_run_takes_no_steps_and_is_not_refused():
     history: dict[str, list] = {}
     assert run_steps(model, iter(batches), optimizer, scheduler, classification_loss, 3, history, 5) == 5
     assert history == {}
+
+
+def test_a_step_that_raises_tells_every_callback_which_closes_its_bar_first(capsys):
+    from transformer.training.loop import Progress
+
+    line, optimizer, stream = _diverging_run()
+    stopped = []
+
+    class Record(Callback):
+        def on_train_stop(self, step, error):
+            stopped.append((step, type(error).__name__))
+
+    progress = Progress()
+    with pytest.raises(DivergedError):
+        run_steps(line, stream, optimizer, None, _squared_error, 5, {}, callbacks=[progress, Record()])
+    assert stopped == [(2, "DivergedError")]
+    assert progress.bar.disable  # closed: nothing more is drawn after the error's message
+
+    def interrupted(net, batch):  # Ctrl-C inside a step: a KeyboardInterrupt reaches the callbacks too
+        raise KeyboardInterrupt
+
+    stopped.clear()
+    line, optimizer, stream = _diverging_run()
+    with pytest.raises(KeyboardInterrupt):
+        run_steps(line, stream, optimizer, None, interrupted, 5, {}, callbacks=[Record()])
+    assert stopped == [(1, "KeyboardInterrupt")]

@@ -117,6 +117,9 @@ class Callback:
     def on_train_end(self, step: int) -> None:
         """After the last step taken."""
 
+    def on_train_stop(self, step: int, error: BaseException) -> None:
+        """When step ``step`` raised ``error`` (a divergence, Ctrl-C): the run ends there, unfinished."""
+
 
 _END = object()  # what ``next`` gives for a stream that has run out
 
@@ -138,22 +141,27 @@ def run_steps(net: nn.Module, stream: Iterator[Any], optimizer: torch.optim.Opti
         raise TypeError(f"history must be a dict (of lists, filled per step), got {type(history).__name__}")
     for callback in callbacks:
         callback.on_train_begin(step + 1, steps)
-    for step in range(step + 1, steps + 1):
-        lr = optimizer.param_groups[0]["lr"]
-        batch = next(stream, _END)
-        if batch is _END:
-            raise ValueError(f"stream ran out of batches before step {step} of {steps}: it must yield one per step")
+    try:
+        for step in range(step + 1, steps + 1):
+            lr = optimizer.param_groups[0]["lr"]
+            batch = next(stream, _END)
+            if batch is _END:
+                raise ValueError(f"stream ran out of batches before step {step} of {steps}: it must yield one per step")
+            for callback in callbacks:
+                batch = callback.on_step_begin(step, batch)
+            loss, metrics, grad_norm = optimizer_step(net, batch, optimizer, scheduler, loss_fn, clip, step=step)
+            record = {"step": step, "lr": lr, "loss": loss, **metrics, "grad_norm": grad_norm}
+            for key, value in record.items():
+                history.setdefault(key, []).append(value)
+            measured: dict[str, str] = {}
+            for callback in callbacks:
+                measured.update(callback.on_step_end(step, record) or {})
+            for callback in callbacks if measured else ():
+                callback.on_evaluate(step, measured)
+    except BaseException as error:  # a divergence, Ctrl-C: the callbacks close what they opened
         for callback in callbacks:
-            batch = callback.on_step_begin(step, batch)
-        loss, metrics, grad_norm = optimizer_step(net, batch, optimizer, scheduler, loss_fn, clip, step=step)
-        record = {"step": step, "lr": lr, "loss": loss, **metrics, "grad_norm": grad_norm}
-        for key, value in record.items():
-            history.setdefault(key, []).append(value)
-        measured: dict[str, str] = {}
-        for callback in callbacks:
-            measured.update(callback.on_step_end(step, record) or {})
-        for callback in callbacks if measured else ():
-            callback.on_evaluate(step, measured)
+            callback.on_train_stop(step, error)
+        raise
     for callback in callbacks:
         callback.on_train_end(step)
     return step
@@ -175,6 +183,9 @@ class Progress(Callback):
 
     def on_train_end(self, step: int) -> None:
         self.bar.close()
+
+    def on_train_stop(self, step: int, error: BaseException) -> None:
+        self.bar.close()  # now, before the error's message, not after it when the bar is collected
 
 
 class Evaluate(Callback):
