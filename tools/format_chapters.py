@@ -185,6 +185,15 @@ def _comment_prefix(comment: str) -> str | None:
 ITEM = re.compile(r"^(- |\* |\d+[.)] |[A-Za-z_][\w.]*: |[(\[].*(->|@))")
 
 
+def _cut(line: str) -> int:
+    """The last space at or before LINE_LENGTH that is not inside an inline literal (````x y````
+    or ```x y```), or -1."""
+    cut = line.rfind(" ", 0, LINE_LENGTH + 1)
+    while cut > 0 and (line[:cut].count("``") % 2 or line[:cut].replace("``", "").count("`") % 2):
+        cut = line.rfind(" ", 0, cut)
+    return cut
+
+
 def move_trailing_comments(source: str) -> str:
     """Put a trailing comment that makes its line longer than LINE_LENGTH on its own line above."""
     lines = source.split("\n")
@@ -219,7 +228,7 @@ def wrap_comment_lines(source: str) -> str:
         if (len(line) <= LINE_LENGTH or prefix is None or (i == 0 and comment.startswith("# export:"))):
             i += 1
             continue
-        cut = line.rfind(" ", 0, LINE_LENGTH + 1)
+        cut = _cut(line)
         if cut <= len(indent) + len(prefix):
             i += 1
             continue
@@ -277,7 +286,7 @@ def wrap_docstrings(source: str) -> str:
         i = 0
         while i < len(block):
             line, indent = block[i], _indent(block[i])
-            cut = line.rfind(" ", 0, LINE_LENGTH + 1)
+            cut = _cut(line)
             if len(line) <= LINE_LENGTH or (i > 0 and NOT_PROSE.match(line) and ": " not in line) \
                     or cut <= len(indent) + 4:
                 i += 1
