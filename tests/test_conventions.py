@@ -1,4 +1,4 @@
-"""The book's conventions, checked on every chapter: figures, exercises (issue 23).
+"""The book's conventions, checked on every chapter: figures, exercises (issue 23), code a page can show (issue 48).
 
 A chapter's length is advice, not a check: ``make lint`` lists the chapters over 900 lines (``tools/sizes.py``).
 """
@@ -102,4 +102,22 @@ def test_title_has_no_math(path):
     assert "$" not in title and "\\(" not in title, (
         f"{path.name}'s title {title!r} has math; write it in text (e.g. *n* × *n*), "
         "since the sidebar shows it on pages that do not load MathJax"
+    )
+
+
+#: The book's code column fits about 88 characters at 1280 px; a longer line scrolls sideways.
+CODE_COLUMNS = 88
+#: The share of code lines that may be wider: long string literals (messages, docstrings' words that do
+#: not break) that ``python -m tools.format_chapters`` leaves as they are.
+WIDE_SHARE = 0.02
+
+
+def test_chapter_code_fits_the_page():
+    lines = [(path.name, line) for path in CHAPTERS for cell in _code_cells(path) for line in cell.source.splitlines()]
+    wide = [(name, line) for name, line in lines if len(line) > CODE_COLUMNS]
+    share = len(wide) / len(lines)
+    worst = sorted({name for name, _ in wide}, key=lambda name: -sum(n == name for n, _ in wide))[:5]
+    assert share <= WIDE_SHARE, (
+        f"{len(wide)} of {len(lines)} chapter code lines ({share:.1%}) are wider than {CODE_COLUMNS} columns, "
+        f"more than {WIDE_SHARE:.0%} (most in {worst}); run `python -m tools.format_chapters`"
     )

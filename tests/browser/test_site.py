@@ -10,9 +10,12 @@ server, and that every display equation fits the text column at 1280 px or shows
 (a shadow at the side that has more, and a visible scrollbar: _static/book.css). It also checks that
 every chapter ends with exercises whose solutions stay hidden until clicked, the
 sidebar and the search page, and saves screenshots of two chapters under `_build/screenshots/`.
+No page shows a cell output longer than 60 lines, or a MyST role left as raw text (`{doc}` in a code
+cell's comment or string is printed as written, not as a link).
 """
 
 import json
+import re
 from pathlib import Path
 from urllib.parse import urljoin, urlparse
 
@@ -68,6 +71,10 @@ def test_page_renders_with_local_assets_only(doc, visit):
     assert soft == [], f"figures with fewer pixels than a high-density screen shows them with: {soft}"
     assert v.errors == [], f"console errors: {v.errors}"
     assert v.outside == [], f"requests that left the local server: {v.outside}"
+    long = [(lines, start) for lines, start in page.evaluate(OUTPUT_LINES) if lines > MAX_OUTPUT_LINES]
+    assert long == [], f"cell outputs longer than {MAX_OUTPUT_LINES} lines (lines, first line): {long}"
+    raw = sorted(set(RAW_ROLE.findall(page.text_content("article") or "")))
+    assert raw == [], f"MyST roles shown as raw text (in a code cell's comment or string?): {raw}"
     if doc in SCREENSHOT_PAGES:  # scrolled to the first displayed equation, to show it typeset
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.locator("div.math").first.scroll_into_view_if_needed()
@@ -77,6 +84,22 @@ def test_page_renders_with_local_assets_only(doc, visit):
     page.set_viewport_size({"width": 390, "height": 844})
     width = page.evaluate("() => document.documentElement.scrollWidth")
     assert width <= 391, f"at 390 px the page is {width} px wide: it slides sideways"
+
+
+# A cell output longer than this buries the page (the detection chapter once printed a training
+# history of 4,002 lines); print a summary instead.
+MAX_OUTPUT_LINES = 60
+# Each output of each code cell, hidden ones included: its number of lines (of text, or rows of a
+# table) and its first line.
+OUTPUT_LINES = """() => [...document.querySelectorAll("div.cell_output > *")].map(out => {
+  const rows = out.querySelectorAll("tr").length;
+  const text = out.textContent.replace(/\\n+$/, "");
+  return [Math.max(rows, text ? text.split("\\n").length : 0), text.split("\\n")[0].slice(0, 80)];
+})"""
+# A MyST role as text, e.g. {doc}`training` or {glue:text}`name`: the page shows the markup itself.
+# The roles by name, so that an f-string's `{name}` between backticks is not one.
+RAW_ROLE = re.compile(r"\{(?:doc|ref|numref|eq|term|download|math|abbr|any|cite(?::[a-z]+)?|glue(?::[a-z]+)?"
+                      r"|py:[a-z]+|func|class|meth|mod|attr)\}`[^`\n]+`")
 
 
 # Every display equation (MathJax's CHTML output in a `div.math`): how far its box reaches past the
@@ -128,6 +151,25 @@ def test_an_equation_wider_than_the_column_scrolls_with_a_cue(visit):
     assert "made-wide" in [eq["equation"] for eq in equations_cut_without_a_cue(page)]
 
 
+def test_long_outputs_and_raw_roles_are_found(visit):
+    """The checks above are not vacuous: an output of 61 lines and a raw role, added to a page, are
+    found by them."""
+    page = visit("chapters/attention.html").page
+    assert page.evaluate(OUTPUT_LINES), "the page has no cell outputs to measure"
+    page.evaluate("""() => {
+      const cell = document.querySelector("div.cell_output").closest("div.cell");
+      const out = document.createElement("div");
+      out.className = "cell_output docutils container";
+      out.innerHTML = "<div class='output stream highlight-myst-ansi notranslate'><pre></pre></div>";
+      out.querySelector("pre").textContent = Array.from({length: 61}, (_, i) => `step ${i}`).join("\\n");
+      cell.appendChild(out);
+      const code = document.querySelector("div.cell_input pre");
+      code.append(document.createTextNode("# see {doc}`training`"));
+    }""")
+    assert max(lines for lines, _ in page.evaluate(OUTPUT_LINES)) == 61
+    assert RAW_ROLE.findall(page.text_content("article")) == ["{doc}`training`"]
+
+
 def test_chapter_pages_have_equations_and_figures(visit):
     """The check above is not vacuous: the chapters do carry math and images."""
     v = visit("chapters/positional_encoding.html")
@@ -136,6 +178,7 @@ def test_chapter_pages_have_equations_and_figures(visit):
 
 
 CHAPTERS = [doc for doc in PAGES if doc.startswith("chapters/")]
+SOLUTION_LABEL = "Solution"
 
 
 @pytest.mark.parametrize("doc", CHAPTERS)
@@ -148,6 +191,13 @@ def test_chapter_ends_with_exercises_whose_solutions_are_hidden(doc, visit):
     assert prose.count() + code.count() >= 2, "fewer than two solutions"
     for i in range(code.count()):
         assert code.nth(i).get_attribute("open") is None, "a code solution is shown without a click"
+    # One label for both kinds: the dropdowns' title, with no hint beside it, and the cells' prompt
+    # (tools/format_chapters.py --label-solutions; _config.yml's togglebutton_hint).
+    labels = prose.evaluate_all(
+        "els => els.map(e => e.querySelector('.admonition-title').textContent.trim()"
+        " + (e.querySelector('.toggle-button')?.dataset.toggleHint || ''))")
+    labels += code.evaluate_all("els => els.map(e => e.querySelector('summary .collapsed').textContent.trim())")
+    assert set(labels) == {SOLUTION_LABEL}, f"solutions labelled {sorted(set(labels))}, not all {SOLUTION_LABEL!r}"
     for i in range(prose.count()):
         solution = prose.nth(i)
         body = solution.locator(":scope > :not(.admonition-title)").first

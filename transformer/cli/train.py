@@ -40,7 +40,7 @@ from transformer.files import read_parallel
 
 
 # chapters/long_runs.md: A command for every run
-#: The trainers of ``transformer train``: task name -> its ``main(argv, prog)``. {doc}`scaling_out`
+#: The trainers of ``transformer train``: task name -> its ``main(argv, prog)``. The scaling-out chapter
 #: registers ``numbers`` and ``multi30k``; a later chapter may register a task of its own.
 TRAINERS: dict[str, Callable[[Sequence[str], str], int]] = {}
 

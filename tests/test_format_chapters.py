@@ -1,0 +1,96 @@
+"""tools/format_chapters.py: chapter code within 88 columns, the code itself unchanged."""
+
+from pathlib import Path
+
+import pytest
+
+from tools import format_chapters as fc
+
+ROOT = Path(__file__).resolve().parent.parent
+HEADER = "---\njupytext:\n  text_representation:\n    format_name: myst\nkernelspec:\n  name: python3\n---\n\n# T\n\n"
+
+
+def _chapter(tmp_path: Path, *cells: str) -> Path:
+    path = tmp_path / "t.md"
+    path.write_text(HEADER + "\n\nText.\n\n".join(cells) + "\n\nThe end.\n")
+    return path
+
+
+def _cell(source: str, options: str = "") -> str:
+    return f"```{{code-cell}} ipython3\n{options}{source}\n```"
+
+
+def test_every_chapter_reads_back_as_written():
+    for path in sorted((ROOT / "chapters").glob("*.md")):
+        assert fc.Chapter.parse(path.read_text()).text() == path.read_text(), path.name
+
+
+def test_code_is_wrapped_options_kept_and_a_second_run_changes_nothing(tmp_path):
+    long_call = "result = some_function(" + ", ".join(f"argument_{i}" for i in range(12)) + ")"
+    options = "---\ntags: [hide-input]\nmystnb:\n  figure:\n    caption: A figure.\n---\n"
+    path = _chapter(tmp_path, _cell("def some_function(*a):\n    return a\n" + long_call, options))
+    assert fc.main([str(path)]) == 0
+    text = path.read_text()
+    assert options in text and all(len(line) <= fc.LINE_LENGTH for line in text.splitlines())
+    assert fc.main(["--check", str(path)]) == 0  # idempotent
+
+
+def test_a_long_trailing_comment_moves_above_and_long_comments_wrap(tmp_path):
+    source = ("# export: transformer/a_module_with_a_long_name/" + "x" * 60 + ".py\n"
+              "y = 1  # " + "a shape comment " * 6 + "\n"
+              "z = 2  # type: ignore[assignment]  " + "p" * 70 + "\n"
+              "# Solution to exercise 1. " + "words " * 30)
+    out = fc.format_sources([source])[0].split("\n")
+    assert out[0].startswith("# export: ")  # never touched, however long
+    assert out[1].startswith("# a shape comment") and "y = 1" in out
+    moved = " ".join(line.removeprefix("# ") for line in out[1:out.index("y = 1")])
+    assert moved == ("a shape comment " * 6).strip()  # the comment, wrapped, then the code
+    assert any(line.startswith("z = 2  # type: ignore") for line in out)  # a pragma stays on its line
+    solution = [line for line in out if line.startswith("# Solution") or line.startswith("# words")]
+    assert solution[0].startswith("# Solution to exercise 1. words") and len(solution) >= 2
+    assert all(len(line) <= fc.LINE_LENGTH for line in out[1:] if "type: ignore" not in line)
+
+
+def test_long_docstrings_are_rewrapped_by_words(tmp_path):
+    source = 'def f():\n    """' + "Return the thing " * 8 + '.\n\n    Args:\n        x: ' + "an argument " * 9 + '\n    """\n'
+    out = fc.format_sources([source])[0]
+    assert fc.same_code(source, out) and all(len(line) <= fc.LINE_LENGTH for line in out.splitlines())
+    assert "\n    Args:\n        x: an argument" in out
+
+
+def test_a_change_of_the_code_is_refused():
+    assert fc.same_code("x = (1 +\n 2)  # c", "x = 1 + 2")
+    assert not fc.same_code("x = 1 + 2", "x = 2 + 1")
+    assert not fc.same_code("s = 'a  b'", "s = 'a b'")  # only docstrings are compared by their words
+
+
+def test_magics_and_unparsable_cells_are_left_and_listed(tmp_path, capsys):
+    magic = "%timeit " + "x" * 100
+    path = _chapter(tmp_path, _cell(magic), _cell("def broken(:\n    " + "y" * 100))
+    before = path.read_text()
+    assert fc.main([str(path)]) == 0
+    assert path.read_text() == before
+    assert "left as written" in capsys.readouterr().out
+
+
+def test_plumbing_moves_into_remove_input_cells_and_checks_stay(tmp_path):
+    path = _chapter(
+        tmp_path,
+        _cell('warnings.filterwarnings("ignore")\nx = 2\nglue("x", x, display=False)\nassert x == 2'),
+        _cell('glue("y", 3, display=False)\nz = 1\nz'),  # glue before the displayed value: stays
+        _cell('# Solution to exercise 1.\nassert 1 == 1', ":tags: [hide-cell]\n\n"),
+    )
+    assert fc.main(["--tag-plumbing", "--label-solutions", str(path)]) == 0
+    text = path.read_text()
+    assert text.count(":tags: [remove-input]") == 2
+    assert '\nx = 2\nassert x == 2\n```' in text  # the check stays visible, after the moved filter
+    assert text.index('warnings.filterwarnings') < text.index("x = 2") < text.index('glue("x"')
+    assert 'glue("y", 3, display=False)\nz = 1\nz\n```' in text
+    assert "tags: [hide-cell]\nmystnb:\n  code_prompt_show: Solution\n" in text
+    assert fc.main(["--check", "--tag-plumbing", "--label-solutions", str(path)]) == 0
+
+
+def test_bad_arguments_exit_2(tmp_path):
+    with pytest.raises(SystemExit) as stop:
+        fc.main([str(tmp_path / "missing.md")])
+    assert stop.value.code == 2

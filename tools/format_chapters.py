@@ -1,0 +1,579 @@
+"""Format the chapters' code cells so that a page can show them: lines of at most 88 columns.
+
+At 1280 px the book's code column fits about 88 characters; a longer line scrolls sideways. This
+command rewrites the source of every ```{code-cell} block of ``chapters/*.md`` and leaves the rest of
+the file, the cells' options (``:tags:`` lines or a ``---`` block) included, as it is:
+
+1. ``ruff format`` with a line length of 88 (``RUFF_FORMAT``: the chapters' own settings, not the
+   package's 120 columns of pyproject.toml, which this command does not read);
+2. a trailing comment that makes its line too long moves onto its own line above the code (not a
+   ``# type:``, ``# noqa`` or ``# fmt:`` pragma, which must stay where it is);
+3. a comment line longer than 88 columns is wrapped, keeping its indentation and its ``# `` or ``#: ``
+   prefix; the ``# export: ...`` line that starts an exported cell is never touched.
+
+Steps 1-3 repeat until the cell no longer changes, so a second run changes nothing. A cell with
+IPython magics (``%``, ``!``) or that does not parse is left as it is and listed. Formatting never
+changes what a cell does: the cell's syntax tree after formatting (comments are not in it;
+docstrings compared with their indentation and trailing blanks removed, which ruff normalises) must
+equal the original's, or the command refuses to write the chapter and exits 1. Long string literals
+stay long; the report gives the share of code lines over 88 columns per chapter, before and after.
+
+``--tag-plumbing`` also takes build plumbing off the page without hiding any check: a leading run of
+warning filters (``warnings.filterwarnings(...)``) and a trailing run of ``glue(..., display=False)``
+calls, followed by nothing but other such calls, ``assert`` statements and ``print``/``assert_close``
+calls, move into a cell of their own tagged ``remove-input``, before or after the cell (so they run
+in the same order relative to everything that could change their values); a cell that holds nothing
+else is tagged instead. ``--label-solutions`` gives each hidden solution cell the toggle label
+"Solution" (the label of the solutions in words, the dropdown admonitions).
+
+Usage: python -m tools.format_chapters [--check] [--tag-plumbing] [--label-solutions] [CHAPTER.md ...]
+Exit status: 0 done (or, with --check, nothing to change), 1 a chapter would change (--check) or a
+cell's syntax tree would change (refused), 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import io
+import re
+import subprocess
+import sys
+import tempfile
+import tokenize
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tools.chapters import chapter_paths
+
+#: The column limit: what the book's code column shows at 1280 px.
+LINE_LENGTH = 88
+#: ruff's formatter with the chapters' settings (--isolated: pyproject.toml's 120 columns are the package's).
+RUFF_FORMAT = [sys.executable, "-m", "ruff", "format", "--isolated", "--line-length", str(LINE_LENGTH),
+               "--target-version", "py310", "--quiet"]
+FENCE = re.compile(r"^(`{3,})\{code-cell\}")
+#: Trailing comments that must stay on their line: they speak to a tool about that line.
+PRAGMA = re.compile(r"#\s*(type:|noqa|fmt:|pragma|pyright:|mypy:)")
+PLUMBING_TAG = "remove-input"
+#: Statements that may follow a moved glue() call: they read values, and change none.
+READ_ONLY_CALLS = {"print", "torch.testing.assert_close", "assert_close"}
+#: The hidden solution cells' toggle, in both states: the title of the dropdown solutions (whose
+#: "Click to show" hint _config.yml turns off), so that every solution reads the same.
+SOLUTION_PROMPT = {"code_prompt_show": "Solution", "code_prompt_hide": "Solution"}
+
+
+class Refused(Exception):
+    """Formatting would change a cell's syntax tree; the message names the chapter and the cell."""
+
+
+@dataclass
+class Cell:
+    """A code cell of a chapter: its option lines as written, and its source."""
+
+    options: list[str]
+    source: str
+    fence: str
+    line: int  # 1-based line of the ```{code-cell} line in the original file
+
+
+@dataclass
+class Chapter:
+    """A chapter as alternating text (a list of lines) and code cells."""
+
+    parts: list  # str (a run of lines, joined) or Cell
+    skipped: list[str] = field(default_factory=list)
+
+    @classmethod
+    def parse(cls, text: str) -> Chapter:
+        lines = text.split("\n")
+        parts: list = []
+        prose: list[str] = []
+        i = 0
+        while i < len(lines):
+            match = FENCE.match(lines[i])
+            if not match:
+                prose.append(lines[i])
+                i += 1
+                continue
+            prose.append(lines[i])
+            parts.append("\n".join(prose))
+            prose = []
+            start, fence = i, match.group(1)
+            i += 1
+            options: list[str] = []
+            if i < len(lines) and lines[i] == "---":
+                end = lines.index("---", i + 1)
+                options, i = lines[i:end + 1], end + 1
+            elif i < len(lines) and lines[i].startswith(":"):
+                while i < len(lines) and lines[i].startswith(":"):
+                    options.append(lines[i])
+                    i += 1
+                if i < len(lines) and lines[i] == "":
+                    options.append("")
+                    i += 1
+            end = lines.index(fence, i)
+            parts.append(Cell(options, "\n".join(lines[i:end]), fence, start + 1))
+            prose, i = [lines[end]], end + 1
+        parts.append("\n".join(prose))
+        return cls(parts)
+
+    def text(self) -> str:
+        out = []
+        for part in self.parts:
+            if isinstance(part, Cell):
+                out.append("\n".join(part.options + ([part.source] if part.source else [])))
+            else:
+                out.append(part)
+        return "\n".join(out)
+
+    @property
+    def cells(self) -> list[Cell]:
+        return [part for part in self.parts if isinstance(part, Cell)]
+
+
+def wide_lines(source: str) -> tuple[int, int]:
+    """(code lines, lines over LINE_LENGTH columns) of a cell's source."""
+    lines = source.splitlines()
+    return len(lines), sum(len(line) > LINE_LENGTH for line in lines)
+
+
+def has_magic(source: str) -> bool:
+    return any(line.lstrip().startswith(("%", "!")) for line in source.splitlines())
+
+
+def parses(source: str) -> bool:
+    try:
+        ast.parse(source)
+    except SyntaxError:
+        return False
+    return True
+
+
+def ruff_format(sources: list[str]) -> list[str | None]:
+    """Each source formatted by ruff (None where ruff fails), in one ruff process for all of them."""
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = [Path(tmp) / f"cell_{i}.py" for i in range(len(sources))]
+        for path, source in zip(paths, sources):
+            path.write_text(source + "\n")
+        if paths:
+            subprocess.run(RUFF_FORMAT + [str(p) for p in paths], capture_output=True, text=True)
+        out: list[str | None] = []
+        for path, source in zip(paths, sources):
+            formatted = path.read_text().rstrip("\n")
+            out.append(formatted if parses(formatted) else None)
+        return out
+
+
+def _string_rows(source: str) -> set[int]:
+    """Rows (1-based) that continue a string begun on an earlier row: a comment cannot go above them."""
+    rows: set[int] = set()
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.STRING and tok.end[0] > tok.start[0]:
+            rows.update(range(tok.start[0] + 1, tok.end[0] + 1))
+    return rows
+
+
+def _comment_prefix(comment: str) -> str | None:
+    """The prefix a wrapped comment keeps ("# " or "#: "), or None for a comment not to wrap."""
+    for prefix in ("#: ", "# "):
+        if comment.startswith(prefix):
+            return prefix
+    return None
+
+
+#: Comment lines that start an item of their own: nothing is joined onto them.
+ITEM = re.compile(r"^(- |\* |\d+[.)] |[A-Za-z_][\w.]*: |[(\[].*(->|@))")
+
+
+def _cut(line: str) -> int:
+    """The last space at or before LINE_LENGTH that is not inside an inline literal (````x y````
+    or ```x y```), or -1."""
+    cut = line.rfind(" ", 0, LINE_LENGTH + 1)
+    while cut > 0 and (line[:cut].count("``") % 2 or line[:cut].replace("``", "").count("`") % 2):
+        cut = line.rfind(" ", 0, cut)
+    return cut
+
+
+def move_trailing_comments(source: str) -> str:
+    """Put a trailing comment that makes its line longer than LINE_LENGTH on its own line above."""
+    lines = source.split("\n")
+    inside_string = _string_rows(source)
+    comments = [tok for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+                if tok.type == tokenize.COMMENT]
+    for tok in reversed(comments):  # from the bottom, so that earlier rows keep their numbers
+        row, col = tok.start
+        line, comment = lines[row - 1], tok.string
+        code = line[:col]
+        if len(line) <= LINE_LENGTH or not code.strip() or PRAGMA.match(comment) or row in inside_string \
+                or (row > 1 and lines[row - 2].endswith("\\")):
+            continue
+        if _comment_prefix(comment) is None:
+            comment = "# " + comment[1:].lstrip()
+        lines[row - 1:row] = [_indent(line) + comment, code.rstrip()]
+    return "\n".join(lines)
+
+
+def wrap_comment_lines(source: str) -> str:
+    """Wrap the comment lines longer than LINE_LENGTH: the words past the limit start the next line
+    of the same comment (or a line of their own), keeping the indentation and the prefix."""
+    lines = source.split("\n")
+    alone = {tok.start[0] - 1 for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+             if tok.type == tokenize.COMMENT and not tok.line[:tok.start[1]].strip()}
+    flags = [i in alone for i in range(len(lines))]
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        comment, indent = line.lstrip(), _indent(line)
+        prefix = _comment_prefix(comment) if flags[i] else None
+        if (len(line) <= LINE_LENGTH or prefix is None or (i == 0 and comment.startswith("# export:"))):
+            i += 1
+            continue
+        cut = _cut(line)
+        if cut <= len(indent) + len(prefix):
+            i += 1
+            continue
+        head, rest = line[:cut].rstrip(), line[cut + 1:].strip()
+        following = lines[i + 1] if i + 1 < len(lines) else ""
+        body = following.lstrip()[len(prefix):]
+        if (i + 1 < len(lines) and flags[i + 1] and _indent(following) == indent
+                and following.lstrip().startswith(prefix) and body.strip() and not ITEM.match(body)):
+            lines[i + 1] = f"{indent}{prefix}{rest} {body.strip()}"
+        else:
+            lines.insert(i + 1, f"{indent}{prefix}{rest}")
+            flags.insert(i + 1, True)
+        lines[i] = head
+        i += 1
+    return "\n".join(lines)
+
+
+def fix_comments(source: str) -> str:
+    """Move trailing comments that make a line too long above it, and wrap long comment lines."""
+    return wrap_comment_lines(move_trailing_comments(source))
+
+
+
+def _docstrings(tree: ast.AST) -> list[ast.Constant]:
+    """The docstrings of a module and of its functions and classes."""
+    found = []
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            found.append(body[0].value)
+    return found
+
+
+#: Docstring lines that no other line may be joined onto: doctests, list items, headings, entries.
+NOT_PROSE = re.compile(r"^\s*(>>>|\.\.\.|[-*+] |\d+\. |[A-Z][a-z]+:$|\*{0,2}\w+( \([^)]*\))?: )")
+
+
+def _indent(line: str) -> str:
+    return line[: len(line) - len(line.lstrip())]
+
+
+def wrap_docstrings(source: str) -> str:
+    """Re-wrap the docstring lines longer than LINE_LENGTH: the words past the limit start the next
+    line of the same paragraph (or a line of their own). Docstrings with doctest examples or literal
+    blocks (``::``) are left alone."""
+    lines = source.split("\n")
+    for doc in sorted(_docstrings(ast.parse(source)), key=lambda d: -d.lineno):
+        first, last = doc.lineno - 1, (doc.end_lineno or doc.lineno) - 1
+        block = lines[first:last + 1]
+        if all(len(line) <= LINE_LENGTH for line in block) or any(
+                ">>>" in line or "::" in line or line.endswith("\\") for line in block):
+            continue
+        i = 0
+        while i < len(block):
+            line, indent = block[i], _indent(block[i])
+            cut = _cut(line)
+            if len(line) <= LINE_LENGTH or (i > 0 and NOT_PROSE.match(line) and ": " not in line) \
+                    or cut <= len(indent) + 4:
+                i += 1
+                continue
+            head, rest = line[:cut].rstrip(), line[cut + 1:].strip()
+            following = block[i + 1] if i + 1 < len(block) else ""
+            deeper = following.strip() and len(_indent(following)) > len(indent)
+            continuation = _indent(following) if deeper and i > 0 else indent
+            if (following.strip() and _indent(following) == continuation and not NOT_PROSE.match(following)
+                    and following.strip()[:3] not in ('"""', "'''")):
+                block[i + 1] = f"{continuation}{rest} {following.strip()}"
+            else:
+                block.insert(i + 1, f"{continuation}{rest}")
+            block[i] = head
+            i += 1
+        lines[first:last + 1] = block
+    return "\n".join(lines)
+
+
+class _Docstrings(ast.NodeTransformer):
+    """Docstrings compared by their words: ruff normalises their indentation, and wrap_docstrings
+    moves their line breaks."""
+
+    def _clean(self, node):
+        self.generic_visit(node)
+        body = getattr(node, "body", None)
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            body[0].value.value = " ".join(body[0].value.value.split())
+        return node
+
+    visit_Module = visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _clean
+
+
+def same_code(before: str, after: str) -> bool:
+    """Whether two sources have the same syntax tree (comments aside, docstrings normalised)."""
+    def tree(source: str) -> str:
+        return ast.dump(_Docstrings().visit(ast.parse(source)))
+    return tree(before) == tree(after)
+
+
+def format_sources(sources: list[str]) -> list[str]:
+    """ruff, then the comment fixes, until nothing changes (at most 5 rounds). Long lines give up
+    their trailing comments first, so that ruff does not split code to make room for a comment."""
+    current = [fix_comments(source) for source in sources]
+    for _ in range(5):
+        formatted = ruff_format(current)
+        nxt = [fix_comments(wrap_docstrings(f)) if f is not None else c for f, c in zip(formatted, current)]
+        if nxt == current:
+            break
+        current = nxt
+    return current
+
+
+# --- build plumbing ------------------------------------------------------------------------------
+
+def _call_name(statement: ast.stmt) -> str | None:
+    if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
+        return ast.unparse(statement.value.func)
+    return None
+
+
+def _is_quiet_glue(statement: ast.stmt) -> bool:
+    if _call_name(statement) != "glue":
+        return False
+    call = statement.value  # type: ignore[attr-defined]
+    return any(k.arg == "display" and isinstance(k.value, ast.Constant) and k.value.value is False
+               for k in call.keywords)
+
+
+def _is_filter(statement: ast.stmt) -> bool:
+    name = _call_name(statement)
+    return name in ("warnings.filterwarnings", "warnings.simplefilter")
+
+
+def _reads_only(statement: ast.stmt) -> bool:
+    return isinstance(statement, ast.Assert) or _call_name(statement) in READ_ONLY_CALLS or _is_quiet_glue(statement)
+
+
+def _tags(cell: Cell) -> list[str]:
+    for line in cell.options:
+        match = re.match(r"^:?tags:\s*\[(.*)\]\s*$", line)
+        if match:
+            return [t.strip() for t in match.group(1).split(",") if t.strip()]
+    return []
+
+
+def _with_tag(cell: Cell, tag: str) -> list[str]:
+    tags = _tags(cell) + [tag]
+    if not cell.options:
+        return [f":tags: [{', '.join(tags)}]", ""]
+    options = list(cell.options)
+    for i, line in enumerate(options):
+        if re.match(r"^:?tags:", line):
+            options[i] = re.sub(r"\[.*\]", f"[{', '.join(tags)}]", line)
+            return options
+    if options[0] == "---":
+        return [options[0], f"tags: [{', '.join(tags)}]"] + options[1:]
+    return [f":tags: [{', '.join(tags)}]"] + options
+
+
+def _segment(source: str, statements: list[ast.stmt]) -> str:
+    lines = source.split("\n")
+    start = statements[0].lineno - 1
+    end = statements[-1].end_lineno or statements[-1].lineno
+    # with the comment lines just above the first statement
+    while start > 0 and lines[start - 1].lstrip().startswith("#"):
+        start -= 1
+    return "\n".join(lines[start:end])
+
+
+def split_plumbing(chapter: Chapter) -> int:
+    """Move leading warning filters and trailing quiet glue() calls into remove-input cells; the count."""
+    moved = 0
+    parts: list = []
+    for part in chapter.parts:
+        if not isinstance(part, Cell) or has_magic(part.source) or not parses(part.source):
+            parts.append(part)
+            continue
+        tags = _tags(part)
+        if (any(t in tags for t in ("export", "hide-input", "hide-cell", "remove-input", "remove-cell"))
+                or part.source.lstrip().startswith(("# Solution", "# export:"))):
+            parts.append(part)
+            continue
+        body = ast.parse(part.source).body
+        head = 0
+        while head < len(body) and _is_filter(body[head]):
+            head += 1
+        tail = len(body)
+        while tail > head and _reads_only(body[tail - 1]):
+            tail -= 1
+        glue = [s for s in body[tail:] if _is_quiet_glue(s)]
+        rest = body[head:tail] + [s for s in body[tail:] if not _is_quiet_glue(s)]
+        last_shown = rest and isinstance(rest[-1], ast.Expr) and _call_name(rest[-1]) not in READ_ONLY_CALLS
+        if glue and last_shown and body[-1] is not rest[-1]:
+            glue = []  # the moved glue was what kept the last expression's value off the page
+        if not rest:  # nothing but plumbing: tag the cell itself
+            parts.append(Cell(_with_tag(part, PLUMBING_TAG), part.source, part.fence, part.line))
+            moved += 1
+            continue
+        if head == 0 and not glue:
+            parts.append(part)
+            continue
+        lines = part.source.split("\n")
+        keep = [i for i in range(len(lines))]
+        drop: set[int] = set()
+        for statement in body[:head] + glue:
+            first = statement.lineno - 1
+            while first > 0 and lines[first - 1].lstrip().startswith("#") and first - 1 not in drop:
+                first -= 1
+            drop.update(range(first, statement.end_lineno or statement.lineno))
+        remaining = "\n".join(lines[i] for i in keep if i not in drop).strip("\n")
+        remaining = re.sub(r"\n{3,}", "\n\n\n", remaining)
+        header = [f":tags: [{PLUMBING_TAG}]", ""]
+        if head:
+            filters = _segment(part.source, body[:head])
+            parts.append(Cell(header, filters, part.fence, part.line))
+            parts.append(f"{part.fence}\n\n{part.fence}{{code-cell}} ipython3")
+        parts.append(Cell(part.options, remaining, part.fence, part.line))
+        if glue:
+            parts.append(f"{part.fence}\n\n{part.fence}{{code-cell}} ipython3")
+            parts.append(Cell(header, "\n".join(_segment(part.source, [s]) for s in glue), part.fence, part.line))
+        moved += 1
+    chapter.parts = _merge_text(parts)
+    return moved
+
+
+def _merge_text(parts: list) -> list:
+    merged: list = []
+    for part in parts:
+        if merged and isinstance(part, str) and isinstance(merged[-1], str):
+            merged[-1] = merged[-1] + "\n" + part
+        else:
+            merged.append(part)
+    return merged
+
+
+def label_solutions(chapter: Chapter) -> int:
+    """Give each hidden solution cell the toggle label "Solution"; the count of cells changed."""
+    changed = 0
+    for cell in chapter.cells:
+        if "hide-cell" not in _tags(cell) or not cell.source.lstrip().startswith("# Solution"):
+            continue
+        if any("code_prompt_show" in line for line in cell.options):
+            continue
+        prompt = [f"  {key}: {value}" for key, value in SOLUTION_PROMPT.items()]
+        if cell.options and cell.options[0] == "---":
+            if any(line.startswith("mystnb:") for line in cell.options):
+                at = next(i for i, line in enumerate(cell.options) if line.startswith("mystnb:")) + 1
+                cell.options[at:at] = prompt
+            else:
+                cell.options[-1:-1] = ["mystnb:"] + prompt
+        else:
+            rest = [line[1:] for line in cell.options if line.startswith(":")]
+            cell.options = ["---", *rest, "mystnb:", *prompt, "---"]
+        changed += 1
+    return changed
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+@dataclass
+class Report:
+    name: str
+    lines_before: int = 0
+    wide_before: int = 0
+    lines_after: int = 0
+    wide_after: int = 0
+    skipped: list[str] = field(default_factory=list)
+    plumbing: int = 0
+    solutions: int = 0
+
+
+def format_chapter(path: Path, tag_plumbing: bool = False, solutions: bool = False) -> tuple[str, Report]:
+    """The chapter's new text and what changed; raises Refused if a cell's syntax tree would change."""
+    text = path.read_text()
+    chapter = Chapter.parse(text)
+    assert chapter.text() == text, f"{path}: the chapter does not read back as written"
+    report = Report(path.name)
+    for cell in chapter.cells:
+        n, w = wide_lines(cell.source)
+        report.lines_before += n
+        report.wide_before += w
+    if tag_plumbing:
+        report.plumbing = split_plumbing(chapter)
+    if solutions:
+        report.solutions = label_solutions(chapter)
+    todo = []
+    for cell in chapter.cells:
+        if has_magic(cell.source) or not parses(cell.source):
+            report.skipped.append(f"{path.name}:{cell.line}")
+        else:
+            todo.append(cell)
+    for cell, new in zip(todo, format_sources([c.source for c in todo])):
+        if not same_code(cell.source, new):
+            raise Refused(f"{path.name}:{cell.line}: formatting would change the cell's code; not written")
+        cell.source = new
+    for cell in chapter.cells:
+        n, w = wide_lines(cell.source)
+        report.lines_after += n
+        report.wide_after += w
+    return chapter.text(), report
+
+
+def _share(wide: int, lines: int) -> str:
+    return f"{wide:5d}/{lines:5d} = {wide / max(lines, 1):6.1%}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.format_chapters", description=__doc__.split("\n")[0])
+    parser.add_argument("chapters", nargs="*", type=Path, help="chapters to format (default: all of _toc.yml)")
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a chapter would change")
+    parser.add_argument("--tag-plumbing", action="store_true", help="move glue() calls and warning filters into remove-input cells")
+    parser.add_argument("--label-solutions", action="store_true", help='label hidden solution cells "Solution"')
+    args = parser.parse_args(argv)
+    paths = args.chapters or chapter_paths(Path.cwd())
+    for path in paths:
+        if not path.is_file():
+            parser.error(f"chapters: expected a chapter file, got {str(path)!r}")
+    total = Report("all")
+    changed = []
+    try:
+        for path in paths:
+            new, report = format_chapter(path, args.tag_plumbing, args.label_solutions)
+            if new != path.read_text():
+                changed.append(path)
+                if not args.check:
+                    path.write_text(new)
+            print(f"{report.name:28s} over {LINE_LENGTH}: before {_share(report.wide_before, report.lines_before)}"
+                  f"  after {_share(report.wide_after, report.lines_after)}"
+                  + (f"  plumbing moved {report.plumbing}" if report.plumbing else "")
+                  + (f"  solutions labelled {report.solutions}" if report.solutions else ""))
+            for key in ("lines_before", "wide_before", "lines_after", "wide_after"):
+                setattr(total, key, getattr(total, key) + getattr(report, key))
+            total.skipped += report.skipped
+    except Refused as err:
+        print(f"refused: {err}", file=sys.stderr)
+        return 1
+    print(f"{'all':28s} over {LINE_LENGTH}: before {_share(total.wide_before, total.lines_before)}"
+          f"  after {_share(total.wide_after, total.lines_after)}")
+    if total.skipped:
+        print(f"left as written (magics, or not Python): {', '.join(total.skipped)}")
+    if args.check and changed:
+        print(f"would change: {', '.join(str(p) for p in changed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
