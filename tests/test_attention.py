@@ -421,3 +421,9 @@ def test_padding_mask_other_bad_input():
         padding_mask(TOKENS[0], PAD)
     with pytest.raises(TypeError, match="pad_id must be an int"):
         padding_mask(TOKENS, 0.0)
+
+
+def test_padding_mask_accepts_a_numpy_integer_pad_id():
+    import numpy as np
+
+    assert torch.equal(padding_mask(TOKENS, np.int64(PAD)), padding_mask(TOKENS, PAD))

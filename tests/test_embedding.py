@@ -258,3 +258,11 @@ def test_models_pass_scale_embedding_on():
     assert model.src_embed.scale is False and model.tgt_embed.scale is False
     assert Transformer(11, 13, d_model=8, num_heads=2, num_layers=1, d_ff=16).src_embed.scale is True
     assert DecoderOnlyLM(11, d_model=8, num_heads=2, d_ff=16, num_layers=1, scale_embedding=False).embed.scale is False
+
+
+def test_accepts_a_numpy_integer_padding_idx_as_an_int():
+    import numpy as np
+
+    embedding = TokenEmbedding(10, 4, padding_idx=np.int64(3))  # as read from a configuration file
+    assert embedding.padding_idx == 3 and type(embedding.padding_idx) is int
+    assert torch.equal(embedding.weight[3], torch.zeros(4))

@@ -13,6 +13,7 @@ __all__ = ['causal_mask', 'padding_mask', 'masked_softmax', 'scaled_dot_product_
 
 
 import math
+import numbers
 
 import torch
 import torch.nn.functional as F
@@ -59,9 +60,9 @@ def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
     check_token_tensor("tokens", tokens)
     if tokens.dim() != 2:
         raise ValueError(f"tokens must have shape (B, S), got {tuple(tokens.shape)}")
-    if isinstance(pad_id, bool) or not isinstance(pad_id, int):
+    if isinstance(pad_id, bool) or not isinstance(pad_id, numbers.Integral):
         raise TypeError(f"pad_id must be an int, got {type(pad_id).__name__} {pad_id!r}")
-    return (tokens == pad_id)[:, None, None, :]  # (B, S) -> (B, 1, 1, S)
+    return (tokens == int(pad_id))[:, None, None, :]  # (B, S) -> (B, 1, 1, S)
 
 
 # chapters/attention.md: A query with nothing to attend to

@@ -10,6 +10,7 @@ __all__ = ['TokenEmbedding']
 
 
 import math
+import numbers
 
 import torch
 import torch.nn.functional as F
@@ -43,8 +44,9 @@ class TokenEmbedding(nn.Module):
         self.vocab_size = check_positive_int("vocab_size", vocab_size)
         self.d_model = check_positive_int("d_model", d_model)
         if padding_idx is not None:
-            if isinstance(padding_idx, bool) or not isinstance(padding_idx, int):
+            if isinstance(padding_idx, bool) or not isinstance(padding_idx, numbers.Integral):
                 raise TypeError(f"padding_idx must be None or an int, got {type(padding_idx).__name__}")
+            padding_idx = int(padding_idx)  # a NumPy integer, say, read from a configuration file
             if not 0 <= padding_idx < vocab_size:
                 raise ValueError(f"padding_idx must lie in [0, vocab_size={vocab_size}), got {padding_idx}")
         self.padding_idx = padding_idx

@@ -107,7 +107,7 @@ class TranslationConfig(TrainConfig):
         super().__post_init__()
         for name in ("batch_tokens", "vocab_size", "keep_last"):
             check_positive_int(name, getattr(self, name))
-        check_bool("bf16", self.bf16)  # and TrainConfig's fields, with the checks of the conventions appendix, above
+        check_bool("bf16", self.bf16)  # super() checked TrainConfig's fields (transformer.checks, written in the conventions appendix)
 
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2  # SPECIAL_TOKENS' ids in every tokenizer of train_tokenizer
