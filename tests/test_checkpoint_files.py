@@ -17,7 +17,7 @@ import torch
 
 import transformer
 from transformer.__main__ import command
-from transformer.files import read_torch_file, save_torch_file
+from transformer.training.checkpoint import read_torch_file, save_torch_file
 from transformer.tasks.numbers import source_vocab, target_vocab
 from transformer.tasks.numbers_fit import fit
 from transformer.tasks.translation import load_translator, translate

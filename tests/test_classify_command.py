@@ -154,7 +154,7 @@ def test_ctrl_c_stops_classify_and_its_trainer_with_130_and_one_line(tmp_path, c
 
 
 def test_a_classifier_with_a_weight_that_is_not_finite_is_refused_naming_file_and_tensor(tmp_path):
-    from transformer.files import read_torch_file, save_torch_file
+    from transformer.training.checkpoint import read_torch_file, save_torch_file
 
     checkpoint = read_torch_file(Path(__file__).resolve().parents[1] / "models" / "spam-classifier" / "classifier.pt")
     name = next(iter(checkpoint["state_dict"]))
@@ -225,7 +225,7 @@ def test_a_finished_run_is_refused_and_resume_continues_it(tmp_path, capsys):
     (["--seed", "-1"], "--seed must be in [0, 2**64)"),
 ])
 def test_a_bad_value_is_one_line_and_status_2_before_any_work(tmp_path, capsys, monkeypatch, extra, message):
-    from transformer.files import read_torch_file, save_torch_file
+    from transformer.training.checkpoint import read_torch_file, save_torch_file
 
     def no_work(*args, **kwargs):
         raise AssertionError("work was started before the options were checked")

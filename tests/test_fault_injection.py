@@ -2,7 +2,7 @@
 and resumed each time, ends with the weights of a run that was never stopped, bit for bit (issue 32).
 
 A kill gives the process no chance to clean up: it may land in a training step, between two steps,
-or in the middle of a save. Saves are atomic (``transformer.files.save_torch_file``), so the folder
+or in the middle of a save. Saves are atomic (``transformer.training.checkpoint.save_torch_file``), so the folder
 always holds a whole checkpoint or none, and the book's resume is exact. The runs are the command's
 own ``main`` (what ``python -m transformer train`` runs) in processes forked from this one, which has
 imported the package and trained once already, so that a start costs milliseconds instead of the
