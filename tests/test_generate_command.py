@@ -93,6 +93,27 @@ def test_ctrl_c_stops_generate_with_130_and_one_line():
     assert err.decode() == "transformer generate: interrupted (Ctrl-C)\n"
 
 
+def test_a_reader_that_closes_early_ends_generate_quietly_with_status_1():
+    """`transformer generate ... | head -c 1`: the write after the reader has gone fails (EPIPE); the
+    command stops with exit status 1 and nothing on stderr, not a BrokenPipeError traceback."""
+    smollm2_path()
+    writer = subprocess.Popen([sys.executable, "-m", "transformer", "generate", "--prompt", "Once upon a time",
+                               "--no-chat", "--temperature", "1.5", "--top-p", "1", "--seed", "0",
+                               "--max-new-tokens", "4000"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    reader = subprocess.Popen(["head", "-c", "1"], stdin=writer.stdout, stdout=subprocess.PIPE)
+    writer.stdout.close()  # the reader holds the pipe's only read end: when it exits, the pipe is broken
+    first, _ = reader.communicate(timeout=120)
+    try:
+        err = writer.stderr.read()
+        writer.wait(timeout=120)
+    finally:
+        writer.kill()
+    assert len(first) == 1 and reader.returncode == 0
+    assert (writer.returncode, err.decode()) == (1, "")
+
+
 class Bytes:
     """A stand-in tokenizer whose tokens are single bytes: a character of two bytes spans two tokens."""
 

@@ -157,7 +157,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.c
     stop = {metadata.get("tokenizer.ggml.eos_token_id"), tokenizer.token_to_id("<|im_end|>") if args.chat else None}
     steps = sample_steps(model, torch.tensor([ids]), args.max_new_tokens, args.temperature, args.top_k,
                          args.top_p, generator=generator)  # (1, P + i) after the i-th draw
-    write_stream(steps, tokenizer, {token for token in stop if token is not None})
+    try:
+        write_stream(steps, tokenizer, {token for token in stop if token is not None})
+    except BrokenPipeError:  # the reader has gone (`... | head -1`): stop drawing, without a traceback
+        # Python's advice: point stdout at /dev/null, or the flush at exit fails on the closed pipe again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return 0
 
 
