@@ -21,51 +21,80 @@ from transformer.cli.options import CommandParser
 
 # chapters/scaling_out.md: Putting it together
 #: The commands: their name -> (the module whose ``main`` runs them, what they do).
-COMMANDS = {"train": ("transformer.cli.train", "train a model: number words (--task numbers), German to English "
-                      "(--task multi30k) or your own parallel text (--task translation)"),
-            "translate": ("transformer.cli.translate", "translate German lines from stdin with a trained checkpoint")}
+COMMANDS = {
+    "train": (
+        "transformer.cli.train",
+        "train a model: number words (--task numbers), German to English "
+        "(--task multi30k) or your own parallel text (--task translation)",
+    ),
+    "translate": (
+        "transformer.cli.translate",
+        "translate German lines from stdin with a trained checkpoint",
+    ),
+}
 
 
 def command(argv: Sequence[str] | None = None) -> int:
-    """``transformer COMMAND [options]``; ``argv`` defaults to the command line. Misuse exits 2.
+    """``transformer COMMAND [options]``; ``argv`` defaults to the command line. Misuse
+    exits 2.
 
     (Not named ``main``: in this chapter's notebook, that is the trainer's.)
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    listing = "\n".join(f"  {name:<10} {meaning}" for name, (_, meaning) in COMMANDS.items())
-    parser = CommandParser(prog="transformer", usage=f"transformer {{{','.join(COMMANDS)}}} [options]",
-                           formatter_class=argparse.RawDescriptionHelpFormatter,
-                           epilog=f"commands:\n{listing}\n\n`transformer COMMAND --help` shows a command's options.")
+    listing = "\n".join(
+        f"  {name:<10} {meaning}" for name, (_, meaning) in COMMANDS.items()
+    )
+    parser = CommandParser(
+        prog="transformer",
+        usage=f"transformer {{{','.join(COMMANDS)}}} [options]",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"commands:\n{listing}\n\n`transformer COMMAND --help` shows a command's options.",
+    )
     if not argv:
         parser.print_help(sys.stderr)
         return 2
     if argv[0] not in COMMANDS:
         try:
             if argv[0].startswith("-"):
-                parser.parse_args(argv[:1])  # -h, --help and --version end here, as does an unknown option
-            parser.error(f"unknown command {argv[0]!r} (choose from {', '.join(COMMANDS)})")
+                # -h, --help and --version end here, as does an unknown option
+                parser.parse_args(argv[:1])
+            parser.error(
+                f"unknown command {argv[0]!r} (choose from {', '.join(COMMANDS)})"
+            )
         except SystemExit as stop:
             return int(stop.code or 0)
     try:
-        run = importlib.import_module(COMMANDS[argv[0]][0]).main  # imported here: each command loads only what it needs
+        # imported here: each command loads only what it needs
+        run = importlib.import_module(COMMANDS[argv[0]][0]).main
         return run(argv[1:], prog=f"transformer {argv[0]}")
-    except KeyboardInterrupt:  # Ctrl-C where the command keeps nothing: a request to stop, not a crash
+    # Ctrl-C where the command keeps nothing: a request to stop, not a crash
+    except KeyboardInterrupt:
         print(f"transformer {argv[0]}: interrupted (Ctrl-C)", file=sys.stderr)
         return 130
 
 
 # chapters/classify_command.md: Labelling: `transformer classify`
-COMMANDS["classify"] = ("transformer.cli.classify", "label the texts of a JSON-lines file with a trained classifier")
+COMMANDS["classify"] = (
+    "transformer.cli.classify",
+    "label the texts of a JSON-lines file with a trained classifier",
+)
 
 
 # chapters/modern_decoder.md: A command: `transformer generate`
-COMMANDS["generate"] = ("transformer.cli.generate", "continue a prompt with SmolLM2 (or another Llama GGUF file)")
+COMMANDS["generate"] = (
+    "transformer.cli.generate",
+    "continue a prompt with SmolLM2 (or another Llama GGUF file)",
+)
 
 
 # chapters/exporting.md: A folder, and the command that writes it
-COMMANDS["export"] = ("transformer.cli.export", "write a trained translator in another format (huggingface)")
+COMMANDS["export"] = (
+    "transformer.cli.export",
+    "write a trained translator in another format (huggingface)",
+)
 
 
 # chapters/scaling_out.md: Putting it together
-if __name__ == "__main__" and __spec__ is not None:  # `python -m transformer`, not a notebook
+# `python -m transformer`, not a notebook
+if __name__ == "__main__" and __spec__ is not None:
     raise SystemExit(command())

@@ -24,82 +24,112 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 # chapters/positional_encoding.md: The layer: add, then dropout
 def device_memory(device: str | torch.device = "cpu") -> int | None:
-    """The memory of ``device`` in bytes: a GPU's total, else this machine's physical memory (None where
-    the system does not say)."""
+    """The memory of ``device`` in bytes: a GPU's total, else this machine's physical
+    memory (None where the system does not say)."""
     device = torch.device(device)
     if device.type == "cuda" and torch.cuda.is_available():
         return torch.cuda.get_device_properties(device.index or 0).total_memory
     try:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):  # no sysconf (Windows), or no such name
+    # no sysconf (Windows), or no such name
+    except (AttributeError, ValueError, OSError):
         return None
 
 
 def check_fits_in_memory(name: str, value: int, nbytes: int, what: str) -> None:
-    """Raise ValueError naming ``name`` when ``what``, ``nbytes`` bytes that ``name=value`` asks for, is more
-    than the memory of the device where tensors are made now (``torch.get_default_device()``)."""
+    """Raise ValueError naming ``name`` when ``what``, ``nbytes`` bytes that
+    ``name=value`` asks for, is more than the memory of the device where tensors are
+    made now (``torch.get_default_device()``)."""
     memory = device_memory(torch.get_default_device())
     if memory is not None and nbytes > memory:
-        raise ValueError(f"{name}={value:,} is too large: {what} alone would take {nbytes / 2**30:,.1f} GiB, and "
-                         f"this machine has {memory / 2**30:,.1f} GiB")
+        raise ValueError(
+            f"{name}={value:,} is too large: {what} alone would take {nbytes / 2**30:,.1f} GiB, and "
+            f"this machine has {memory / 2**30:,.1f} GiB"
+        )
 
 
 # chapters/model.md: The model
-def check_token_batch(name: str, tokens: object, vocab_size: int, max_len: int | None = None, *,
-                       any_device: bool = False) -> Tensor:
-    """Check that ``tokens`` is a (B, S) tensor of ids in [0, vocab_size), 1 <= S (<= max_len).
+def check_token_batch(
+    name: str,
+    tokens: object,
+    vocab_size: int,
+    max_len: int | None = None,
+    *,
+    any_device: bool = False,
+) -> Tensor:
+    """Check that ``tokens`` is a (B, S) tensor of ids in [0, vocab_size), 1 <= S (<=
+    max_len).
 
-    Returns the ids as int32 or int64 (see ``check_token_ids``, and there for ``any_device``).
+    Returns the ids as int32 or int64 (see ``check_token_ids``, and there for
+    ``any_device``).
     """
     tokens = check_token_ids(name, tokens, vocab_size, any_device=any_device)
     if tokens.dim() != 2:
         raise ValueError(f"{name} must have shape (B, S), got {tuple(tokens.shape)}")
     if tokens.shape[1] == 0:
-        raise ValueError(f"{name} must hold at least one position, got shape {tuple(tokens.shape)}")
+        raise ValueError(
+            f"{name} must hold at least one position, got shape {tuple(tokens.shape)}"
+        )
     if max_len is not None and tokens.shape[1] > max_len:
-        raise ValueError(f"{name} has {tokens.shape[1]} positions, more than the model's max_len={max_len}")
+        raise ValueError(
+            f"{name} has {tokens.shape[1]} positions, more than the model's max_len={max_len}"
+        )
     return tokens
 
 
 # chapters/conventions.md: Checked input
 def check_positive_int(name: str, value: object) -> int:
-    """Return ``value`` as an int if it is a positive integer, else raise naming ``name``.
+    """Return ``value`` as an int if it is a positive integer, else raise naming
+    ``name``.
 
-    Any integral number is accepted (a NumPy int from a config file, say), but not a bool.
+    Any integral number is accepted (a NumPy int from a config file, say), but not a
+    bool.
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a positive int, got {type(value).__name__} {value!r}")
+        raise TypeError(
+            f"{name} must be a positive int, got {type(value).__name__} {value!r}"
+        )
     if value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value}")
     return int(value)
 
 
 def check_non_negative_int(name: str, value: object) -> int:
-    """Return ``value`` as an int if it is an integer >= 0 (not a bool), else raise naming ``name``."""
+    """Return ``value`` as an int if it is an integer >= 0 (not a bool), else raise
+    naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a non-negative int, got {type(value).__name__} {value!r}")
+        raise TypeError(
+            f"{name} must be a non-negative int, got {type(value).__name__} {value!r}"
+        )
     if value < 0:
         raise ValueError(f"{name} must be a non-negative int, got {value}")
     return int(value)
 
 
 def check_number(name: str, value: object, low: float = 0.0) -> float:
-    """Return ``value`` as a float if it is a finite real number > ``low``, else raise naming ``name``."""
+    """Return ``value`` as a float if it is a finite real number > ``low``, else raise
+    naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number > {low:g}, got {type(value).__name__} {value!r}")
+        raise TypeError(
+            f"{name} must be a number > {low:g}, got {type(value).__name__} {value!r}"
+        )
     number = float(value)
     if not number > low:
         raise ValueError(f"{name} must be a number > {low:g}, got {value}")
-    if not math.isfinite(number):  # an infinite learning rate or epsilon ends in NaN weights
+    # an infinite learning rate or epsilon ends in NaN weights
+    if not math.isfinite(number):
         raise ValueError(f"{name} must be a finite number > {low:g}, got {value}")
     return number
 
 
 def check_fraction(name: str, value: object) -> float:
-    """Return ``value`` as a float if it is a fraction in [0, 1) (a dropout rate, a label smoothing, a share
-    of the steps), else raise a TypeError or ValueError naming ``name``."""
+    """Return ``value`` as a float if it is a fraction in [0, 1) (a dropout rate, a
+    label smoothing, a share of the steps), else raise a TypeError or ValueError naming
+    ``name``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a float in [0, 1), got {type(value).__name__} {value!r}")
+        raise TypeError(
+            f"{name} must be a float in [0, 1), got {type(value).__name__} {value!r}"
+        )
     p = float(value)
     if not 0.0 <= p < 1.0:
         raise ValueError(f"{name} must be in [0, 1), got {value}")
@@ -115,7 +145,8 @@ def check_tensor(name: str, value: object) -> Tensor:
 
 
 def check_features(name: str, x: object, d_model: int, ndim: int = 3) -> Tensor:
-    """Check that ``x`` is a float tensor of ``ndim`` dimensions ending in ``d_model``."""
+    """Check that ``x`` is a float tensor of ``ndim`` dimensions ending in
+    ``d_model``."""
     x = check_tensor(name, x)
     if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
@@ -126,16 +157,22 @@ def check_features(name: str, x: object, d_model: int, ndim: int = 3) -> Tensor:
 
 
 def check_token_tensor(name: str, tokens: object) -> Tensor:
-    """Check that ``tokens`` is a tensor of integer token ids (any integer dtype, not bool)."""
+    """Check that ``tokens`` is a tensor of integer token ids (any integer dtype, not
+    bool)."""
     if not isinstance(tokens, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(tokens).__name__}")
+        raise TypeError(
+            f"{name} must be a torch.Tensor of token ids, got {type(tokens).__name__}"
+        )
     if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
-        raise TypeError(f"{name} must hold integer token ids (e.g. torch.long), got dtype {tokens.dtype}")
+        raise TypeError(
+            f"{name} must hold integer token ids (e.g. torch.long), got dtype {tokens.dtype}"
+        )
     return tokens
 
 
 def check_bool(name: str, value: object) -> bool:
-    """Return ``value`` if it is a bool (a switch such as ``norm_first``), else raise."""
+    """Return ``value`` if it is a bool (a switch such as ``norm_first``), else
+    raise."""
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
     return value
@@ -146,35 +183,52 @@ def check_dtype(name: str, x: Tensor, dtype: torch.dtype) -> Tensor:
 
     Under autocast the two may differ by design, and nothing is checked.
     """
-    if x.dtype != dtype and not (x.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(x.device.type)):
-        raise TypeError(f"{name} must have the dtype of the module's parameters, {dtype}, got {x.dtype}: "
-                        f"convert one to the other, e.g. {name}.to({dtype}) or module.to({x.dtype})")
+    if x.dtype != dtype and not (
+        x.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(x.device.type)
+    ):
+        raise TypeError(
+            f"{name} must have the dtype of the module's parameters, {dtype}, got {x.dtype}: "
+            f"convert one to the other, e.g. {name}.to({dtype}) or module.to({x.dtype})"
+        )
     return x
 
 
 def input_dtype(linear: nn.Module) -> torch.dtype:
-    """The dtype of the features a linear layer takes: its weight's, or float32 for a layer that
-    torch's dynamic quantization made int8 (its ``weight`` is then a method, and it takes float32)."""
+    """The dtype of the features a linear layer takes: its weight's, or float32 for a
+    layer that torch's dynamic quantization made int8 (its ``weight`` is then a method,
+    and it takes float32)."""
     weight = getattr(linear, "weight", None)
     return weight.dtype if isinstance(weight, Tensor) else torch.float32
 
 
 # chapters/conventions.md: Token ids: read where that is free
 def _values_readable(tokens: Tensor, any_device: bool = False) -> bool:
-    """Whether the values of ``tokens`` can be read in eager mode: on the CPU, where that is free,
-    or on any real device when ``any_device``, at the price of one wait for it."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing() or tokens.device.type == "meta":
+    """Whether the values of ``tokens`` can be read in eager mode: on the CPU, where
+    that is free, or on any real device when ``any_device``, at the price of one wait
+    for it."""
+    if (
+        torch.compiler.is_compiling()
+        or torch.jit.is_tracing()
+        or tokens.device.type == "meta"
+    ):
         return False
-    if isinstance(tokens, FakeTensor) or torch._C._functorch.is_functorch_wrapped_tensor(tokens):
-        return False  # a fake tensor has no values; under vmap or grad they cannot be read out
+    if isinstance(
+        tokens, FakeTensor
+    ) or torch._C._functorch.is_functorch_wrapped_tensor(tokens):
+        # a fake tensor has no values; under vmap or grad they cannot be read out
+        return False
     return any_device or tokens.device.type == "cpu"
 
 
-def check_token_ids(name: str, tokens: object, vocab_size: int, *, any_device: bool = False) -> Tensor:
-    """Check that ``tokens`` holds integer ids in [0, vocab_size); return them as int32 or int64.
+def check_token_ids(
+    name: str, tokens: object, vocab_size: int, *, any_device: bool = False
+) -> Tensor:
+    """Check that ``tokens`` holds integer ids in [0, vocab_size); return them as int32
+    or int64.
 
     The values are checked where ``_values_readable`` allows: eager CPU tensors, or with
-    ``any_device`` (an entry point, once per call rather than at every forward) any real tensor.
+    ``any_device`` (an entry point, once per call rather than at every forward) any real
+    tensor.
     """
     tokens = check_token_tensor(name, tokens)
     if tokens.dtype not in (torch.int32, torch.int64):
@@ -190,25 +244,43 @@ def check_token_ids(name: str, tokens: object, vocab_size: int, *, any_device: b
 
 # chapters/conventions.md: Token ids: read where that is free
 def check_token_id(name: str, value: object, vocab_size: int) -> int:
-    """Return ``value`` as an int if it is a token id in [0, vocab_size), else raise naming ``name``."""
+    """Return ``value`` as an int if it is a token id in [0, vocab_size), else raise
+    naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int token id, got {type(value).__name__} {value!r}")
+        raise TypeError(
+            f"{name} must be an int token id, got {type(value).__name__} {value!r}"
+        )
     token_id = int(value)
     if not 0 <= token_id < vocab_size:
-        raise ValueError(f"{name} must be a token id in the target vocabulary [0, {vocab_size}), got {value}")
+        raise ValueError(
+            f"{name} must be a token id in the target vocabulary [0, {vocab_size}), got {value}"
+        )
     return token_id
 
 
-def check_generation(model: Any, src: Any, max_len: Any, bos_id: Any,
-                     pad_id: int | None) -> tuple[int, int, int]:
-    """Check src (B, S), 1 <= max_len <= the model's max_len, bos_id and pad_id; return the ints."""
-    if not all(hasattr(model, name) for name in ("encode", "decode", "output", "src_embed", "tgt_embed")):
-        raise TypeError(f"model must be an encoder-decoder model such as Transformer (with encode and "
-                        f"decode), got {type(model).__name__}"
-                        + ("; a decoder-only model generates with sample" if hasattr(model, "new_cache") else ""))
+def check_generation(
+    model: Any, src: Any, max_len: Any, bos_id: Any, pad_id: int | None
+) -> tuple[int, int, int]:
+    """Check src (B, S), 1 <= max_len <= the model's max_len, bos_id and pad_id; return
+    the ints."""
+    if not all(
+        hasattr(model, name)
+        for name in ("encode", "decode", "output", "src_embed", "tgt_embed")
+    ):
+        raise TypeError(
+            f"model must be an encoder-decoder model such as Transformer (with encode and "
+            f"decode), got {type(model).__name__}"
+            + (
+                "; a decoder-only model generates with sample"
+                if hasattr(model, "new_cache")
+                else ""
+            )
+        )
     check_token_batch("src", src, model.src_embed.vocab_size, any_device=True)
     if src.shape[0] == 0:
-        raise ValueError(f"src must hold at least one sequence, got shape {tuple(src.shape)}")
+        raise ValueError(
+            f"src must hold at least one sequence, got shape {tuple(src.shape)}"
+        )
     max_len = check_positive_int("max_len", max_len)
     if max_len > model.positional_encoding.max_len:
         raise ValueError(

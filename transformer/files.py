@@ -18,14 +18,18 @@ from typing import IO
 
 
 # chapters/package_as_tool.md: Text that is not UTF-8
-def read_lines(source: str | os.PathLike | IO, *, what: str, errors: str = "strict") -> list[str]:
-    """The lines of UTF-8 text in a file (a path) or a stream (``sys.stdin``), without their line ends.
+def read_lines(
+    source: str | os.PathLike | IO, *, what: str, errors: str = "strict"
+) -> list[str]:
+    """The lines of UTF-8 text in a file (a path) or a stream (``sys.stdin``), without
+    their line ends.
 
-    ``what`` names the input in messages (``"stdin"``, ``"--train-src data/train.de"``). A byte-order
-    mark at the start is dropped. A line that is not UTF-8 raises a ValueError naming ``what``, the
-    line's number and its bad bytes (``errors="strict"``), or, with ``errors="replace"``, has its
-    bad bytes replaced by U+FFFD, with a line on stderr for each line replaced. A file that cannot
-    be read raises a ValueError naming it.
+    ``what`` names the input in messages (``"stdin"``, ``"--train-src data/train.de"``).
+    A byte-order mark at the start is dropped. A line that is not UTF-8 raises a
+    ValueError naming ``what``, the line's number and its bad bytes
+    (``errors="strict"``), or, with ``errors="replace"``, has its bad bytes replaced by
+    U+FFFD, with a line on stderr for each line replaced. A file that cannot be read
+    raises a ValueError naming it.
     """
     if errors not in ("strict", "replace"):
         raise ValueError(f"errors must be 'strict' or 'replace', got {errors!r}")
@@ -36,46 +40,67 @@ def read_lines(source: str | os.PathLike | IO, *, what: str, errors: str = "stri
         except OSError as err:
             raise ValueError(f"{what}: cannot be read: {err.strerror or err}") from None
     else:
-        data = getattr(source, "buffer", source).read()  # the bytes under a text stream, where it has them
-    if isinstance(data, str):  # a text stream without bytes (io.StringIO): its lone surrogates are bad bytes
+        # the bytes under a text stream, where it has them
+        data = getattr(source, "buffer", source).read()
+    # a text stream without bytes (io.StringIO): its lone surrogates are bad bytes
+    if isinstance(data, str):
         try:
             data = data.encode("utf-8", "surrogateescape")
         except UnicodeEncodeError:
             data = data.encode("utf-8", "surrogatepass")
     lines, bad = [], []
-    for number, raw in enumerate(data.removeprefix(b"\xef\xbb\xbf").splitlines(), start=1):
+    for number, raw in enumerate(
+        data.removeprefix(b"\xef\xbb\xbf").splitlines(), start=1
+    ):
         try:
             lines.append(raw.decode("utf-8"))
         except UnicodeDecodeError as err:
-            where = f"{what}, line {number}: the bytes {raw[err.start:err.end]!r} at byte {err.start + 1} are not UTF-8"
+            where = f"{what}, line {number}: the bytes {raw[err.start : err.end]!r} at byte {err.start + 1} are not UTF-8"
             bad.append(where)
             if errors == "replace":
                 lines.append(raw.decode("utf-8", "replace"))
                 print(f"{where}: replaced by U+FFFD", file=sys.stderr)
     if bad and errors == "strict":
         more = len(bad) - 1
-        raise ValueError(bad[0] + (f" ({more} more {'line is' if more == 1 else 'lines are'} not UTF-8 either)"
-                                   if more else ""))
+        raise ValueError(
+            bad[0]
+            + (
+                f" ({more} more {'line is' if more == 1 else 'lines are'} not UTF-8 either)"
+                if more
+                else ""
+            )
+        )
     return lines
 
 
 # chapters/package_as_tool.md: Text that is not UTF-8
-def read_parallel(source_what: str, source: str | os.PathLike, target_what: str,
-                  target: str | os.PathLike) -> tuple[list[str], list[str]]:
-    """The sentence pairs of two files (``read_lines``), line i of ``target`` translating line i of
-    ``source``; a ValueError naming the file (``what`` and path) that is empty, has an empty line or
-    another number of lines."""
+def read_parallel(
+    source_what: str,
+    source: str | os.PathLike,
+    target_what: str,
+    target: str | os.PathLike,
+) -> tuple[list[str], list[str]]:
+    """The sentence pairs of two files (``read_lines``), line i of ``target``
+    translating line i of ``source``; a ValueError naming the file (``what`` and path)
+    that is empty, has an empty line or another number of lines."""
     sides = []
     for what, path in ((source_what, source), (target_what, target)):
         what = f"{what} {os.fspath(path)}"
         lines = read_lines(path, what=what)
         if not lines:
             raise ValueError(f"{what} is empty: it must hold one sentence a line")
-        blank = next((number for number, line in enumerate(lines, start=1) if not line.strip()), None)
+        blank = next(
+            (number for number, line in enumerate(lines, start=1) if not line.strip()),
+            None,
+        )
         if blank is not None:
-            raise ValueError(f"{what}, line {blank}: the line is empty, and every line must hold a sentence")
+            raise ValueError(
+                f"{what}, line {blank}: the line is empty, and every line must hold a sentence"
+            )
         sides.append(lines)
     if len(sides[0]) != len(sides[1]):
-        raise ValueError(f"{what} has {len(sides[1])} lines but {source_what} has {len(sides[0])}: "
-                         "line i of one must be the translation of line i of the other")
+        raise ValueError(
+            f"{what} has {len(sides[1])} lines but {source_what} has {len(sides[0])}: "
+            "line i of one must be the translation of line i of the other"
+        )
     return sides[0], sides[1]

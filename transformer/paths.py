@@ -18,8 +18,9 @@ import tempfile
 
 # chapters/subwords.md: The data: Multi30k
 def book_root() -> Path | None:
-    """The book's root folder: the first folder above the working directory that holds ``_toc.yml``
-    (a notebook runs in ``chapters/``, the commands in the root); None outside the book."""
+    """The book's root folder: the first folder above the working directory that holds
+    ``_toc.yml`` (a notebook runs in ``chapters/``, the commands in the root); None
+    outside the book."""
     for folder in [Path.cwd(), *Path.cwd().parents]:
         if (folder / "_toc.yml").is_file():
             return folder
@@ -29,32 +30,54 @@ def book_root() -> Path | None:
 def data_file(name: str = "shakespeare.txt") -> Path:
     """The path of ``data/<name>`` in the book's repository (under ``book_root()``).
 
-    Raises FileNotFoundError when there is no book above the working directory, or no such file in it.
+    Raises FileNotFoundError when there is no book above the working directory, or no
+    such file in it.
     """
     root = book_root()
     if root is not None:
         path = root / "data" / name
         if not path.is_file():
-            raise FileNotFoundError(f"the book has no data file {name!r}: {path} does not exist")
+            raise FileNotFoundError(
+                f"the book has no data file {name!r}: {path} does not exist"
+            )
         return path
-    raise FileNotFoundError(f"no book (a folder with _toc.yml) above {Path.cwd()}, so no data/{name}: the data "
-                            "is not installed with the package; run from inside a clone of the book's "
-                            "repository, or read a text file of your own")
+    raise FileNotFoundError(
+        f"no book (a folder with _toc.yml) above {Path.cwd()}, so no data/{name}: the data "
+        "is not installed with the package; run from inside a clone of the book's "
+        "repository, or read a text file of your own"
+    )
 
 
 # chapters/training_run.md: Where finished runs are kept
 def model_cache_dir() -> Path:
-    """``<book root>/_build/models``; outside the book, a folder in the system's temporary directory."""
+    """``<book root>/_build/models``; outside the book, a folder in the system's
+    temporary directory."""
     root = book_root()
-    return root / "_build" / "models" if root is not None else Path(tempfile.gettempdir()) / "transformer-book-models"
+    return (
+        root / "_build" / "models"
+        if root is not None
+        else Path(tempfile.gettempdir()) / "transformer-book-models"
+    )
 
 
 # chapters/training_run.md: Training the model
 def seed_spread(chapter: str, name: str) -> dict[str, float]:
-    """Min, median, max and count of a number glued by a chapter, over the book's recorded robustness runs."""
+    """Min, median, max and count of a number glued by a chapter, over the book's
+    recorded robustness runs."""
     path = (book_root() or Path.cwd()) / "benchmarks" / "robustness_results.json"
     runs = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
-    values = [float(run["glued"][name]) for run in runs if run["chapter"] == chapter and name in run["glued"]]
+    values = [
+        float(run["glued"][name])
+        for run in runs
+        if run["chapter"] == chapter and name in run["glued"]
+    ]
     if not values:
-        raise ValueError(f"{path} records no run of chapter {chapter!r} with a number {name!r}")
-    return {"min": min(values), "median": statistics.median(values), "max": max(values), "runs": len(values)}
+        raise ValueError(
+            f"{path} records no run of chapter {chapter!r} with a number {name!r}"
+        )
+    return {
+        "min": min(values),
+        "median": statistics.median(values),
+        "max": max(values),
+        "runs": len(values),
+    }

@@ -13,5 +13,6 @@ import transformer.cli.train as _command
 
 
 # chapters/scaling_out.md: Putting it together
-if __name__ == "__main__" and __spec__ is not None:  # `python -m transformer.train`, not a notebook
+# `python -m transformer.train`, not a notebook
+if __name__ == "__main__" and __spec__ is not None:
     raise SystemExit(_command.main())

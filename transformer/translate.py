@@ -13,5 +13,6 @@ import transformer.cli.translate as _command
 
 
 # chapters/long_runs.md: Text that is not UTF-8, and lines too long
-if __name__ == "__main__" and __spec__ is not None:  # `python -m transformer.translate`, not a notebook
+# `python -m transformer.translate`, not a notebook
+if __name__ == "__main__" and __spec__ is not None:
     raise SystemExit(_command.main())

@@ -32,32 +32,44 @@ from transformer.nn.attention import scaled_dot_product_attention
 def self_attention_macs(n: int, d: int, projections: bool = False) -> int:
     """Multiply-adds of one self-attention layer over ``n`` positions of width ``d``.
 
-    The core, softmax(Q K^T / sqrt(d)) V, costs n^2 d for the scores Q K^T and n^2 d for the
-    weighted sum of the values: 2 n^2 d, the O(n^2 d) of the paper's Table 1. With
+    The core, softmax(Q K^T / sqrt(d)) V, costs n^2 d for the scores Q K^T and n^2 d for
+    the weighted sum of the values: 2 n^2 d, the O(n^2 d) of the paper's Table 1. With
     ``projections=True`` the four d x d projections W^Q, W^K, W^V and W^O add 4 n d^2.
     Softmax, scaling and biases are not counted. Multiply by the batch size for a batch.
     """
     n, d = check_positive_int("n", n), check_positive_int("d", d)
     if not isinstance(projections, bool):
-        raise TypeError(f"projections must be a bool, got {type(projections).__name__} {projections!r}")
+        raise TypeError(
+            f"projections must be a bool, got {type(projections).__name__} {projections!r}"
+        )
     return 2 * n * n * d + (4 * n * d * d if projections else 0)
 
 
 def recurrent_macs(n: int, d: int) -> int:
-    """Multiply-adds of one recurrent layer, h_t = tanh(x_t W_x + h_{t-1} W_h + b): 2 n d^2."""
+    """Multiply-adds of one recurrent layer, h_t = tanh(x_t W_x + h_{t-1} W_h + b): 2 n
+    d^2."""
     n, d = check_positive_int("n", n), check_positive_int("d", d)
     return 2 * n * d * d
 
 
 def convolution_macs(n: int, d: int, k: int) -> int:
-    """Multiply-adds of one convolution of width ``k``, ``d`` channels in and out: k n d^2."""
-    n, d, k = check_positive_int("n", n), check_positive_int("d", d), check_positive_int("k", k)
+    """Multiply-adds of one convolution of width ``k``, ``d`` channels in and out: k n
+    d^2."""
+    n, d, k = (
+        check_positive_int("n", n),
+        check_positive_int("d", d),
+        check_positive_int("k", k),
+    )
     return k * n * d * d
 
 
 def restricted_attention_macs(n: int, d: int, r: int) -> int:
     """Multiply-adds of self-attention in which each query sees ``r`` keys: 2 r n d."""
-    n, d, r = check_positive_int("n", n), check_positive_int("d", d), check_positive_int("r", r)
+    n, d, r = (
+        check_positive_int("n", n),
+        check_positive_int("d", d),
+        check_positive_int("r", r),
+    )
     return 2 * r * n * d
 
 
@@ -70,17 +82,22 @@ def flops(fn: Callable[..., object], *args: object) -> int:
 
 
 # chapters/complexity.md: How we time
-def cpu_times(fns: dict[Any, Callable[[], object]], rounds: int = 5, min_time: float = 0.01) -> dict[Any, float]:
+def cpu_times(
+    fns: dict[Any, Callable[[], object]], rounds: int = 5, min_time: float = 0.01
+) -> dict[Any, float]:
     """The fastest CPU time per call of each function of the dict ``fns``, in seconds.
 
     Each round runs every function, each often enough to take at least ``min_time``.
     """
     with torch.no_grad():
         calls = {}
-        for key, fn in fns.items():  # a warm-up call, which also sets how often to call fn
+        # a warm-up call, which also sets how often to call fn
+        for key, fn in fns.items():
             start = time.process_time()
             fn()
-            calls[key] = max(1, math.ceil(min_time / max(time.process_time() - start, 1e-6)))
+            calls[key] = max(
+                1, math.ceil(min_time / max(time.process_time() - start, 1e-6))
+            )
         best = dict.fromkeys(fns, math.inf)
         for _ in range(rounds):
             for key, fn in fns.items():
@@ -93,14 +110,17 @@ def cpu_times(fns: dict[Any, Callable[[], object]], rounds: int = 5, min_time: f
 
 # chapters/complexity.md: How we time
 def loglog_slope(sizes: Iterable[float], values: Iterable[float]) -> float:
-    """The slope p of the least-squares line through (log size, log value): value ~ c * size^p.
+    """The slope p of the least-squares line through (log size, log value): value ~ c *
+    size^p.
 
-    ``sizes``: two or more positive sizes, not all equal; ``values``: one positive measurement
-    (seconds, bytes, operations) per size.
+    ``sizes``: two or more positive sizes, not all equal; ``values``: one positive
+    measurement (seconds, bytes, operations) per size.
     """
     sizes, values = [float(s) for s in sizes], [float(v) for v in values]
     if len(sizes) != len(values) or len(sizes) < 2:
-        raise ValueError(f"need two or more sizes and as many values, got {len(sizes)} and {len(values)}")
+        raise ValueError(
+            f"need two or more sizes and as many values, got {len(sizes)} and {len(values)}"
+        )
     if min(sizes) <= 0 or min(values) <= 0:
         raise ValueError(f"sizes and values must be positive, got {sizes} and {values}")
     if min(sizes) == max(sizes):
@@ -111,14 +131,30 @@ def loglog_slope(sizes: Iterable[float], values: Iterable[float]) -> float:
     return covariance / sum((x - mean_x) ** 2 for x in xs)
 
 
-def loglog_plot(ax: Any, sizes: Sequence[float], series: dict[str, Sequence[float]], xlabel: str, ylabel: str,
-                scale: float = 1.0) -> None:
-    """Draw measured points and their fitted power law on the matplotlib axes ``ax``, with the slope in the legend."""
+def loglog_plot(
+    ax: Any,
+    sizes: Sequence[float],
+    series: dict[str, Sequence[float]],
+    xlabel: str,
+    ylabel: str,
+    scale: float = 1.0,
+) -> None:
+    """Draw measured points and their fitted power law on the matplotlib axes ``ax``,
+    with the slope in the legend."""
     for name, values in series.items():
         slope = loglog_slope(sizes, values)
-        points = ax.loglog(sizes, [v * scale for v in values], "o", label=f"{name}: slope {slope:.2f}")
-        c = values[-1] * scale / sizes[-1] ** slope  # the fitted line through the last point
-        ax.loglog(sizes, [c * s**slope for s in sizes], "-", color=points[0].get_color(), alpha=0.5)
+        points = ax.loglog(
+            sizes, [v * scale for v in values], "o", label=f"{name}: slope {slope:.2f}"
+        )
+        # the fitted line through the last point
+        c = values[-1] * scale / sizes[-1] ** slope
+        ax.loglog(
+            sizes,
+            [c * s**slope for s in sizes],
+            "-",
+            color=points[0].get_color(),
+            alpha=0.5,
+        )
     ax.set_xticks(sizes, [f"{s:g}" for s in sizes])
     ax.minorticks_off()
     ax.set_xlabel(xlabel)
@@ -128,19 +164,23 @@ def loglog_plot(ax: Any, sizes: Sequence[float], series: dict[str, Sequence[floa
 
 # chapters/complexity.md: Sequential operations
 def autograd_depth(output: Tensor) -> int:
-    """The number of operations on the longest chain of dependent operations behind ``output``.
+    """The number of operations on the longest chain of dependent operations behind
+    ``output``.
 
-    Walks the autograd graph from ``output.grad_fn`` back to the leaves; each node is one
-    differentiable operation whose inputs had to be computed before it. The leaves themselves
-    (``AccumulateGrad``) are not counted. Returns 0 for a tensor that no tracked operation made.
+    Walks the autograd graph from ``output.grad_fn`` back to the leaves; each node is
+    one differentiable operation whose inputs had to be computed before it. The leaves
+    themselves (``AccumulateGrad``) are not counted. Returns 0 for a tensor that no
+    tracked operation made.
     """
     check_tensor("output", output)
     root = output.grad_fn
     if root is None:
         return 0
-    depth: dict[object, int] = {}  # node -> the longest chain of operations ending at it
+    # node -> the longest chain of operations ending at it
+    depth: dict[object, int] = {}
     stack = [(root, False)]
-    while stack:  # iterative depth-first search: an RNN's graph is thousands of nodes deep
+    # iterative depth-first search: an RNN's graph is thousands of nodes deep
+    while stack:
         node, children_done = stack.pop()
         if node in depth:
             continue
@@ -155,11 +195,17 @@ def autograd_depth(output: Tensor) -> int:
 
 
 # chapters/complexity.md: Maximum path length
-def layers_to_connect(make_layer: Callable[[int], Callable[[Tensor], Tensor]], n: int, d: int,
-                      max_layers: int = 100) -> int | None:
-    """How many layers, stacked, until output n - 1 depends on input 0 (None: not within ``max_layers``).
+def layers_to_connect(
+    make_layer: Callable[[int], Callable[[Tensor], Tensor]],
+    n: int,
+    d: int,
+    max_layers: int = 100,
+) -> int | None:
+    """How many layers, stacked, until output n - 1 depends on input 0 (None: not within
+    ``max_layers``).
 
-    ``make_layer(depth)`` returns the layer at that depth (counted from 1), a function (1, n, d) -> (1, n, d).
+    ``make_layer(depth)`` returns the layer at that depth (counted from 1), a function
+    (1, n, d) -> (1, n, d).
     """
     x = torch.randn(1, n, d, requires_grad=True)
     y = x
@@ -172,13 +218,16 @@ def layers_to_connect(make_layer: Callable[[int], Callable[[Tensor], Tensor]], n
 
 
 # chapters/restricted_attention.md: Restricted self-attention
-def band_mask(size: int, radius: int, device: torch.device | str | None = None) -> Tensor:
-    """The mask of restricted self-attention: position i may attend to j only if |i - j| <= radius.
+def band_mask(
+    size: int, radius: int, device: torch.device | str | None = None
+) -> Tensor:
+    """The mask of restricted self-attention: position i may attend to j only if |i - j|
+    <= radius.
 
     Args:
         size: the sequence length, a positive int.
-        radius: how far each position sees on either side, a non-negative int; the paper's
-            neighbourhood size is r = 2 * radius + 1.
+        radius: how far each position sees on either side, a non-negative int; the
+            paper's neighbourhood size is r = 2 * radius + 1.
         device: where to create the mask.
 
     Returns:
@@ -194,26 +243,39 @@ def band_mask(size: int, radius: int, device: torch.device | str | None = None) 
 
 
 # chapters/restricted_attention.md: A mask saves no work
-def _band_block_mask(size: int, block: int, radius: int, num_blocks: int, device: torch.device) -> Tensor:
-    """For block b of queries and its window of keys (blocks b - 1, b, b + 1): True = masked."""
-    query_pos = torch.arange(num_blocks * block, device=device).view(num_blocks, block, 1)
-    first_key = torch.arange(num_blocks, device=device).view(num_blocks, 1, 1) * block - block
-    key_pos = first_key + torch.arange(3 * block, device=device)  # (num_blocks, 1, 3 * block)
+def _band_block_mask(
+    size: int, block: int, radius: int, num_blocks: int, device: torch.device
+) -> Tensor:
+    """For block b of queries and its window of keys (blocks b - 1, b, b + 1): True =
+    masked."""
+    query_pos = torch.arange(num_blocks * block, device=device).view(
+        num_blocks, block, 1
+    )
+    first_key = (
+        torch.arange(num_blocks, device=device).view(num_blocks, 1, 1) * block - block
+    )
+    # (num_blocks, 1, 3 * block)
+    key_pos = first_key + torch.arange(3 * block, device=device)
     outside = (key_pos < 0) | (key_pos >= size)  # the padding around the sequence
-    return ((query_pos - key_pos).abs() > radius) | outside  # (num_blocks, block, 3 * block)
+    # (num_blocks, block, 3 * block)
+    return ((query_pos - key_pos).abs() > radius) | outside
 
 
 def banded_attention(query: Tensor, key: Tensor, value: Tensor, radius: int) -> Tensor:
-    """Self-attention restricted to a band, computing only the band: O(n * radius * d) work.
+    """Self-attention restricted to a band, computing only the band: O(n * radius * d)
+    work.
 
-    Equal to ``scaled_dot_product_attention(query, key, value, mask=band_mask(n, radius))``, but
-    the scores are computed only for blocks of ``radius`` queries against the 3 * ``radius`` keys
-    around them, so time and memory grow linearly in n instead of quadratically.
+    Equal to
+    ``scaled_dot_product_attention(query, key, value, mask=band_mask(n, radius))``, but
+    the scores are computed only for blocks of ``radius`` queries against the 3 *
+    ``radius`` keys around them, so time and memory grow linearly in n instead of
+    quadratically.
 
     Args:
         query, key: ``(..., n, d_k)``; query and key positions are the same n positions.
         value: ``(..., n, d_v)``.
-        radius: position i attends to the positions j with |i - j| <= radius (a non-negative int).
+        radius: position i attends to the positions j with |i - j| <= radius (a
+        non-negative int).
 
     Returns:
         The output, ``(..., n, d_v)``.
@@ -221,30 +283,41 @@ def banded_attention(query: Tensor, key: Tensor, value: Tensor, radius: int) -> 
     for name, t in (("query", query), ("key", key), ("value", value)):
         check_tensor(name, t)
         if t.dim() < 2 or not t.is_floating_point():
-            raise ValueError(f"{name} must be a floating-point tensor (..., n, d), got "
-                             f"{t.dtype} {tuple(t.shape)}")
+            raise ValueError(
+                f"{name} must be a floating-point tensor (..., n, d), got "
+                f"{t.dtype} {tuple(t.shape)}"
+            )
     if key.shape != query.shape or value.shape[:-1] != key.shape[:-1]:
-        raise ValueError(f"query and key must have the same shape (..., n, d_k) and value (..., n, d_v), "
-                         f"got {tuple(query.shape)}, {tuple(key.shape)} and {tuple(value.shape)}")
+        raise ValueError(
+            f"query and key must have the same shape (..., n, d_k) and value (..., n, d_v), "
+            f"got {tuple(query.shape)}, {tuple(key.shape)} and {tuple(value.shape)}"
+        )
     radius, n = check_non_negative_int("radius", radius), query.shape[-2]
     block = max(radius, 1)
     num_blocks = -(-n // block)  # ceil(n / block)
     pad = num_blocks * block - n
-    q = F.pad(query, (0, 0, 0, pad)).unflatten(-2, (num_blocks, block))  # (..., n/w, w, d_k)
-    k = F.pad(key, (0, 0, block, block + pad)).unfold(-2, 3 * block, block)  # (..., n/w, d_k, 3w)
-    v = F.pad(value, (0, 0, block, block + pad)).unfold(-2, 3 * block, block)  # (..., n/w, d_v, 3w)
+    # (..., n/w, w, d_k)
+    q = F.pad(query, (0, 0, 0, pad)).unflatten(-2, (num_blocks, block))
+    # (..., n/w, d_k, 3w)
+    k = F.pad(key, (0, 0, block, block + pad)).unfold(-2, 3 * block, block)
+    # (..., n/w, d_v, 3w)
+    v = F.pad(value, (0, 0, block, block + pad)).unfold(-2, 3 * block, block)
     mask = _band_block_mask(n, block, radius, num_blocks, query.device)  # (n/w, w, 3w)
-    out, _ = scaled_dot_product_attention(q, k.transpose(-1, -2), v.transpose(-1, -2), mask=mask)
+    out, _ = scaled_dot_product_attention(
+        q, k.transpose(-1, -2), v.transpose(-1, -2), mask=mask
+    )
     return out.flatten(-3, -2)[..., :n, :]  # (..., n/w, w, d_v) -> (..., n, d_v)
 
 
 # chapters/restricted_attention.md: Memory: the $n \times n$ matrix
 def saved_tensor_bytes(fn: Callable[[], object], ignore: Iterable[Tensor] = ()) -> int:
-    """Run ``fn()`` and return the bytes of the tensors autograd saves for the backward pass.
+    """Run ``fn()`` and return the bytes of the tensors autograd saves for the backward
+    pass.
 
-    Each saved storage is counted once, however many operations save it or views of it. Storages
-    of the tensors in ``ignore`` are not counted: pass a module's ``parameters()`` to count only
-    what the computation adds to the memory the weights already take.
+    Each saved storage is counted once, however many operations save it or views of it.
+    Storages of the tensors in ``ignore`` are not counted: pass a module's
+    ``parameters()`` to count only what the computation adds to the memory the weights
+    already take.
 
     Args:
         fn: a function of no arguments that runs the forward pass to measure.

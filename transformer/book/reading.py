@@ -18,20 +18,40 @@ from torch import Tensor, nn
 
 
 # chapters/generation.md: What each digit looks at
-ATTENTION_KINDS = {"encoder self-attention": ("encoder", "self_attn"),
-                   "decoder self-attention": ("decoder", "self_attn"), "cross-attention": ("decoder", "cross_attn")}
+ATTENTION_KINDS = {
+    "encoder self-attention": ("encoder", "self_attn"),
+    "decoder self-attention": ("decoder", "self_attn"),
+    "cross-attention": ("decoder", "cross_attn"),
+}
 
 
-def attention_maps(model: nn.Module, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None,
-                   tgt_mask: Tensor | None = None) -> dict[tuple[str, int], Tensor]:
-    """Every attention map of a teacher-forced pass of ``model`` (a ``Transformer``) over ``src`` (B, S)
-    and ``tgt`` (B, T): {(kind, layer): weights (B, H, queries, keys)}, kind one of ``ATTENTION_KINDS``."""
+def attention_maps(
+    model: nn.Module,
+    src: Tensor,
+    tgt: Tensor,
+    src_mask: Tensor | None = None,
+    tgt_mask: Tensor | None = None,
+) -> dict[tuple[str, int], Tensor]:
+    """Every attention map of a teacher-forced pass of ``model`` (a ``Transformer``)
+    over ``src`` (B, S) and ``tgt`` (B, T): {(kind, layer): weights (B, H, queries,
+    keys)}, kind one of ``ATTENTION_KINDS``."""
     calls, hooks = {}, []
     for kind, (stack, name) in ATTENTION_KINDS.items():
         for i, layer in enumerate(getattr(model, stack).layers):
-            def record(module: nn.Module, args: tuple, kwargs: dict, out: Any, key: tuple = (kind, i)) -> None:
-                calls[key] = (module, args, kwargs, out)  # keep the call, change nothing
-            hooks.append(getattr(layer, name).register_forward_hook(record, with_kwargs=True))
+
+            def record(
+                module: nn.Module,
+                args: tuple,
+                kwargs: dict,
+                out: Any,
+                key: tuple = (kind, i),
+            ) -> None:
+                # keep the call, change nothing
+                calls[key] = (module, args, kwargs, out)
+
+            hooks.append(
+                getattr(layer, name).register_forward_hook(record, with_kwargs=True)
+            )
     try:
         with torch.no_grad():
             model(src, tgt, src_mask, tgt_mask)
@@ -42,6 +62,7 @@ def attention_maps(model: nn.Module, src: Tensor, tgt: Tensor, src_mask: Tensor 
     with torch.no_grad():
         for key, (module, args, kwargs, out) in calls.items():
             again, weights = module(*args, **{**kwargs, "need_weights": True})
-            torch.testing.assert_close(again, out, rtol=1e-4, atol=1e-5)  # the same computation as in the pass
+            # the same computation as in the pass
+            torch.testing.assert_close(again, out, rtol=1e-4, atol=1e-5)
             maps[key] = weights  # (B, H, queries, keys)
     return maps

@@ -36,19 +36,27 @@ from transformer.training.loop import DivergedError
 
 
 # chapters/classify_command.md: Reading the files
-def read_jsonl_lines(source: str | Path, fields: Sequence[str]) -> list[dict[str, Any] | None]:
-    """One entry per line of a JSON-lines file (UTF-8, read by ``read_lines``), or of stdin for ``"-"``:
-    the line's JSON object, with string ``fields`` (a ``"label"`` may also be an integer: it is read
-    as its text), or None for a blank line.
+def read_jsonl_lines(
+    source: str | Path, fields: Sequence[str]
+) -> list[dict[str, Any] | None]:
+    """One entry per line of a JSON-lines file (UTF-8, read by ``read_lines``), or of
+    stdin for ``"-"``: the line's JSON object, with string ``fields`` (a ``"label"`` may
+    also be an integer: it is read as its text), or None for a blank line.
 
-    Raises FileNotFoundError, or ValueError naming the file (or stdin) and the line, for input that
-    cannot be used.
+    Raises FileNotFoundError, or ValueError naming the file (or stdin) and the line, for
+    input that cannot be used.
     """
     what = "stdin" if str(source) == "-" else str(source)
-    if what != "stdin" and (Path(source).is_dir() or not Path(source).exists()):  # a pipe, /dev/stdin: read
-        raise FileNotFoundError(f"{what}: no such file" + (" (a directory)" if Path(source).is_dir() else ""))
+    # a pipe, /dev/stdin: read
+    if what != "stdin" and (Path(source).is_dir() or not Path(source).exists()):
+        raise FileNotFoundError(
+            f"{what}: no such file"
+            + (" (a directory)" if Path(source).is_dir() else "")
+        )
     rows: list[dict[str, Any] | None] = []
-    for number, line in enumerate(read_lines(sys.stdin if what == "stdin" else source, what=what), 1):
+    for number, line in enumerate(
+        read_lines(sys.stdin if what == "stdin" else source, what=what), 1
+    ):
         if not line.strip():
             rows.append(None)
             continue
@@ -57,248 +65,520 @@ def read_jsonl_lines(source: str | Path, fields: Sequence[str]) -> list[dict[str
         except json.JSONDecodeError as error:
             raise ValueError(f"{what}, line {number}: not JSON ({error.msg})") from None
         if not isinstance(row, dict) or any(name not in row for name in fields):
-            raise ValueError(f"{what}, line {number}: expected a JSON object with fields {list(fields)}, got {line[:60]!r}")
+            raise ValueError(
+                f"{what}, line {number}: expected a JSON object with fields {list(fields)}, got {line[:60]!r}"
+            )
         for name in fields:
-            if name == "label" and isinstance(row[name], int) and not isinstance(row[name], bool):
+            if (
+                name == "label"
+                and isinstance(row[name], int)
+                and not isinstance(row[name], bool)
+            ):
                 row[name] = str(row[name])
             if not isinstance(row[name], str):
-                raise ValueError(f"{what}, line {number}: field {name!r} must be a string, got {row[name]!r:.40}")
+                raise ValueError(
+                    f"{what}, line {number}: field {name!r} must be a string, got {row[name]!r:.40}"
+                )
         rows.append(row)
     return rows
 
 
 def read_jsonl(source: str | Path, fields: Sequence[str]) -> list[dict[str, Any]]:
-    """The JSON objects of a JSON-lines file or of stdin (``read_jsonl_lines``), blank lines skipped.
+    """The JSON objects of a JSON-lines file or of stdin (``read_jsonl_lines``), blank
+    lines skipped.
 
-    Raises FileNotFoundError, or ValueError naming the file and the line, for a file that cannot be
-    used, and for one without any object.
+    Raises FileNotFoundError, or ValueError naming the file and the line, for a file
+    that cannot be used, and for one without any object.
     """
     rows = [row for row in read_jsonl_lines(source, fields) if row is not None]
     if not rows:
-        raise ValueError(f"{'stdin' if str(source) == '-' else source}: no examples (the file is empty)")
+        raise ValueError(
+            f"{'stdin' if str(source) == '-' else source}: no examples (the file is empty)"
+        )
     return rows
 
 
 def what_is_read(text: str, reads: str) -> str:
-    """The text a classifier reads: ``text`` itself, or, with ``reads="email"``, what a reader reads
-    of the raw email ``text`` (``email_text``; its bytes are the text's UTF-8, undecodable bytes
-    carried as surrogate escapes)."""
-    return email_text(text.encode("utf-8", "surrogateescape")) if reads == "email" else text
+    """The text a classifier reads: ``text`` itself, or, with ``reads="email"``, what a
+    reader reads of the raw email ``text`` (``email_text``; its bytes are the text's
+    UTF-8, undecodable bytes carried as surrogate escapes)."""
+    return (
+        email_text(text.encode("utf-8", "surrogateescape"))
+        if reads == "email"
+        else text
+    )
 
 
 # chapters/classify_command.md: The checkpoint
 TASK = "classify"
 #: The width (d_model) of a classifier trained from scratch (without --pretrained).
 WIDTH = 64
-#: The settings of a run of ``train_main`` that its checkpoint's configuration holds beside the model's
-#: (as a ``TrainConfig`` holds both): a run is continued (``--resume``) only with the same ones, but for
-#: those that ``check_resume`` lets change (the steps, the threads, the rate).
-RUN_SETTINGS = ("train_data", "reads", "pretrained", "length", "vocab_size_asked", "batch_size", "lr", "warmup",
-                "seed", "steps", "num_threads")
+#: The settings of a run of ``train_main`` that its checkpoint's configuration holds
+#: beside the model's (as a ``TrainConfig`` holds both): a run is continued
+#: (``--resume``) only with the same ones, but for those that ``check_resume`` lets
+#: change (the steps, the threads, the rate).
+RUN_SETTINGS = (
+    "train_data",
+    "reads",
+    "pretrained",
+    "length",
+    "vocab_size_asked",
+    "batch_size",
+    "lr",
+    "warmup",
+    "seed",
+    "steps",
+    "num_threads",
+)
 
 
 def classifier_model(checkpoint: dict, path: str | os.PathLike) -> SequenceClassifier:
-    """The untrained classifier a checkpoint describes (``BUILDERS["classifier"]``): its settings
-    (those of the model, not of its run), one class per label, mean pooling."""
-    settings = {name: value for name, value in checkpoint["config"].items() if name not in RUN_SETTINGS}
-    return from_settings(SequenceClassifier, settings, num_classes=len(checkpoint["labels"]), pooling="mean")
+    """The untrained classifier a checkpoint describes (``BUILDERS["classifier"]``): its
+    settings (those of the model, not of its run), one class per label, mean pooling."""
+    settings = {
+        name: value
+        for name, value in checkpoint["config"].items()
+        if name not in RUN_SETTINGS
+    }
+    return from_settings(
+        SequenceClassifier,
+        settings,
+        num_classes=len(checkpoint["labels"]),
+        pooling="mean",
+    )
 
 
-def save_classifier(path: Path, model: SequenceClassifier, settings: dict, tokenizer: Any, labels: list[str],
-                    length: int, reads: str, optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
-                    step: int | None = None, history: dict | None = None) -> None:
-    """Write the classifier's checkpoint to ``path`` with ``save_checkpoint`` (atomic: temporary file,
-    fsync, rename): kind "classifier", its settings as the configuration, and what labelling needs;
-    with the ``optimizer``, ``scheduler``, ``step`` and ``history``, what its run needs to go on."""
-    save_checkpoint(path, model, optimizer, scheduler, step, history, config=settings, kind="classifier",
-                    extra={"labels": labels, "tokenizer": tokenizer.to_str(), "length": length, "reads": reads})
+def save_classifier(
+    path: Path,
+    model: SequenceClassifier,
+    settings: dict,
+    tokenizer: Any,
+    labels: list[str],
+    length: int,
+    reads: str,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+    step: int | None = None,
+    history: dict | None = None,
+) -> None:
+    """Write the classifier's checkpoint to ``path`` with ``save_checkpoint`` (atomic:
+    temporary file, fsync, rename): kind "classifier", its settings as the
+    configuration, and what labelling needs; with the ``optimizer``, ``scheduler``,
+    ``step`` and ``history``, what its run needs to go on."""
+    save_checkpoint(
+        path,
+        model,
+        optimizer,
+        scheduler,
+        step,
+        history,
+        config=settings,
+        kind="classifier",
+        extra={
+            "labels": labels,
+            "tokenizer": tokenizer.to_str(),
+            "length": length,
+            "reads": reads,
+        },
+    )
 
 
 def load_classifier(path: str | Path) -> tuple[SequenceClassifier, Any, dict]:
-    """The classifier, tokenizer and checkpoint (labels, length, reads) saved by ``save_classifier``.
+    """The classifier, tokenizer and checkpoint (labels, length, reads) saved by
+    ``save_classifier``.
 
-    Raises FileNotFoundError or ValueError, in one line naming the file, for anything else.
+    Raises FileNotFoundError or ValueError, in one line naming the file, for anything
+    else.
     """
     from tokenizers import Tokenizer
 
-    checkpoint = read_checkpoint(path, kind="classifier")  # a missing, unsafe or other file: one line naming it
+    # a missing, unsafe or other file: one line naming it
+    checkpoint = read_checkpoint(path, kind="classifier")
     model = cast(SequenceClassifier, model_of(checkpoint, path))
     return model, Tokenizer.from_str(checkpoint["tokenizer"]), checkpoint
 
 
 # chapters/classify_command.md: Training: `transformer train --task classify`
 def build_train_parser(prog: str) -> argparse.ArgumentParser:
-    """The options of ``transformer train --task classify``: the data, the run, and where (``add_where_options``)."""
-    parser = CommandParser(prog=f"{prog} --task classify",
-                           description="Train a text classifier on JSON lines of {\"text\", \"label\"} (- reads stdin).")
+    """The options of ``transformer train --task classify``: the data, the run, and
+    where (``add_where_options``)."""
+    parser = CommandParser(
+        prog=f"{prog} --task classify",
+        description='Train a text classifier on JSON lines of {"text", "label"} (- reads stdin).',
+    )
     parser.add_argument("--task", choices=(TASK,), default=TASK, help="what to learn")
-    parser.add_argument("--train", required=True, help="training examples, JSON lines with \"text\" and \"label\"")
-    parser.add_argument("--valid", required=True, help="validation examples, the same format")
-    parser.add_argument("--reads", choices=("text", "email"), default="text",
-                        help="text: the text as it is; email: a raw email, of which the model reads subject and body")
-    parser.add_argument("--pretrained", type=Path, help="a folder with a pre-trained encoder (models/spam-mlm)")
-    parser.add_argument("--length", type=positive_int, default=64, help="tokens read per text")
-    parser.add_argument("--vocab-size", type=positive_int, default=4000, help="BPE vocabulary without --pretrained")
-    parser.add_argument("--steps", type=positive_int, default=300, help="training steps (a resumed run counts its own)")
-    parser.add_argument("--batch-size", type=positive_int, default=32, help="examples per step")
+    parser.add_argument(
+        "--train",
+        required=True,
+        help='training examples, JSON lines with "text" and "label"',
+    )
+    parser.add_argument(
+        "--valid", required=True, help="validation examples, the same format"
+    )
+    parser.add_argument(
+        "--reads",
+        choices=("text", "email"),
+        default="text",
+        help="text: the text as it is; email: a raw email, of which the model reads subject and body",
+    )
+    parser.add_argument(
+        "--pretrained",
+        type=Path,
+        help="a folder with a pre-trained encoder (models/spam-mlm)",
+    )
+    parser.add_argument(
+        "--length", type=positive_int, default=64, help="tokens read per text"
+    )
+    parser.add_argument(
+        "--vocab-size",
+        type=positive_int,
+        default=4000,
+        help="BPE vocabulary without --pretrained",
+    )
+    parser.add_argument(
+        "--steps",
+        type=positive_int,
+        default=300,
+        help="training steps (a resumed run counts its own)",
+    )
+    parser.add_argument(
+        "--batch-size", type=positive_int, default=32, help="examples per step"
+    )
     parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the weights, dropout and batch order")
-    parser.add_argument("--num-threads", type=positive_int, default=1, help="CPU threads while training")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the weights, dropout and batch order",
+    )
+    parser.add_argument(
+        "--num-threads", type=positive_int, default=1, help="CPU threads while training"
+    )
     add_where_options(parser, parallel=False)
     return parser
 
 
 def check_train_numbers(args: argparse.Namespace) -> None:
-    """The numbers of the options, before a file is read: raise ValueError naming the option."""
+    """The numbers of the options, before a file is read: raise ValueError naming the
+    option."""
     check_number("--lr", args.lr)
     if not 0 <= args.seed < 2**64:
-        raise ValueError(f"--seed must be in [0, 2**64) (torch takes 64-bit seeds), got {args.seed}")
+        raise ValueError(
+            f"--seed must be in [0, 2**64) (torch takes 64-bit seeds), got {args.seed}"
+        )
     check_threads(args.num_threads)
-    for name, value in (("--vocab-size", args.vocab_size), ("--length", args.length)):  # a (value, 64) table
-        check_fits_in_memory(name, value, 16 * WIDTH * value, f"a ({value:,}, {WIDTH}) table with its gradient "
-                             "and Adam's moments")
+    # a (value, 64) table
+    for name, value in (("--vocab-size", args.vocab_size), ("--length", args.length)):
+        check_fits_in_memory(
+            name,
+            value,
+            16 * WIDTH * value,
+            f"a ({value:,}, {WIDTH}) table with its gradient and Adam's moments",
+        )
 
 
 def load_pretrained(folder: Path) -> tuple[Any, Any]:
-    """``load_mlm(folder)``, or a ValueError naming ``--pretrained`` for a folder that is not a masked
-    language model's (``models/spam-mlm``: model.pt and tokenizer.json)."""
-    missing = [name for name in ("model.pt", "tokenizer.json") if not (folder / name).is_file()]
+    """``load_mlm(folder)``, or a ValueError naming ``--pretrained`` for a folder that
+    is not a masked language model's (``models/spam-mlm``: model.pt and
+    tokenizer.json)."""
+    missing = [
+        name for name in ("model.pt", "tokenizer.json") if not (folder / name).is_file()
+    ]
     if missing:
-        raise ValueError(f"--pretrained {folder} is not a pre-trained encoder's folder: it has no {' or '.join(missing)} "
-                         "(models/spam-mlm is one)")
+        raise ValueError(
+            f"--pretrained {folder} is not a pre-trained encoder's folder: it has no {' or '.join(missing)} "
+            "(models/spam-mlm is one)"
+        )
     try:
         return load_mlm(folder)
-    except (ValueError, TypeError, KeyError, OSError) as error:  # another kind of model, or another file
-        raise ValueError(f"--pretrained {folder}: not a masked language model ({error})") from None
+    # another kind of model, or another file
+    except (ValueError, TypeError, KeyError, OSError) as error:
+        raise ValueError(
+            f"--pretrained {folder}: not a masked language model ({error})"
+        ) from None
 
 
 def saved_run(args: argparse.Namespace) -> dict | None:
-    """The checkpoint of the run that ``--resume`` continues, if its folder holds one (a classifier's)."""
-    path = None if args.checkpoint_dir is None else Path(args.checkpoint_dir) / "checkpoint.pt"
-    return read_checkpoint(path, kind="classifier") if args.resume and path is not None and path.exists() else None
+    """The checkpoint of the run that ``--resume`` continues, if its folder holds one (a
+    classifier's)."""
+    path = (
+        None
+        if args.checkpoint_dir is None
+        else Path(args.checkpoint_dir) / "checkpoint.pt"
+    )
+    return (
+        read_checkpoint(path, kind="classifier")
+        if args.resume and path is not None and path.exists()
+        else None
+    )
 
 
-def run_settings_of(args: argparse.Namespace, train: list[dict], saved: dict | None) -> dict[str, Any]:
-    """The settings of this run (``RUN_SETTINGS``): the options, and a hash of the training examples; the
-    warm-up of the run that ``saved`` holds, when this one continues it."""
-    examples = json.dumps([[row["text"], row["label"]] for row in train]).encode("utf-8", "surrogateescape")
-    return {"train_data": hashlib.sha256(examples).hexdigest()[:16], "reads": args.reads,
-            "pretrained": None if args.pretrained is None else str(args.pretrained), "length": args.length,
-            "vocab_size_asked": None if args.pretrained is not None else args.vocab_size,
-            "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed, "steps": args.steps,
-            "num_threads": args.num_threads,
-            "warmup": saved["config"]["warmup"] if saved is not None else max(1, args.steps // 10)}
+def run_settings_of(
+    args: argparse.Namespace, train: list[dict], saved: dict | None
+) -> dict[str, Any]:
+    """The settings of this run (``RUN_SETTINGS``): the options, and a hash of the
+    training examples; the warm-up of the run that ``saved`` holds, when this one
+    continues it."""
+    examples = json.dumps([[row["text"], row["label"]] for row in train]).encode(
+        "utf-8", "surrogateescape"
+    )
+    return {
+        "train_data": hashlib.sha256(examples).hexdigest()[:16],
+        "reads": args.reads,
+        "pretrained": None if args.pretrained is None else str(args.pretrained),
+        "length": args.length,
+        "vocab_size_asked": None if args.pretrained is not None else args.vocab_size,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "seed": args.seed,
+        "steps": args.steps,
+        "num_threads": args.num_threads,
+        "warmup": saved["config"]["warmup"]
+        if saved is not None
+        else max(1, args.steps // 10),
+    }
 
 
-def check_train_arguments(args: argparse.Namespace) -> tuple[list[dict], list[dict], dict[str, Any], dict | None]:
-    """Every option and file, before a tokenizer is learned or a step taken: the training and validation
-    examples, the run's settings, and the checkpoint of the run it continues (None: a new run).
-    Raises ValueError, TypeError or FileNotFoundError, naming the option or file."""
+def check_train_arguments(
+    args: argparse.Namespace,
+) -> tuple[list[dict], list[dict], dict[str, Any], dict | None]:
+    """Every option and file, before a tokenizer is learned or a step taken: the
+    training and validation examples, the run's settings, and the checkpoint of the run
+    it continues (None: a new run). Raises ValueError, TypeError or FileNotFoundError,
+    naming the option or file."""
     check_train_numbers(args)
-    train, valid = read_jsonl(args.train, ("text", "label")), read_jsonl(args.valid, ("text", "label"))
+    train, valid = (
+        read_jsonl(args.train, ("text", "label")),
+        read_jsonl(args.valid, ("text", "label")),
+    )
     labels = sorted({row["label"] for row in train})
     if len(labels) < 2 or (unknown := {row["label"] for row in valid} - set(labels)):
-        raise ValueError(f"{args.train} has the labels {labels}: a classifier needs two or more, and "
-                         f"{args.valid} may use only those" + (f" (it has {sorted(unknown)})" if len(labels) > 1 else ""))
-    rows = len(train) + len(valid)  # the (rows, length) token ids that first_tokens makes
-    check_fits_in_memory("--length", args.length, 8 * rows * args.length, f"the token ids of {rows:,} examples")
+        raise ValueError(
+            f"{args.train} has the labels {labels}: a classifier needs two or more, and "
+            f"{args.valid} may use only those"
+            + (f" (it has {sorted(unknown)})" if len(labels) > 1 else "")
+        )
+    # the (rows, length) token ids that first_tokens makes
+    rows = len(train) + len(valid)
+    check_fits_in_memory(
+        "--length",
+        args.length,
+        8 * rows * args.length,
+        f"the token ids of {rows:,} examples",
+    )
     saved = saved_run(args)
     settings = run_settings_of(args, train, saved)
-    check_where(args, {**saved["config"], **settings} if saved is not None else settings)  # device, folder, resume
-    if args.checkpoint_dir is not None and saved is None and (Path(args.checkpoint_dir) / "classifier.pt").exists():
-        raise ValueError(f"--checkpoint-dir {args.checkpoint_dir} holds a classifier already (classifier.pt, without "
-                         "the checkpoint.pt of its run to resume): choose another folder")
+    # device, folder, resume
+    check_where(
+        args, {**saved["config"], **settings} if saved is not None else settings
+    )
+    if (
+        args.checkpoint_dir is not None
+        and saved is None
+        and (Path(args.checkpoint_dir) / "classifier.pt").exists()
+    ):
+        raise ValueError(
+            f"--checkpoint-dir {args.checkpoint_dir} holds a classifier already (classifier.pt, without "
+            "the checkpoint.pt of its run to resume): choose another folder"
+        )
     return train, valid, settings, saved
 
 
-def train_main(argv: Sequence[str] | None = None, prog: str = "transformer train") -> int:
+def train_main(
+    argv: Sequence[str] | None = None, prog: str = "transformer train"
+) -> int:
     """``transformer train --task classify --train FILE --valid FILE [options]``."""
     parser = build_train_parser(prog)
     args = parser.parse_args(argv)
     try:
         train, valid, run, saved = check_train_arguments(args)
-        mlm, tokenizer = load_pretrained(args.pretrained) if args.pretrained is not None and saved is None else (None, None)
+        mlm, tokenizer = (
+            load_pretrained(args.pretrained)
+            if args.pretrained is not None and saved is None
+            else (None, None)
+        )
     except (ValueError, TypeError, FileNotFoundError) as error:
         parser.error(str(error))
-    texts = {name: [what_is_read(row["text"], args.reads) for row in rows] for name, rows in (("train", train), ("valid", valid))}
+    texts = {
+        name: [what_is_read(row["text"], args.reads) for row in rows]
+        for name, rows in (("train", train), ("valid", valid))
+    }
     labels, length = sorted({row["label"] for row in train}), args.length
-    if saved is not None:  # the run's own tokenizer, model and length; train_classifier loads its states
+    # the run's own tokenizer, model and length; train_classifier loads its states
+    if saved is not None:
         from tokenizers import Tokenizer
 
-        tokenizer, model, length = Tokenizer.from_str(saved["tokenizer"]), classifier_model(saved, ""), saved["length"]
-        settings = {name: value for name, value in saved["config"].items() if name not in RUN_SETTINGS}
+        tokenizer, model, length = (
+            Tokenizer.from_str(saved["tokenizer"]),
+            classifier_model(saved, ""),
+            saved["length"],
+        )
+        settings = {
+            name: value
+            for name, value in saved["config"].items()
+            if name not in RUN_SETTINGS
+        }
     elif mlm is not None:
-        model, settings = classifier_from_mlm(mlm, len(labels)), {**mlm.settings, "dropout": 0.1}
+        model, settings = (
+            classifier_from_mlm(mlm, len(labels)),
+            {**mlm.settings, "dropout": 0.1},
+        )
         length = min(args.length, mlm.settings["max_len"])
     else:
         try:
             tokenizer = email_tokenizer(texts["train"], args.vocab_size)
         except ValueError as error:  # a --vocab-size smaller than the text's characters
             parser.error(f"--vocab-size {args.vocab_size}: {error}")
-        settings = dict(vocab_size=tokenizer.get_vocab_size(), d_model=WIDTH, num_heads=4, d_ff=256, num_layers=2,
-                        dropout=0.1, max_len=args.length, pad_id=0, norm_first=True)
+        settings = dict(
+            vocab_size=tokenizer.get_vocab_size(),
+            d_model=WIDTH,
+            num_heads=4,
+            d_ff=256,
+            num_layers=2,
+            dropout=0.1,
+            max_len=args.length,
+            pad_id=0,
+            norm_first=True,
+        )
         torch.manual_seed(args.seed)
-        model = from_settings(SequenceClassifier, settings, num_classes=len(labels), pooling="mean")
-    x, vx = (first_tokens(texts[name], tokenizer, length) for name in ("train", "valid"))
-    y, vy = (torch.tensor([labels.index(row["label"]) for row in rows]) for rows in (train, valid))
+        model = from_settings(
+            SequenceClassifier, settings, num_classes=len(labels), pooling="mean"
+        )
+    x, vx = (
+        first_tokens(texts[name], tokenizer, length) for name in ("train", "valid")
+    )
+    y, vy = (
+        torch.tensor([labels.index(row["label"]) for row in rows])
+        for rows in (train, valid)
+    )
     folder = None if args.checkpoint_dir is None else Path(args.checkpoint_dir)
 
-    def save(step: int, optimizer: torch.optim.Optimizer, scheduler: Any, history: dict) -> None:
+    def save(
+        step: int, optimizer: torch.optim.Optimizer, scheduler: Any, history: dict
+    ) -> None:
         assert folder is not None  # save is passed only with a folder
         folder.mkdir(parents=True, exist_ok=True)
-        save_classifier(folder / "checkpoint.pt", model, {**settings, **run}, tokenizer, labels, length, args.reads,
-                        optimizer, scheduler, step, history)
+        save_classifier(
+            folder / "checkpoint.pt",
+            model,
+            {**settings, **run},
+            tokenizer,
+            labels,
+            length,
+            args.reads,
+            optimizer,
+            scheduler,
+            step,
+            history,
+        )
 
     start = where_it_starts(args.checkpoint_dir, args.steps) if args.resume else 0
     try:
-        train_classifier(model.to(args.device), x, y, steps=args.steps, batch_size=min(args.batch_size, len(x)),
-                         lr=args.lr, warmup=run["warmup"], seed=args.seed, num_threads=args.num_threads,
-                         progress=args.progress and start < args.steps, resume_from=saved,
-                         save=save if folder is not None else None, save_every=args.save_every)
+        train_classifier(
+            model.to(args.device),
+            x,
+            y,
+            steps=args.steps,
+            batch_size=min(args.batch_size, len(x)),
+            lr=args.lr,
+            warmup=run["warmup"],
+            seed=args.seed,
+            num_threads=args.num_threads,
+            progress=args.progress and start < args.steps,
+            resume_from=saved,
+            save=save if folder is not None else None,
+            save_every=args.save_every,
+        )
     except (DivergedError, KeyboardInterrupt) as stop:
-        return stopped(parser.prog, stop, args.checkpoint_dir, args.steps, slower="a smaller --lr")
+        return stopped(
+            parser.prog, stop, args.checkpoint_dir, args.steps, slower="a smaller --lr"
+        )
     print(f"validation accuracy {accuracy(model, vx, vy):.4f} on {len(vy)} examples")
     if folder is None:
         print("no --checkpoint-dir: the classifier was not saved")
         return 0
-    save_classifier(folder / "classifier.pt", model, {**settings, **run}, tokenizer, labels, length, args.reads)
-    print(f"checkpoint written to {folder / 'classifier.pt'} (and {folder / 'checkpoint.pt'}, the run's state, "
-          "to resume)")
+    save_classifier(
+        folder / "classifier.pt",
+        model,
+        {**settings, **run},
+        tokenizer,
+        labels,
+        length,
+        args.reads,
+    )
+    print(
+        f"checkpoint written to {folder / 'classifier.pt'} (and {folder / 'checkpoint.pt'}, the run's state, "
+        "to resume)"
+    )
     return 0
 
 
 # chapters/classify_command.md: Labelling: `transformer classify`
-def label_rows(model: SequenceClassifier, tokenizer: Any, checkpoint: dict, rows: Sequence[dict],
-               batch_size: int) -> Iterator[dict[str, Any]]:
-    """``{"label", "score"}`` for each row's ``"text"``, in order, ``batch_size`` rows at a time;
-    ``score`` is the label's probability."""
+def label_rows(
+    model: SequenceClassifier,
+    tokenizer: Any,
+    checkpoint: dict,
+    rows: Sequence[dict],
+    batch_size: int,
+) -> Iterator[dict[str, Any]]:
+    """``{"label", "score"}`` for each row's ``"text"``, in order, ``batch_size`` rows
+    at a time; ``score`` is the label's probability."""
     for start in range(0, len(rows), batch_size):
-        texts = [what_is_read(row["text"], checkpoint["reads"]) for row in rows[start:start + batch_size]]
+        texts = [
+            what_is_read(row["text"], checkpoint["reads"])
+            for row in rows[start : start + batch_size]
+        ]
         with torch.no_grad():
-            probabilities = torch.softmax(model(first_tokens(texts, tokenizer, checkpoint["length"])), dim=-1)
+            probabilities = torch.softmax(
+                model(first_tokens(texts, tokenizer, checkpoint["length"])), dim=-1
+            )
         for score, index in zip(*probabilities.max(dim=-1)):
-            yield {"label": checkpoint["labels"][int(index)], "score": round(float(score), 6)}
+            yield {
+                "label": checkpoint["labels"][int(index)],
+                "score": round(float(score), 6),
+            }
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "transformer classify") -> int:
-    """``transformer classify --checkpoint PATH --input FILE``: one line on stdout per input line, in
-    order: ``{"label", "score"}`` (with the line's ``"id"`` first, if it has one), or an empty line
-    for an empty one."""
-    parser = CommandParser(prog=prog, description="Label each \"text\" of a JSON-lines file with a trained classifier: "
-                                                  "one line out per line in (an empty line for an empty one).")
-    parser.add_argument("--checkpoint", required=True, help="a classifier.pt of `transformer train --task classify`")
-    parser.add_argument("--input", required=True, help="JSON lines, each with a \"text\" (and maybe an \"id\", "
-                                                       "copied to its answer); - reads stdin")
-    parser.add_argument("--batch-size", type=positive_int, default=64, help="texts labelled at once")
+    """``transformer classify --checkpoint PATH --input FILE``: one line on stdout per
+    input line, in
+    order: ``{"label", "score"}`` (with the line's ``"id"`` first, if it has one), or an
+    empty line for an empty one."""
+    parser = CommandParser(
+        prog=prog,
+        description='Label each "text" of a JSON-lines file with a trained classifier: '
+        "one line out per line in (an empty line for an empty one).",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        help="a classifier.pt of `transformer train --task classify`",
+    )
+    parser.add_argument(
+        "--input",
+        required=True,
+        help='JSON lines, each with a "text" (and maybe an "id", '
+        "copied to its answer); - reads stdin",
+    )
+    parser.add_argument(
+        "--batch-size", type=positive_int, default=64, help="texts labelled at once"
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     try:
         model, tokenizer, checkpoint = load_classifier(args.checkpoint)
         lines = read_jsonl_lines(args.input, ("text",))
     except (ValueError, TypeError, FileNotFoundError) as error:
         parser.error(str(error))
-    answers = label_rows(model, tokenizer, checkpoint, [row for row in lines if row is not None], args.batch_size)
+    answers = label_rows(
+        model,
+        tokenizer,
+        checkpoint,
+        [row for row in lines if row is not None],
+        args.batch_size,
+    )
     for row in lines:
-        if row is None:  # an empty line for an empty line: the answers stay on their lines
+        # an empty line for an empty line: the answers stay on their lines
+        if row is None:
             print()
             continue
         answer = next(answers)
@@ -306,5 +586,6 @@ def main(argv: Sequence[str] | None = None, prog: str = "transformer classify") 
     return 0
 
 
-if __name__ == "__main__" and __spec__ is not None:  # `python -m transformer.cli.classify`, not a notebook
+# `python -m transformer.cli.classify`, not a notebook
+if __name__ == "__main__" and __spec__ is not None:
     raise SystemExit(main())

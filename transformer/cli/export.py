@@ -18,11 +18,19 @@ from transformer.interop.huggingface_out import export_huggingface
 
 
 # chapters/exporting.md: A folder, and the command that writes it
-def main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.cli.export") -> int:
+def main(
+    argv: Sequence[str] | None = None, prog: str = "python -m transformer.cli.export"
+) -> int:
     """``transformer export huggingface --checkpoint PATH --out DIR``."""
-    parser = CommandParser(prog=prog, description="Write a trained translator in another format.")
+    parser = CommandParser(
+        prog=prog, description="Write a trained translator in another format."
+    )
     parser.add_argument("format", choices=("huggingface",), help="the format to write")
-    parser.add_argument("--checkpoint", required=True, help="a model of `python -m transformer.train --task multi30k`")
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        help="a model of `python -m transformer.train --task multi30k`",
+    )
     parser.add_argument("--out", required=True, help="a new (or empty) folder")
     args = parser.parse_args(argv)
     try:

@@ -30,16 +30,21 @@ from transformer.interop.gguf import (SMOLLM2_SHA256, chat_prompt, gguf_tokenize
 
 # chapters/modern_decoder.md: A command: `transformer generate`
 def _checked(check: Callable[[float], float], name: str) -> Callable[[str], float]:
-    """An argparse type: a float that ``check`` accepts (its message, naming ``name``, if not)."""
+    """An argparse type: a float that ``check`` accepts (its message, naming ``name``,
+    if not)."""
+
     def read(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"{name} must be a number, got {text!r}"
+            ) from None
         try:
             return check(value)
         except ValueError as err:
             raise argparse.ArgumentTypeError(str(err)) from None
+
     read.__name__ = "float"
     return read
 
@@ -50,55 +55,104 @@ def _top_k(text: str) -> int | None:
 
 
 def _seed(text: str) -> int:
-    """An argparse type: a seed of ``torch.Generator.manual_seed``, an integer in [0, 2**64)."""
+    """An argparse type: a seed of ``torch.Generator.manual_seed``, an integer in [0,
+    2**64)."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**64), got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected an integer in [0, 2**64), got {text!r}"
+        ) from None
     if not 0 <= value < 2**64:
-        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**64), got {value}")
+        raise argparse.ArgumentTypeError(
+            f"expected an integer in [0, 2**64), got {value}"
+        )
     return value
 
 
 def _parser(prog: str) -> CommandParser:
-    """The options of ``transformer generate``, each value checked as it is read (argparse's usage error)."""
-    parser = CommandParser(prog=prog, description="Continue a prompt with a Llama model of a GGUF file "
-                           "(SmolLM2-135M-Instruct by default), writing each token as it is drawn.")
-    parser.add_argument("--prompt", default="-", help="the text to continue; - (the default): read it from stdin")
-    parser.add_argument("--model", type=Path, help="a Llama GGUF file (default: SmolLM2-135M-Instruct, fetched "
-                        "by `make setup` into models/smollm2/, its SHA-256 checked)")
-    parser.add_argument("--max-new-tokens", type=positive_int, default=256, metavar="N",
-                        help="stop after N tokens, if the model has not ended its answer")
-    parser.add_argument("--temperature", type=_checked(lambda t: check_number("--temperature", t), "--temperature"),
-                        default=0.7,
-                        help="divides the logits before the softmax (> 0): below 1 sharpens, above 1 flattens")
-    parser.add_argument("--top-k", type=_top_k, default=None, metavar="K|none",
-                        help="draw among the K most likely tokens only; 1 is greedy decoding (default: none, all)")
-    parser.add_argument("--top-p", type=_checked(lambda p: check_top_p(p, "--top-p"), "--top-p"), default=0.9,
-                        help="draw from the nucleus, the fewest likeliest tokens of probability >= P, in (0, 1]")
-    parser.add_argument("--seed", type=_seed, help="seed the draws, for the same text every run "
-                        "(default: none, fresh draws)")
-    parser.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
-                        help="put the prompt in the instruct model's chat format, as the user's turn")
-    parser.add_argument("--num-threads", type=positive_int, metavar="N",
-                        help="CPU threads for torch (default: torch's choice)")
+    """The options of ``transformer generate``, each value checked as it is read
+    (argparse's usage error)."""
+    parser = CommandParser(
+        prog=prog,
+        description="Continue a prompt with a Llama model of a GGUF file "
+        "(SmolLM2-135M-Instruct by default), writing each token as it is drawn.",
+    )
+    parser.add_argument(
+        "--prompt",
+        default="-",
+        help="the text to continue; - (the default): read it from stdin",
+    )
+    parser.add_argument(
+        "--model",
+        type=Path,
+        help="a Llama GGUF file (default: SmolLM2-135M-Instruct, fetched "
+        "by `make setup` into models/smollm2/, its SHA-256 checked)",
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        default=256,
+        metavar="N",
+        help="stop after N tokens, if the model has not ended its answer",
+    )
+    parser.add_argument(
+        "--temperature",
+        type=_checked(lambda t: check_number("--temperature", t), "--temperature"),
+        default=0.7,
+        help="divides the logits before the softmax (> 0): below 1 sharpens, above 1 flattens",
+    )
+    parser.add_argument(
+        "--top-k",
+        type=_top_k,
+        default=None,
+        metavar="K|none",
+        help="draw among the K most likely tokens only; 1 is greedy decoding (default: none, all)",
+    )
+    parser.add_argument(
+        "--top-p",
+        type=_checked(lambda p: check_top_p(p, "--top-p"), "--top-p"),
+        default=0.9,
+        help="draw from the nucleus, the fewest likeliest tokens of probability >= P, in (0, 1]",
+    )
+    parser.add_argument(
+        "--seed",
+        type=_seed,
+        help="seed the draws, for the same text every run (default: none, fresh draws)",
+    )
+    parser.add_argument(
+        "--chat",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="put the prompt in the instruct model's chat format, as the user's turn",
+    )
+    parser.add_argument(
+        "--num-threads",
+        type=positive_int,
+        metavar="N",
+        help="CPU threads for torch (default: torch's choice)",
+    )
     return parser
 
 
 # chapters/modern_decoder.md: A command: `transformer generate`
 def _read_prompt(text: str) -> str:
-    """``--prompt``'s text, or standard input's for ``-``; ValueError for input that is not UTF-8."""
+    """``--prompt``'s text, or standard input's for ``-``; ValueError for input that is
+    not UTF-8."""
     if text != "-":
         return text
     try:
         return sys.stdin.buffer.read().decode("utf-8")
     except UnicodeDecodeError as err:
-        raise ValueError(f"--prompt -: standard input must be UTF-8 text ({err})") from None
+        raise ValueError(
+            f"--prompt -: standard input must be UTF-8 text ({err})"
+        ) from None
 
 
 def write_stream(steps: Iterable[Tensor], tokenizer: Any, stop: set[int]) -> str:
-    """Write the new token of each of ``steps`` (``sample_steps``'s tokens so far, ``(1, P + i)``) to stdout,
-    as text, flushed, up to a token of ``stop``; return the text written."""
+    """Write the new token of each of ``steps`` (``sample_steps``'s tokens so far,
+    ``(1, P + i)``) to stdout, as text, flushed, up to a token of ``stop``; return the
+    text written."""
     new: list[int] = []
     shown = ""
     for tokens in steps:
@@ -106,23 +160,30 @@ def write_stream(steps: Iterable[Tensor], tokenizer: Any, stop: set[int]) -> str
             break
         new.append(token)
         text = tokenizer.decode(new)
-        if not text.endswith("\ufffd"):  # a character whose last bytes are still to come waits for them
-            sys.stdout.write(text[len(shown):])
+        # a character whose last bytes are still to come waits for them
+        if not text.endswith("\ufffd"):
+            sys.stdout.write(text[len(shown) :])
             sys.stdout.flush()
             shown = text
-    text = tokenizer.decode(new)  # what was held back, if the answer ends inside a character
-    sys.stdout.write(text[len(shown):] + "\n")
+    # what was held back, if the answer ends inside a character
+    text = tokenizer.decode(new)
+    sys.stdout.write(text[len(shown) :] + "\n")
     sys.stdout.flush()
     return text
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.cli.generate") -> int:
-    """``transformer generate [--prompt TEXT] [options]``: the model's continuation of the prompt on stdout."""
+def main(
+    argv: Sequence[str] | None = None, prog: str = "python -m transformer.cli.generate"
+) -> int:
+    """``transformer generate [--prompt TEXT] [options]``: the model's continuation of
+    the prompt on stdout."""
     parser = _parser(prog)
     args = parser.parse_args(argv)
     cores = os.cpu_count() or 1
     if args.num_threads is not None and args.num_threads > cores:
-        parser.error(f"--num-threads {args.num_threads} is more than the {cores} cores of this machine")
+        parser.error(
+            f"--num-threads {args.num_threads} is more than the {cores} cores of this machine"
+        )
     try:
         path = smollm2_path() if args.model is None else args.model
     except FileNotFoundError as err:
@@ -133,20 +194,26 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.c
         prompt = _read_prompt(args.prompt)
     except ValueError as err:
         parser.error(str(err))
-    if not prompt and not args.chat:  # the chat format alone is a prompt; nothing is not
+    # the chat format alone is a prompt; nothing is not
+    if not prompt and not args.chat:
         parser.error("the prompt is empty: give --prompt TEXT, or text on stdin")
     try:
-        metadata, tensors = read_gguf(path, sha256=SMOLLM2_SHA256 if args.model is None else None)
+        metadata, tensors = read_gguf(
+            path, sha256=SMOLLM2_SHA256 if args.model is None else None
+        )
         tokenizer = gguf_tokenizer(metadata)
     except (OSError, ValueError) as err:
         parser.error(str(err))
     text = chat_prompt([{"role": "user", "content": prompt}]) if args.chat else prompt
     ids = tokenizer.encode(text).ids
     context = metadata.get("llama.context_length", math.inf)
-    if len(ids) + args.max_new_tokens - 1 > context:  # the last token drawn is never read
-        parser.error(f"the prompt is {len(ids)} tokens{' in the chat format' if args.chat else ''}: with "
-                     f"--max-new-tokens {args.max_new_tokens} it needs {len(ids) + args.max_new_tokens - 1} "
-                     f"positions, more than the model's context of {context}")
+    # the last token drawn is never read
+    if len(ids) + args.max_new_tokens - 1 > context:
+        parser.error(
+            f"the prompt is {len(ids)} tokens{' in the chat format' if args.chat else ''}: with "
+            f"--max-new-tokens {args.max_new_tokens} it needs {len(ids) + args.max_new_tokens - 1} "
+            f"positions, more than the model's context of {context}"
+        )
     try:
         model = llama_from_gguf(metadata, tensors)
     except ValueError as err:
@@ -154,17 +221,31 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.c
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
     generator = None if args.seed is None else torch.Generator().manual_seed(args.seed)
-    stop = {metadata.get("tokenizer.ggml.eos_token_id"), tokenizer.token_to_id("<|im_end|>") if args.chat else None}
-    steps = sample_steps(model, torch.tensor([ids]), args.max_new_tokens, args.temperature, args.top_k,
-                         args.top_p, generator=generator)  # (1, P + i) after the i-th draw
+    stop = {
+        metadata.get("tokenizer.ggml.eos_token_id"),
+        tokenizer.token_to_id("<|im_end|>") if args.chat else None,
+    }
+    steps = sample_steps(
+        model,
+        torch.tensor([ids]),
+        args.max_new_tokens,
+        args.temperature,
+        args.top_k,
+        # (1, P + i) after the i-th draw
+        args.top_p,
+        generator=generator,
+    )
     try:
         write_stream(steps, tokenizer, {token for token in stop if token is not None})
-    except BrokenPipeError:  # the reader has gone (`... | head -1`): stop drawing, without a traceback
-        # Python's advice: point stdout at /dev/null, or the flush at exit fails on the closed pipe again
+    # the reader has gone (`... | head -1`): stop drawing, without a traceback
+    except BrokenPipeError:
+        # Python's advice: point stdout at /dev/null, or the flush at exit fails on the
+        # closed pipe again
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     return 0
 
 
-if __name__ == "__main__" and __spec__ is not None:  # `python -m transformer.cli.generate`, not a notebook
+# `python -m transformer.cli.generate`, not a notebook
+if __name__ == "__main__" and __spec__ is not None:
     raise SystemExit(main())

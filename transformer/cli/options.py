@@ -39,40 +39,56 @@ from transformer.training.loop import DivergedError
 
 # chapters/long_runs.md: A command for every run
 def package_version() -> str:
-    """The installed package's version; in a clone that is not installed, the one in pyproject.toml."""
+    """The installed package's version; in a clone that is not installed, the one in
+    pyproject.toml."""
     try:
         return importlib.metadata.version("transformer-book")
     except importlib.metadata.PackageNotFoundError:
         spec = importlib.util.find_spec("transformer")
         origin = spec.origin if spec is not None else None
-        try:  # Python 3.10 has no TOML reader; the project's version is the first `version = "..."` line
+        # Python 3.10 has no TOML reader; the project's version is the first
+        # `version = "..."` line
+        try:
             pyproject = Path(origin or "").resolve().parents[1] / "pyproject.toml"
-            found = re.search(r'^version\s*=\s*"([^"]+)"', pyproject.read_text(encoding="utf-8"), re.MULTILINE)
+            found = re.search(
+                r'^version\s*=\s*"([^"]+)"',
+                pyproject.read_text(encoding="utf-8"),
+                re.MULTILINE,
+            )
         except (OSError, IndexError, UnicodeDecodeError):
             found = None
         return found.group(1) if found else "unknown"
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
-    """Adds "(default: X)" to an option's help, unless the help says it already, the option is required,
-    is a switch that is off unless given, or has the default None (its help says what no value means)."""
+    """Adds "(default: X)" to an option's help, unless the help says it already, the
+    option is required, is a switch that is off unless given, or has the default None
+    (its help says what no value means)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if ("default" in text or action.required or action.default in (None, argparse.SUPPRESS)
-                or (action.nargs == 0 and action.default is False) or not action.option_strings):
+        if (
+            "default" in text
+            or action.required
+            or action.default in (None, argparse.SUPPRESS)
+            or (action.nargs == 0 and action.default is False)
+            or not action.option_strings
+        ):
             return text
         return f"{text} (default: %(default)s)"
 
 
 class CommandParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` with ``--version`` whose usage errors take two lines on stderr: the usage's
-    first line and ``PROG: error: MESSAGE`` (exit status 2), not the whole usage block."""
+    """An ``ArgumentParser`` with ``--version`` whose usage errors take two lines on
+    stderr: the usage's first line and ``PROG: error: MESSAGE`` (exit status 2), not the
+    whole usage block."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
         super().__init__(*args, **kwargs)
-        self.add_argument("--version", action="version", version=f"transformer {package_version()}")
+        self.add_argument(
+            "--version", action="version", version=f"transformer {package_version()}"
+        )
 
     def error(self, message: str) -> NoReturn:
         lines = self.format_usage().strip().splitlines()
@@ -84,7 +100,8 @@ class CommandParser(argparse.ArgumentParser):
 def field_docs(config_class: type) -> dict[str, str]:
     """The docstring written under each field of a dataclass and of its dataclass bases.
 
-    A class whose source cannot be read (one defined in a notebook's cell) gives no docstrings.
+    A class whose source cannot be read (one defined in a notebook's cell) gives no
+    docstrings.
     """
     docs: dict[str, str] = {}
     for klass in reversed(config_class.__mro__):  # a subclass's docstring wins
@@ -96,17 +113,25 @@ def field_docs(config_class: type) -> dict[str, str]:
             continue
         body = ast.parse(source).body[0].body  # type: ignore[attr-defined]  # the class statement
         for node, after in zip(body, body[1:]):
-            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-                    and isinstance(after.value.value, str)):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
                 docs[node.target.id] = " ".join(after.value.value.split())
     return docs
 
 
 # chapters/long_runs.md: A command for every run
-def _field_type(default: Any, name: str, parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    """An argparse type: ``parse`` the text ("none" is None where the field allows it), then let the
-    configuration's class check the value, as ``dataclasses.replace(default, name=value)``."""
+def _field_type(
+    default: Any, name: str, parse: Callable[[str], Any]
+) -> Callable[[str], Any]:
+    """An argparse type: ``parse`` the text ("none" is None where the field allows it),
+    then let the configuration's class check the value, as
+    ``dataclasses.replace(default, name=value)``."""
+
     def read(text: str) -> Any:
         value = None if text.lower() == "none" and parse is not str else parse(text)
         try:
@@ -114,17 +139,28 @@ def _field_type(default: Any, name: str, parse: Callable[[str], Any]) -> Callabl
         except (TypeError, ValueError) as err:
             raise argparse.ArgumentTypeError(str(err)) from None
         return value
-    read.__name__ = parse.__name__  # argparse names the type in its message: "invalid int value"
+
+    # argparse names the type in its message: "invalid int value"
+    read.__name__ = parse.__name__
     return read
 
 
-def add_config_options(parser: argparse.ArgumentParser, default: Any) -> argparse._ArgumentGroup:
-    """One flag per field of ``default``'s dataclass (``--d-model`` for ``d_model``), its help the field's
-    docstring, plus ``--config FILE``; returns the group. Flags not given stay out of the namespace
-    (``config_from_args`` fills them from the file or the default)."""
-    group = parser.add_argument_group(f"configuration: the fields of {type(default).__name__}")
-    group.add_argument("--config", dest="config_file", metavar="FILE",
-                       help="a JSON object of these fields; flags given here override it")
+def add_config_options(
+    parser: argparse.ArgumentParser, default: Any
+) -> argparse._ArgumentGroup:
+    """One flag per field of ``default``'s dataclass (``--d-model`` for ``d_model``),
+    its help the field's docstring, plus ``--config FILE``; returns the group. Flags not
+    given stay out of the namespace (``config_from_args`` fills them from the file or
+    the default)."""
+    group = parser.add_argument_group(
+        f"configuration: the fields of {type(default).__name__}"
+    )
+    group.add_argument(
+        "--config",
+        dest="config_file",
+        metavar="FILE",
+        help="a JSON object of these fields; flags given here override it",
+    )
     docs, hints = field_docs(type(default)), typing.get_type_hints(type(default))
     for field in dataclasses.fields(default):
         kind = hints[field.name]
@@ -133,21 +169,33 @@ def add_config_options(parser: argparse.ArgumentParser, default: Any) -> argpars
         if kind is bool:
             options = {"action": argparse.BooleanOptionalAction}
         elif typing.get_origin(kind) is tuple:  # (beta1, beta2)
-            options = {"type": arguments[0], "nargs": len(arguments), "metavar": field.name.upper()}
+            options = {
+                "type": arguments[0],
+                "nargs": len(arguments),
+                "metavar": field.name.upper(),
+            }
         else:
             parse = arguments[0] if arguments else kind  # X | None reads X, or "none"
-            options = {"type": _field_type(default, field.name, parse),
-                       "metavar": field.name.upper() + ("|none" if type(None) in typing.get_args(kind) else "")}
+            options = {
+                "type": _field_type(default, field.name, parse),
+                "metavar": field.name.upper()
+                + ("|none" if type(None) in typing.get_args(kind) else ""),
+            }
         help_text = f"{docs.get(field.name, '')} (default: {getattr(default, field.name)})".strip()
-        group.add_argument("--" + field.name.replace("_", "-"), dest=field.name, default=argparse.SUPPRESS,
-                           help=help_text, **options)
+        group.add_argument(
+            "--" + field.name.replace("_", "-"),
+            dest=field.name,
+            default=argparse.SUPPRESS,
+            help=help_text,
+            **options,
+        )
     return group
 
 
 # chapters/long_runs.md: A command for every run
 def read_config_file(path: str | os.PathLike, default: Any) -> dict[str, Any]:
-    """The fields in the JSON file ``path``, each checked by ``default``'s class; ValueError or TypeError,
-    naming the file, for anything else."""
+    """The fields in the JSON file ``path``, each checked by ``default``'s class;
+    ValueError or TypeError, naming the file, for anything else."""
     where = f"--config {os.fspath(path)}"
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -157,15 +205,20 @@ def read_config_file(path: str | os.PathLike, default: Any) -> dict[str, Any]:
         raise ValueError(f"{where} is not a text file: {err}") from None
     try:
         values = json.loads(text)
-    except (ValueError, RecursionError) as err:  # JSONDecodeError is a ValueError; so is a 5,000-digit number
+    # JSONDecodeError is a ValueError; so is a 5,000-digit number
+    except (ValueError, RecursionError) as err:
         raise ValueError(f"{where} is not JSON: {err}") from None
     if not isinstance(values, dict):
-        raise ValueError(f"{where} must hold a JSON object of fields, got {type(values).__name__}")
+        raise ValueError(
+            f"{where} must hold a JSON object of fields, got {type(values).__name__}"
+        )
     names = [field.name for field in dataclasses.fields(default)]
     unknown = sorted(set(values) - set(names))
     if unknown:
-        raise ValueError(f"{where}: {', '.join(unknown)} not a field of {type(default).__name__} "
-                         f"(its fields: {', '.join(names)})")
+        raise ValueError(
+            f"{where}: {', '.join(unknown)} not a field of {type(default).__name__} "
+            f"(its fields: {', '.join(names)})"
+        )
     try:
         dataclasses.replace(default, **values)  # the class's checks, naming the field
     except (TypeError, ValueError) as err:
@@ -173,13 +226,25 @@ def read_config_file(path: str | os.PathLike, default: Any) -> dict[str, Any]:
     return values
 
 
-def config_from_args(args: argparse.Namespace, default: TrainConfig | None = None) -> TrainConfig:
-    """The configuration the options describe: ``default`` (a ``TrainConfig``, or a subclass such as
-    the translation task's), then the fields of the ``--config`` file, then every flag given."""
+def config_from_args(
+    args: argparse.Namespace, default: TrainConfig | None = None
+) -> TrainConfig:
+    """The configuration the options describe: ``default`` (a ``TrainConfig``, or a
+    subclass such as the translation task's), then the fields of the ``--config`` file,
+    then every flag given."""
     default = default if default is not None else TrainConfig()
-    values = read_config_file(args.config_file, default) if getattr(args, "config_file", None) else {}
-    values.update({field.name: getattr(args, field.name) for field in dataclasses.fields(default)
-                   if hasattr(args, field.name)})
+    values = (
+        read_config_file(args.config_file, default)
+        if getattr(args, "config_file", None)
+        else {}
+    )
+    values.update(
+        {
+            field.name: getattr(args, field.name)
+            for field in dataclasses.fields(default)
+            if hasattr(args, field.name)
+        }
+    )
     return dataclasses.replace(default, **values)
 
 
@@ -189,54 +254,91 @@ def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected a positive integer, got {text!r}"
+        ) from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
 
 
-def add_where_options(parser: argparse.ArgumentParser, parallel: bool = True) -> argparse._ArgumentGroup:
-    """Where the run happens: checkpoints, device, progress bar, and (``parallel``: a task that also runs
-    as several processes) how processes meet; returns the group."""
+def add_where_options(
+    parser: argparse.ArgumentParser, parallel: bool = True
+) -> argparse._ArgumentGroup:
+    """Where the run happens: checkpoints, device, progress bar, and (``parallel``: a
+    task that also runs as several processes) how processes meet; returns the group."""
     where = parser.add_argument_group("where")
-    where.add_argument("--checkpoint-dir", help="save checkpoint.pt (and more) in this folder, made when training "
-                                                "starts (default: none, nothing is saved)")
-    where.add_argument("--resume", action="store_true",
-                       help="continue the run whose checkpoint.pt is in --checkpoint-dir (without it, a folder "
-                            "that holds a run is refused)")
-    where.add_argument("--save-every", type=positive_int, metavar="N",
-                       help="also save every N steps (default: only at the end)")
-    where.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu",
-                       help="where to train: cpu, or cuda, the GPU (default: cuda when torch finds one, here "
-                            f"{'cuda' if torch.cuda.is_available() else 'cpu'})")
-    where.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
-                       help="show a progress bar" + (" (process 0 only)" if parallel else ""))
+    where.add_argument(
+        "--checkpoint-dir",
+        help="save checkpoint.pt (and more) in this folder, made when training "
+        "starts (default: none, nothing is saved)",
+    )
+    where.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run whose checkpoint.pt is in --checkpoint-dir (without it, a folder "
+        "that holds a run is refused)",
+    )
+    where.add_argument(
+        "--save-every",
+        type=positive_int,
+        metavar="N",
+        help="also save every N steps (default: only at the end)",
+    )
+    where.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="where to train: cpu, or cuda, the GPU (default: cuda when torch finds one, here "
+        f"{'cuda' if torch.cuda.is_available() else 'cpu'})",
+    )
+    where.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="show a progress bar" + (" (process 0 only)" if parallel else ""),
+    )
     if parallel:
-        where.add_argument("--init-method", default="env://",
-                           help="where the processes meet: env:// under torchrun, or file:///a/shared/file")
+        where.add_argument(
+            "--init-method",
+            default="env://",
+            help="where the processes meet: env:// under torchrun, or file:///a/shared/file",
+        )
     return where
 
 
 # chapters/long_runs.md: A command for every run
 def check_where(args: argparse.Namespace, config: TrainConfig | dict[str, Any]) -> None:
-    """The options of ``add_where_options`` can be honoured: the device exists, the checkpoint folder
-    can be written, and a run in it is continued only with ``--resume`` and with the same settings
-    (``config``: the run's configuration, or, for a task without a ``TrainConfig``, a dict of its settings)."""
+    """The options of ``add_where_options`` can be honoured: the device exists, the
+    checkpoint folder can be written, and a run in it is continued only with
+    ``--resume`` and with the same settings (``config``: the run's configuration, or,
+    for a task without a ``TrainConfig``, a dict of its settings)."""
     if args.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for, but torch.cuda.is_available() is False")
+        raise ValueError(
+            "--device cuda was asked for, but torch.cuda.is_available() is False"
+        )
     for option in ("save_every", "resume"):
         if getattr(args, option) and args.checkpoint_dir is None:
-            raise ValueError(f"--{option.replace('_', '-')} needs --checkpoint-dir, the folder of the run")
-    if args.resume and not os.path.isdir(args.checkpoint_dir):  # a mistyped folder continues nothing
-        raise ValueError(f"--resume: --checkpoint-dir {args.checkpoint_dir} does not exist, so there is no run to "
-                         "continue (leave out --resume to start one)")
+            raise ValueError(
+                f"--{option.replace('_', '-')} needs --checkpoint-dir, the folder of the run"
+            )
+    # a mistyped folder continues nothing
+    if args.resume and not os.path.isdir(args.checkpoint_dir):
+        raise ValueError(
+            f"--resume: --checkpoint-dir {args.checkpoint_dir} does not exist, so there is no run to "
+            "continue (leave out --resume to start one)"
+        )
     if args.checkpoint_dir is not None:
         _check_checkpoint_dir(args.checkpoint_dir, config, args.resume)
 
 
-def _check_checkpoint_dir(folder: str, config: TrainConfig | dict[str, Any], resume: bool) -> None:
-    """The folder can be written to, and a checkpoint in it is continued on purpose, with these settings."""
-    existing = Path(os.path.abspath(folder))  # the folder is made by the first save: a refused run leaves none
+def _check_checkpoint_dir(
+    folder: str, config: TrainConfig | dict[str, Any], resume: bool
+) -> None:
+    """The folder can be written to, and a checkpoint in it is continued on purpose,
+    with these settings."""
+    # the folder is made by the first save: a refused run leaves none
+    existing = Path(os.path.abspath(folder))
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     try:
@@ -245,70 +347,109 @@ def _check_checkpoint_dir(folder: str, config: TrainConfig | dict[str, Any], res
         with tempfile.TemporaryFile(dir=existing):
             pass
     except (OSError, ValueError) as err:  # ValueError: a NUL in the path
-        raise ValueError(f"--checkpoint-dir {folder} cannot be written: {getattr(err, 'strerror', '') or err}") from None
+        raise ValueError(
+            f"--checkpoint-dir {folder} cannot be written: {getattr(err, 'strerror', '') or err}"
+        ) from None
     path = os.path.join(folder, "checkpoint.pt")
     if os.path.exists(path):  # a file, or something else that read_checkpoint names
         checkpoint = read_checkpoint(path)
         if not resume:
-            raise ValueError(f"--checkpoint-dir {folder} holds a run already (checkpoint.pt, at step "
-                             f"{checkpoint['step']}): pass --resume to continue it, or choose another folder")
+            raise ValueError(
+                f"--checkpoint-dir {folder} holds a run already (checkpoint.pt, at step "
+                f"{checkpoint['step']}): pass --resume to continue it, or choose another folder"
+            )
         check_resume(checkpoint, config, path)
 
 
 # chapters/long_runs.md: A command for every run
 def check_machine(config: TrainConfig, vocab_size: int, device: str) -> None:
-    """Refuse settings this machine cannot run: a model whose training state alone (weights, gradients,
-    Adam's two moments: 16 bytes a parameter) exceeds the device's memory, or more threads than cores."""
+    """Refuse settings this machine cannot run: a model whose training state alone
+    (weights, gradients, Adam's two moments: 16 bytes a parameter) exceeds the device's
+    memory, or more threads than cores."""
     for name in ("d_model", "d_ff", "num_layers", "max_len"):
-        if getattr(config, name) >= 2**31:  # beyond any machine; the arithmetic below stays in range
-            raise ValueError(f"--{name.replace('_', '-')} {getattr(config, name)} is beyond any machine (at most 2**31)")
+        # beyond any machine; the arithmetic below stays in range
+        if getattr(config, name) >= 2**31:
+            raise ValueError(
+                f"--{name.replace('_', '-')} {getattr(config, name)} is beyond any machine (at most 2**31)"
+            )
     d, layers = config.d_model, config.num_layers
-    per_layer = 12 * d * d + 4 * d * config.d_ff  # an encoder layer (4d² + 2 d d_ff) and a decoder layer (8d² + ...)
-    parameters = layers * per_layer + 3 * vocab_size * d + config.max_len * d  # embeddings, output, positions
+    # an encoder layer (4d² + 2 d d_ff) and a decoder layer (8d² + ...)
+    per_layer = 12 * d * d + 4 * d * config.d_ff
+    # embeddings, output, positions
+    parameters = layers * per_layer + 3 * vocab_size * d + config.max_len * d
     memory = device_memory(device)
     if memory and 16 * parameters > memory:
-        raise ValueError(f"the model these settings describe has about {parameters:,} parameters: training it needs "
-                         f"{16 * parameters / 2**30:,.1f} GiB or more, and the {device} has {memory / 2**30:,.1f} GiB "
-                         f"(--d-model {d}, --d-ff {config.d_ff}, --num-layers {layers}, --max-len {config.max_len})")
+        raise ValueError(
+            f"the model these settings describe has about {parameters:,} parameters: training it needs "
+            f"{16 * parameters / 2**30:,.1f} GiB or more, and the {device} has {memory / 2**30:,.1f} GiB "
+            f"(--d-model {d}, --d-ff {config.d_ff}, --num-layers {layers}, --max-len {config.max_len})"
+        )
     check_threads(config.num_threads)
 
 
 def check_threads(num_threads: int | None, flag: str = "--num-threads") -> None:
-    """Refuse more CPU threads than this machine has cores (None: torch's own setting), naming ``flag``."""
+    """Refuse more CPU threads than this machine has cores (None: torch's own setting),
+    naming ``flag``."""
     cores = os.cpu_count() or 1
     if num_threads is not None and num_threads > cores:
-        raise ValueError(f"{flag} {num_threads} is more than the {cores} cores of this machine")
+        raise ValueError(
+            f"{flag} {num_threads} is more than the {cores} cores of this machine"
+        )
 
 
 # chapters/scaling_out.md: Putting it together
 def where_it_starts(folder: str, steps: int) -> int:
-    """Say where a ``--resume`` run in ``folder`` starts (process 0 says it); return that step. Every
-    task's trainer says it so."""
+    """Say where a ``--resume`` run in ``folder`` starts (process 0 says it); return
+    that step. Every task's trainer says it so."""
     path = os.path.join(folder, "checkpoint.pt")
     if not os.path.isfile(path):
         print(f"no checkpoint in {folder} yet: starting from step 0")
         return 0
     step = read_checkpoint(path)["step"]
-    print(f"resuming from {path} at step {step} of {steps}" if step < steps else
-          f"resuming from {path}: the run is already complete, step {step} of {steps}")
+    print(
+        f"resuming from {path} at step {step} of {steps}"
+        if step < steps
+        else f"resuming from {path}: the run is already complete, step {step} of {steps}"
+    )
     return step
 
 
 # chapters/scaling_out.md: Putting it together
-def stopped(prog: str, stop: BaseException, folder: str | None, steps: int,
-            slower: str = "a smaller --lr-factor (or with --clip 1)") -> int:
-    """Say on stderr, in one line, why a run of ``steps`` steps stopped (``DivergedError``, or
-    ``KeyboardInterrupt``: Ctrl-C), what ``folder`` kept and how to go on (after a divergence: with
-    ``slower``, the task's smaller steps); return the exit status, 2 or 130."""
+def stopped(
+    prog: str,
+    stop: BaseException,
+    folder: str | None,
+    steps: int,
+    slower: str = "a smaller --lr-factor (or with --clip 1)",
+) -> int:
+    """Say on stderr, in one line, why a run of ``steps`` steps stopped
+    (``DivergedError``, or ``KeyboardInterrupt``: Ctrl-C), what ``folder`` kept and how
+    to go on (after a divergence: with ``slower``, the task's smaller steps); return the
+    exit status, 2 or 130."""
     path = None if folder is None else os.path.join(folder, "checkpoint.pt")
-    step = read_checkpoint(path)["step"] if path is not None and os.path.isfile(path) else None
-    kept = (f"{path} holds step {step} of {steps}" if step is not None else
-            "no checkpoint was saved" + (" (no --checkpoint-dir)" if folder is None else ""))
+    step = (
+        read_checkpoint(path)["step"]
+        if path is not None and os.path.isfile(path)
+        else None
+    )
+    kept = (
+        f"{path} holds step {step} of {steps}"
+        if step is not None
+        else "no checkpoint was saved"
+        + (" (no --checkpoint-dir)" if folder is None else "")
+    )
     if isinstance(stop, DivergedError):
-        how = (f"resume from it with a lower rate: the same command with --resume and {slower}"
-               if step is not None else f"start again with {slower}")
+        how = (
+            f"resume from it with a lower rate: the same command with --resume and {slower}"
+            if step is not None
+            else f"start again with {slower}"
+        )
         print(f"{prog}: error: {stop}; {kept}: {how}", file=sys.stderr)
         return 2
-    how = ": the same command with --resume goes on from there" if step is not None else ""
+    how = (
+        ": the same command with --resume goes on from there"
+        if step is not None
+        else ""
+    )
     print(f"{prog}: interrupted (Ctrl-C); {kept}{how}", file=sys.stderr)
     return 130

@@ -40,114 +40,202 @@ from transformer.files import read_parallel
 
 
 # chapters/long_runs.md: A command for every run
-#: The trainers of ``transformer train``: task name -> its ``main(argv, prog)``. The scaling-out chapter
-#: registers ``numbers`` and ``multi30k``; a later chapter may register a task of its own.
+#: The trainers of ``transformer train``: task name -> its ``main(argv, prog)``. The
+#: scaling-out chapter registers ``numbers`` and ``multi30k``; a later chapter may
+#: register a task of its own.
 TRAINERS: dict[str, Callable[[Sequence[str], str], int]] = {}
 
 
-def build_numbers_parser(prog: str = "python -m transformer.train") -> argparse.ArgumentParser:
-    """The options of ``python -m transformer.train`` (or ``transformer train``) for the number words."""
+def build_numbers_parser(
+    prog: str = "python -m transformer.train",
+) -> argparse.ArgumentParser:
+    """The options of ``python -m transformer.train`` (or ``transformer train``) for the
+    number words."""
     parser = CommandParser(
         prog=prog,
         description="Train the Transformer to turn English number words into digits (the task numbers; "
-                    f"each of the tasks {', '.join(TRAINERS)} has options of its own: `train TASK --help`).")
+        f"each of the tasks {', '.join(TRAINERS)} has options of its own: `train TASK --help`).",
+    )
     task = parser.add_argument_group("task")
-    task.add_argument("--task", choices=tuple(TRAINERS) or None, default="numbers",
-                      help="what to learn (default: numbers)")
-    task.add_argument("--train-size", type=positive_int, default=200_000, help="numbers to train on (default: 200000)")
-    task.add_argument("--valid-size", type=positive_int, default=1_000,
-                      help="numbers for the exact match (default: 1000)")
+    task.add_argument(
+        "--task",
+        choices=tuple(TRAINERS) or None,
+        default="numbers",
+        help="what to learn (default: numbers)",
+    )
+    task.add_argument(
+        "--train-size",
+        type=positive_int,
+        default=200_000,
+        help="numbers to train on (default: 200000)",
+    )
+    task.add_argument(
+        "--valid-size",
+        type=positive_int,
+        default=1_000,
+        help="numbers for the exact match (default: 1000)",
+    )
     add_config_options(parser, TrainConfig())
     where = add_where_options(parser)
-    where.add_argument("--check-replicas", action="store_true",
-                       help="after training, check that every process holds the same parameters")
+    where.add_argument(
+        "--check-replicas",
+        action="store_true",
+        help="after training, check that every process holds the same parameters",
+    )
     return parser
 
 
 # chapters/long_runs.md: The translator's commands
-def build_multi30k_parser(prog: str = "python -m transformer.train") -> argparse.ArgumentParser:
-    """The options of ``python -m transformer.train --task multi30k``: the fields of ``TranslationConfig``, and where."""
+def build_multi30k_parser(
+    prog: str = "python -m transformer.train",
+) -> argparse.ArgumentParser:
+    """The options of ``python -m transformer.train --task multi30k``: the fields of
+    ``TranslationConfig``, and where."""
     parser = CommandParser(
         prog=f"{prog} --task multi30k",
-        description="Train a Transformer to translate German into English on Multi30k (data/multi30k).")
-    parser.add_argument("--task", choices=("multi30k",), default="multi30k", help="what to learn")
+        description="Train a Transformer to translate German into English on Multi30k (data/multi30k).",
+    )
+    parser.add_argument(
+        "--task", choices=("multi30k",), default="multi30k", help="what to learn"
+    )
     add_config_options(parser, TranslationConfig())
     add_where_options(parser)
     return parser
 
 
 def check_multi30k_arguments(args: argparse.Namespace) -> TranslationConfig:
-    """Raise ValueError or TypeError, naming the option, for a run that cannot start; return its configuration."""
+    """Raise ValueError or TypeError, naming the option, for a run that cannot start;
+    return its configuration."""
     config = config_from_args(args, TranslationConfig())
     assert isinstance(config, TranslationConfig)
-    check_where(args, config)  # the device, and the checkpoint folder, as for the number words
+    # the device, and the checkpoint folder, as for the number words
+    check_where(args, config)
     check_machine(config, config.vocab_size, args.device)
     with torch.device("meta"):
-        make_translation_model(config, config.vocab_size)  # the model's checks, e.g. d_model % num_heads
+        # the model's checks, e.g. d_model % num_heads
+        make_translation_model(config, config.vocab_size)
     return config
 
 
 # chapters/scaling_out.md: One process per device
-def check_numbers_arguments(args: argparse.Namespace, world_size: int = 1) -> TrainConfig:
-    """Raise ValueError or TypeError, naming the option, for a run that cannot start; return its configuration."""
-    config = config_from_args(args)  # TrainConfig's checks, also of the values of a --config file
+def check_numbers_arguments(
+    args: argparse.Namespace, world_size: int = 1
+) -> TrainConfig:
+    """Raise ValueError or TypeError, naming the option, for a run that cannot start;
+    return its configuration."""
+    # TrainConfig's checks, also of the values of a --config file
+    config = config_from_args(args)
     if config.batch_size % world_size:
         raise ValueError(
             f"--batch-size {config.batch_size} cannot be split evenly over {world_size} processes: "
             f"the global batch must be a multiple of the number of processes"
         )
     if args.train_size + args.valid_size > MAX_NUMBER + 1:
-        raise ValueError(f"--train-size {args.train_size} and --valid-size {args.valid_size} add up to more than "
-                         f"the {MAX_NUMBER + 1:,} numbers there are")
-    answer = len(str(MAX_NUMBER)) + 3  # predict decodes <bos>, six digits, <eos> and one more
-    if config.max_len < answer:  # the data's longest example may need fewer: find it to name it
-        train, valid, _ = split_numbers(args.train_size, args.valid_size, 0, seed=config.seed)
+        raise ValueError(
+            f"--train-size {args.train_size} and --valid-size {args.valid_size} add up to more than "
+            f"the {MAX_NUMBER + 1:,} numbers there are"
+        )
+    # predict decodes <bos>, six digits, <eos> and one more
+    answer = len(str(MAX_NUMBER)) + 3
+    # the data's longest example may need fewer: find it to name it
+    if config.max_len < answer:
+        train, valid, _ = split_numbers(
+            args.train_size, args.valid_size, 0, seed=config.seed
+        )
         longest = max(train + valid, key=lambda n: len(number_to_words(n).split()))
-        raise ValueError(f"--max-len {config.max_len} is too short: the longest example, {longest} "
-                         f"({number_to_words(longest)!r}), has {len(number_to_words(longest).split())} words, and "
-                         f"the answers are decoded with up to {answer} tokens; use --max-len {answer} or more")
+        raise ValueError(
+            f"--max-len {config.max_len} is too short: the longest example, {longest} "
+            f"({number_to_words(longest)!r}), has {len(number_to_words(longest).split())} words, and "
+            f"the answers are decoded with up to {answer} tokens; use --max-len {answer} or more"
+        )
     check_where(args, config)
-    saved = None if args.checkpoint_dir is None else os.path.join(args.checkpoint_dir, "checkpoint.pt")
-    if args.resume and saved is not None and os.path.isfile(saved):  # the same numbers as the run it continues
-        check_same_data(read_checkpoint(saved), split_numbers(args.train_size, args.valid_size, 0, seed=config.seed)[0],
-                        saved)
+    saved = (
+        None
+        if args.checkpoint_dir is None
+        else os.path.join(args.checkpoint_dir, "checkpoint.pt")
+    )
+    # the same numbers as the run it continues
+    if args.resume and saved is not None and os.path.isfile(saved):
+        check_same_data(
+            read_checkpoint(saved),
+            split_numbers(args.train_size, args.valid_size, 0, seed=config.seed)[0],
+            saved,
+        )
     check_machine(config, len(source_vocab()), args.device)
     with torch.device("meta"):
-        make_model(config, source_vocab(), target_vocab())  # the model's checks, e.g. d_model % num_heads
+        # the model's checks, e.g. d_model % num_heads
+        make_model(config, source_vocab(), target_vocab())
     return config
 
 
 # chapters/scaling_out.md: Putting it together
-def _train_here(args: argparse.Namespace, config: TrainConfig, rank: int, world_size: int, device: torch.device,
-                train_numbers: list[int], valid_numbers: list[int]) -> Transformer:
-    """This process's part of the run: ``fit``, with the hooks when there are several processes."""
-    path = None if args.checkpoint_dir is None else os.path.join(args.checkpoint_dir, "checkpoint.pt")
+def _train_here(
+    args: argparse.Namespace,
+    config: TrainConfig,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    train_numbers: list[int],
+    valid_numbers: list[int],
+) -> Transformer:
+    """This process's part of the run: ``fit``, with the hooks when there are several
+    processes."""
+    path = (
+        None
+        if args.checkpoint_dir is None
+        else os.path.join(args.checkpoint_dir, "checkpoint.pt")
+    )
     resume = path if args.resume and path is not None and os.path.isfile(path) else None
-    start = where_it_starts(args.checkpoint_dir, config.steps) if args.resume and rank == 0 else 0
+    start = (
+        where_it_starts(args.checkpoint_dir, config.steps)
+        if args.resume and rank == 0
+        else 0
+    )
     parallel = data_parallel_options(rank, world_size, target_vocab().pad_id)
-    model, _ = fit(config, train_numbers, valid_numbers if rank == 0 else None,
-                   device=device, progress=args.progress and rank == 0 and start < config.steps, resume_from=resume,
-                   checkpoint_path=path if rank == 0 else None, checkpoint_every=args.save_every,
-                   **parallel)
+    model, _ = fit(
+        config,
+        train_numbers,
+        valid_numbers if rank == 0 else None,
+        device=device,
+        progress=args.progress and rank == 0 and start < config.steps,
+        resume_from=resume,
+        checkpoint_path=path if rank == 0 else None,
+        checkpoint_every=args.save_every,
+        **parallel,
+    )
     return model
 
 
 # chapters/scaling_out.md: Putting it together
 def run_training(args: argparse.Namespace) -> Transformer:
-    """Train as ``args`` says, alone or as one process of several; return the trained model."""
+    """Train as ``args`` says, alone or as one process of several; return the trained
+    model."""
     config = check_numbers_arguments(args, world_size_of_run())
     rank, world_size, device = init_distributed(args.device, args.init_method)
     try:
-        train_numbers, valid_numbers, _ = split_numbers(args.train_size, args.valid_size, 0, seed=config.seed)
-        model = _train_here(args, config, rank, world_size, device, train_numbers, valid_numbers)
+        train_numbers, valid_numbers, _ = split_numbers(
+            args.train_size, args.valid_size, 0, seed=config.seed
+        )
+        model = _train_here(
+            args, config, rank, world_size, device, train_numbers, valid_numbers
+        )
         difference = replica_difference(model) if args.check_replicas else None
         if rank == 0 and difference is not None:
-            print(f"{world_size} replicas, largest difference from process 0: {difference}")
+            print(
+                f"{world_size} replicas, largest difference from process 0: {difference}"
+            )
         if rank == 0:
-            accuracy = exact_match(model, valid_numbers, source_vocab(), target_vocab(), device=device)
-            print(f"validation exact match: {accuracy:.1%} of {len(valid_numbers)} numbers")
-            if args.checkpoint_dir is not None:  # also when --no-progress has shown nothing else
-                print(f"checkpoint written to {os.path.join(args.checkpoint_dir, 'checkpoint.pt')}")
+            accuracy = exact_match(
+                model, valid_numbers, source_vocab(), target_vocab(), device=device
+            )
+            print(
+                f"validation exact match: {accuracy:.1%} of {len(valid_numbers)} numbers"
+            )
+            # also when --no-progress has shown nothing else
+            if args.checkpoint_dir is not None:
+                print(
+                    f"checkpoint written to {os.path.join(args.checkpoint_dir, 'checkpoint.pt')}"
+                )
         return model
     finally:
         if world_size > 1:
@@ -155,60 +243,99 @@ def run_training(args: argparse.Namespace) -> Transformer:
 
 
 # chapters/scaling_out.md: Putting it together
-def multi30k_main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.train") -> int:
-    """``python -m transformer.train --task multi30k [options]``: train, alone or under torchrun.
+def multi30k_main(
+    argv: Sequence[str] | None = None, prog: str = "python -m transformer.train"
+) -> int:
+    """``python -m transformer.train --task multi30k [options]``: train, alone or under
+    torchrun.
 
-    With ``--checkpoint-dir``, process 0 saves there (``checkpoint.pt`` to resume, the last
-    ``--keep-last`` ``step-*.pt``) and at the end writes ``averaged.pt``, the float16 average of
-    those, and prints the validation BLEU of the last model and of the average.
+    With ``--checkpoint-dir``, process 0 saves there (``checkpoint.pt`` to resume, the
+    last ``--keep-last`` ``step-*.pt``) and at the end writes ``averaged.pt``, the
+    float16 average of those, and prints the validation BLEU of the last model and of
+    the average.
     """
     parser = build_multi30k_parser(prog)
     args = parser.parse_args(argv)
     try:
         config = check_multi30k_arguments(args)
-        load_multi30k("val")  # the data are there, or a usage error now rather than a traceback later
+        # the data are there, or a usage error now rather than a traceback later
+        load_multi30k("val")
     except (TypeError, ValueError, FileNotFoundError) as err:
         parser.error(str(err))
-    return train_translator(parser, args, config, lambda: (load_multi30k("train"), load_multi30k("val")))
+    return train_translator(
+        parser, args, config, lambda: (load_multi30k("train"), load_multi30k("val"))
+    )
 
 
 Pairs = tuple[Sequence[str], Sequence[str]]
 
 
-def train_translator(parser: argparse.ArgumentParser, args: argparse.Namespace, config: TranslationConfig,
-                     data: Callable[[], tuple[Pairs, Pairs]]) -> int:
-    """Train a translator on ``data() = (train, valid)``, each (sources, targets), as ``parser``'s ``args``
+def train_translator(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    config: TranslationConfig,
+    data: Callable[[], tuple[Pairs, Pairs]],
+) -> int:
+    """Train a translator on ``data() = (train, valid)``, each (sources, targets), as
+    ``parser``'s ``args``
     say: the run of ``multi30k_main``, and of any other parallel text."""
     rank, world_size, device = init_distributed(args.device, args.init_method)
     if device.type == "cuda":
-        # cuDNN's attention builds a plan for every new shape, and token batches change shape at
-        # every step: torch's other fused kernels are several times faster here.
+        # cuDNN's attention builds a plan for every new shape, and token batches change
+        # shape at every step: torch's other fused kernels are several times faster
+        # here.
         torch.backends.cuda.enable_cudnn_sdp(False)
     try:
         train, valid = data()
         parallel = data_parallel_options(rank, world_size, PAD_ID)
-        start = where_it_starts(args.checkpoint_dir, config.steps) if args.resume and rank == 0 else 0
+        start = (
+            where_it_starts(args.checkpoint_dir, config.steps)
+            if args.resume and rank == 0
+            else 0
+        )
         try:
             model, tokenizer, _ = fit_translation(
-                config, train, valid if rank == 0 else None, device=device,
+                config,
+                train,
+                valid if rank == 0 else None,
+                device=device,
                 progress=args.progress and rank == 0 and start < config.steps,
-                checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, save_checkpoints=rank == 0,
-                log=print if rank == 0 else None, **parallel)
-        except ValueError as err:  # what only the data refuse (a --max-len shorter than a sentence), before a step
+                checkpoint_dir=args.checkpoint_dir,
+                save_every=args.save_every,
+                save_checkpoints=rank == 0,
+                log=print if rank == 0 else None,
+                **parallel,
+            )
+        # what only the data refuse (a --max-len shorter than a sentence), before a step
+        except ValueError as err:
             parser.error(str(err))
         except (DivergedError, KeyboardInterrupt) as stop:
             return stopped(parser.prog, stop, args.checkpoint_dir, config.steps)
         if rank == 0:
-            print(f"validation BLEU, greedy, last model: {corpus_scores(translate(model, tokenizer, valid[0]), valid[1])['bleu']:.2f}")
+            print(
+                f"validation BLEU, greedy, last model: {corpus_scores(translate(model, tokenizer, valid[0]), valid[1])['bleu']:.2f}"
+            )
             if args.checkpoint_dir is not None:
                 steps = step_files(Path(args.checkpoint_dir))
                 model.load_state_dict(average_checkpoints(steps))
-                save_translator(Path(args.checkpoint_dir) / "averaged.pt", model, tokenizer, config,
-                                config.steps, note={"averaged_steps": [int(p.stem[5:]) for p in steps]})
-                bleu = corpus_scores(translate(model, tokenizer, valid[0]), valid[1])["bleu"]
-                print(f"validation BLEU, greedy, average of the last {len(steps)} checkpoints: {bleu:.2f}")
-                print(f"checkpoints written to {args.checkpoint_dir}: checkpoint.pt (to resume), averaged.pt "
-                      "(to translate with)")
+                save_translator(
+                    Path(args.checkpoint_dir) / "averaged.pt",
+                    model,
+                    tokenizer,
+                    config,
+                    config.steps,
+                    note={"averaged_steps": [int(p.stem[5:]) for p in steps]},
+                )
+                bleu = corpus_scores(translate(model, tokenizer, valid[0]), valid[1])[
+                    "bleu"
+                ]
+                print(
+                    f"validation BLEU, greedy, average of the last {len(steps)} checkpoints: {bleu:.2f}"
+                )
+                print(
+                    f"checkpoints written to {args.checkpoint_dir}: checkpoint.pt (to resume), averaged.pt "
+                    "(to translate with)"
+                )
         return 0
     finally:
         if world_size > 1:
@@ -216,8 +343,11 @@ def train_translator(parser: argparse.ArgumentParser, args: argparse.Namespace, 
 
 
 # chapters/scaling_out.md: Putting it together
-def numbers_main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.train") -> int:
-    """``python -m transformer.train [--task numbers] [options]``: train on the number words."""
+def numbers_main(
+    argv: Sequence[str] | None = None, prog: str = "python -m transformer.train"
+) -> int:
+    """``python -m transformer.train [--task numbers] [options]``: train on the number
+    words."""
     parser = build_numbers_parser(prog)
     args = parser.parse_args(argv)
     try:
@@ -231,18 +361,26 @@ def numbers_main(argv: Sequence[str] | None = None, prog: str = "python -m trans
     return 0
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.train") -> int:
-    """``python -m transformer.train [TASK] [options]`` (``transformer train``); ``argv`` defaults to the command line.
+def main(
+    argv: Sequence[str] | None = None, prog: str = "python -m transformer.train"
+) -> int:
+    """``python -m transformer.train [TASK] [options]`` (``transformer train``);
+    ``argv`` defaults to the command line.
 
-    The task, ``train TASK`` or ``train --task TASK``, picks the trainer in ``TRAINERS``, whose parser has its own
-    options and ``--help``: ``numbers_main`` (the default), ``multi30k_main``, or one a later chapter registers."""
+    The task, ``train TASK`` or ``train --task TASK``, picks the trainer in
+    ``TRAINERS``, whose parser has its own options and ``--help``: ``numbers_main`` (the
+    default), ``multi30k_main``, or one a later chapter registers."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    argv = ["--task", *argv] if argv and not argv[0].startswith("-") else argv  # `train TASK` is `train --task TASK`
-    task = CommandParser(prog=prog, add_help=False, usage=f"{prog} [TASK | --task TASK] [options]")
+    # `train TASK` is `train --task TASK`
+    argv = ["--task", *argv] if argv and not argv[0].startswith("-") else argv
+    task = CommandParser(
+        prog=prog, add_help=False, usage=f"{prog} [TASK | --task TASK] [options]"
+    )
     task.add_argument("--task", choices=tuple(TRAINERS), default="numbers")
     try:
         return TRAINERS[task.parse_known_args(argv)[0].task](argv, prog)
-    except KeyboardInterrupt:  # before the steps (reading the data) or after them: nothing to keep
+    # before the steps (reading the data) or after them: nothing to keep
+    except KeyboardInterrupt:
         print(f"{prog}: interrupted (Ctrl-C)", file=sys.stderr)
         return 130
 
@@ -252,31 +390,51 @@ TRAINERS["multi30k"] = multi30k_main
 
 
 # chapters/scaling_out.md: Your own parallel text
-def build_translation_parser(prog: str = "python -m transformer.train") -> argparse.ArgumentParser:
-    """The options of ``--task translation``: four files of parallel text, and those of ``--task multi30k``."""
+def build_translation_parser(
+    prog: str = "python -m transformer.train",
+) -> argparse.ArgumentParser:
+    """The options of ``--task translation``: four files of parallel text, and those of
+    ``--task multi30k``."""
     parser = CommandParser(
         prog=f"{prog} --task translation",
         description="Train a Transformer to translate your own parallel text (any languages): UTF-8 files of one "
-                    "sentence a line, line i of --train-tgt translating line i of --train-src; a joint BPE "
-                    "vocabulary of --vocab-size tokens is learned on both sides of the training files.")
-    parser.add_argument("--task", choices=("translation",), default="translation", help="what to learn")
+        "sentence a line, line i of --train-tgt translating line i of --train-src; a joint BPE "
+        "vocabulary of --vocab-size tokens is learned on both sides of the training files.",
+    )
+    parser.add_argument(
+        "--task", choices=("translation",), default="translation", help="what to learn"
+    )
     files = parser.add_argument_group("data")
-    for name, meaning in (("train-src", "sentences to translate, for training"), ("train-tgt", "their translations"),
-                          ("valid-src", "sentences to translate, for validation"), ("valid-tgt", "their translations")):
+    for name, meaning in (
+        ("train-src", "sentences to translate, for training"),
+        ("train-tgt", "their translations"),
+        ("valid-src", "sentences to translate, for validation"),
+        ("valid-tgt", "their translations"),
+    ):
         files.add_argument(f"--{name}", required=True, metavar="FILE", help=meaning)
     add_config_options(parser, TranslationConfig())
     add_where_options(parser)
     return parser
 
 
-def translation_main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.train") -> int:
+def translation_main(
+    argv: Sequence[str] | None = None, prog: str = "python -m transformer.train"
+) -> int:
     """``python -m transformer.train --task translation --train-src F --train-tgt F --valid-src F --valid-tgt F``:
-    train a translator on your own parallel text, alone or under torchrun, as ``multi30k_main`` does."""
+    train a translator on your own parallel text, alone or under torchrun, as
+    ``multi30k_main`` does."""
     parser = build_translation_parser(prog)
     args = parser.parse_args(argv)
     try:
-        train, valid = (read_parallel(f"--{part}-src", getattr(args, f"{part}_src"), f"--{part}-tgt",
-                                      getattr(args, f"{part}_tgt")) for part in ("train", "valid"))
+        train, valid = (
+            read_parallel(
+                f"--{part}-src",
+                getattr(args, f"{part}_src"),
+                f"--{part}-tgt",
+                getattr(args, f"{part}_tgt"),
+            )
+            for part in ("train", "valid")
+        )
         config = check_multi30k_arguments(args)
     except (TypeError, ValueError) as err:
         parser.error(str(err))
@@ -287,8 +445,11 @@ TRAINERS["translation"] = translation_main
 
 
 # chapters/classify_command.md: Training: `transformer train --task classify`
-def classify_main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.train") -> int:
-    """``transformer train --task classify ...``: chapter "Your own classifier"'s trainer, imported when used."""
+def classify_main(
+    argv: Sequence[str] | None = None, prog: str = "python -m transformer.train"
+) -> int:
+    """``transformer train --task classify ...``: chapter "Your own classifier"'s
+    trainer, imported when used."""
     from transformer.cli.classify import train_main
 
     return train_main(argv, prog)
@@ -298,5 +459,6 @@ TRAINERS["classify"] = classify_main
 
 
 # chapters/scaling_out.md: Putting it together
-if __name__ == "__main__" and __spec__ is not None:  # `python -m transformer.cli.train`, not a notebook
+# `python -m transformer.cli.train`, not a notebook
+if __name__ == "__main__" and __spec__ is not None:
     raise SystemExit(main())

@@ -29,38 +29,83 @@ from transformer.tasks.translation import load_translator, translate_lines
 
 
 # chapters/long_runs.md: Text that is not UTF-8, and lines too long
-def build_parser(prog: str = "python -m transformer.translate") -> argparse.ArgumentParser:
-    """The options of ``python -m transformer.translate`` (``transformer translate``)."""
+def build_parser(
+    prog: str = "python -m transformer.translate",
+) -> argparse.ArgumentParser:
+    """The options of ``python -m transformer.translate``
+    (``transformer translate``)."""
     parser = CommandParser(
         prog=prog,
         description="Translate one sentence per line (the book's model: German into English), from stdin (UTF-8) "
-                    "to stdout. A line longer than the model takes is cut at sentence ends (then before words), "
-                    "and its parts translated and joined.")
-    parser.add_argument("--checkpoint", required=True,
-                        help="a model of `transformer train --task multi30k` (or --task translation)")
-    parser.add_argument("--beam", type=positive_int, default=1, help="beam size (1: greedy decoding)")
-    parser.add_argument("--length-penalty", type=float, default=0.6, help="alpha of the beam's length penalty")
-    parser.add_argument("--extra-len", type=int, default=50, help="an output has at most (input length + this) tokens")
-    parser.add_argument("--batch-tokens", type=positive_int, default=4096, help="tokens of hypotheses decoded at once")
-    parser.add_argument("--threads", type=positive_int, help="CPU threads (default: free_cores(), the idle ones)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu",
-                        help="where to translate: cpu, or cuda, the GPU (default: cuda when torch finds one, here "
-                             f"{'cuda' if torch.cuda.is_available() else 'cpu'})")
-    parser.add_argument("--int8", action="store_true", help="int8 linear layers (CPU only; see quantize_int8)")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
-                        help="show a progress bar on stderr")
-    parser.add_argument("--errors", choices=("strict", "replace"), default="strict",
-                        help="a line that is not UTF-8: stop, naming it (strict), or translate it with its bad bytes "
-                             "replaced by U+FFFD, naming it on stderr (replace)")
+        "to stdout. A line longer than the model takes is cut at sentence ends (then before words), "
+        "and its parts translated and joined.",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        help="a model of `transformer train --task multi30k` (or --task translation)",
+    )
+    parser.add_argument(
+        "--beam", type=positive_int, default=1, help="beam size (1: greedy decoding)"
+    )
+    parser.add_argument(
+        "--length-penalty",
+        type=float,
+        default=0.6,
+        help="alpha of the beam's length penalty",
+    )
+    parser.add_argument(
+        "--extra-len",
+        type=int,
+        default=50,
+        help="an output has at most (input length + this) tokens",
+    )
+    parser.add_argument(
+        "--batch-tokens",
+        type=positive_int,
+        default=4096,
+        help="tokens of hypotheses decoded at once",
+    )
+    parser.add_argument(
+        "--threads",
+        type=positive_int,
+        help="CPU threads (default: free_cores(), the idle ones)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="where to translate: cpu, or cuda, the GPU (default: cuda when torch finds one, here "
+        f"{'cuda' if torch.cuda.is_available() else 'cpu'})",
+    )
+    parser.add_argument(
+        "--int8",
+        action="store_true",
+        help="int8 linear layers (CPU only; see quantize_int8)",
+    )
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="show a progress bar on stderr",
+    )
+    parser.add_argument(
+        "--errors",
+        choices=("strict", "replace"),
+        default="strict",
+        help="a line that is not UTF-8: stop, naming it (strict), or translate it with its bad bytes "
+        "replaced by U+FFFD, naming it on stderr (replace)",
+    )
     return parser
 
 
 @contextlib.contextmanager
 def ctrl_c_held() -> Iterator[None]:
-    """Hold Ctrl-C (SIGINT) back for the length of the block, and raise it after: the block is done
-    whole or not at all. A Python handler, not a blocked signal: the process's other threads (torch's)
-    can receive the signal too, but Python runs its handlers in the main thread, where this one
-    only notes it. (Outside the main thread, where handlers cannot be set, the block runs as it is.)"""
+    """Hold Ctrl-C (SIGINT) back for the length of the block, and raise it after: the
+    block is done whole or not at all. A Python handler, not a blocked signal: the
+    process's other threads (torch's) can receive the signal too, but Python runs its
+    handlers in the main thread, where this one only notes it. (Outside the main thread,
+    where handlers cannot be set, the block runs as it is.)"""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -74,46 +119,77 @@ def ctrl_c_held() -> Iterator[None]:
             raise KeyboardInterrupt  # the Ctrl-C that came during the block
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "python -m transformer.translate") -> int:
-    """``python -m transformer.translate --checkpoint PATH [--beam 4]``: stdin lines in, as many lines out."""
+def main(
+    argv: Sequence[str] | None = None, prog: str = "python -m transformer.translate"
+) -> int:
+    """``python -m transformer.translate --checkpoint PATH [--beam 4]``: stdin lines in,
+    as many lines out."""
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     if args.extra_len < 0:
         parser.error(f"--extra-len must be >= 0, got {args.extra_len}")
     if not 0 <= args.length_penalty < float("inf"):  # nan fails both
-        parser.error(f"--length-penalty must be a number >= 0 and finite, got {args.length_penalty}")
+        parser.error(
+            f"--length-penalty must be a number >= 0 and finite, got {args.length_penalty}"
+        )
     if args.int8 and args.device != "cpu":
-        parser.error(f"--int8 runs on the CPU: add --device cpu (got --device {args.device})")
+        parser.error(
+            f"--int8 runs on the CPU: add --device cpu (got --device {args.device})"
+        )
     if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda was asked for, but torch.cuda.is_available() is False")
-    if args.threads is not None and args.threads > (os.cpu_count() or 1):  # torch overflows on 10**12 threads
-        parser.error(f"--threads {args.threads} is more than the {os.cpu_count() or 1} cores of this machine")
+        parser.error(
+            "--device cuda was asked for, but torch.cuda.is_available() is False"
+        )
+    # torch overflows on 10**12 threads
+    if args.threads is not None and args.threads > (os.cpu_count() or 1):
+        parser.error(
+            f"--threads {args.threads} is more than the {os.cpu_count() or 1} cores of this machine"
+        )
     try:
         model, tokenizer = load_translator(args.checkpoint, args.device)
     except (OSError, ValueError) as err:
         parser.error(f"--checkpoint {args.checkpoint}: {err}")
-    if args.beam > tokenizer.get_vocab_size():  # the first step's candidates are the tokens, one hypothesis each
-        parser.error(f"--beam {args.beam} is more than the {tokenizer.get_vocab_size()} tokens of the model's "
-                     "vocabulary: a beam keeps at most one hypothesis per token")
+    # the first step's candidates are the tokens, one hypothesis each
+    if args.beam > tokenizer.get_vocab_size():
+        parser.error(
+            f"--beam {args.beam} is more than the {tokenizer.get_vocab_size()} tokens of the model's "
+            "vocabulary: a beam keeps at most one hypothesis per token"
+        )
     try:
         lines = read_lines(sys.stdin, what="stdin", errors=args.errors)
     except ValueError as err:
-        parser.error(f"{err}: nothing was translated (--errors replace translates such lines)")
-    torch.set_num_threads(args.threads or free_cores())  # threads spinning for a taken core cost the most
+        parser.error(
+            f"{err}: nothing was translated (--errors replace translates such lines)"
+        )
+    # threads spinning for a taken core cost the most
+    torch.set_num_threads(args.threads or free_cores())
     written = 0
     try:
-        for line in translate_lines(quantize_int8(model) if args.int8 else model, tokenizer, lines, args.beam,
-                                    args.length_penalty, args.extra_len, args.batch_tokens, progress=args.progress):
+        for line in translate_lines(
+            quantize_int8(model) if args.int8 else model,
+            tokenizer,
+            lines,
+            args.beam,
+            args.length_penalty,
+            args.extra_len,
+            args.batch_tokens,
+            progress=args.progress,
+        ):
             with ctrl_c_held():  # a line is written and counted, or neither
                 sys.stdout.write(line + "\n")
-                sys.stdout.flush()  # each line out as it is done: Ctrl-C loses only the lines in flight
+                # each line out as it is done: Ctrl-C loses only the lines in flight
+                sys.stdout.flush()
                 written += 1
     except KeyboardInterrupt:
-        print(f"{parser.prog}: interrupted (Ctrl-C): the first {written} of {len(lines)} lines were translated "
-              "and written", file=sys.stderr)
+        print(
+            f"{parser.prog}: interrupted (Ctrl-C): the first {written} of {len(lines)} lines were translated "
+            "and written",
+            file=sys.stderr,
+        )
         return 130
     return 0
 
 
-if __name__ == "__main__" and __spec__ is not None:  # `python -m transformer.cli.translate`, not a notebook
+# `python -m transformer.cli.translate`, not a notebook
+if __name__ == "__main__" and __spec__ is not None:
     raise SystemExit(main())

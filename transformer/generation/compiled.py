@@ -28,99 +28,157 @@ from transformer.nn.multihead import MultiHeadAttention
 
 # chapters/fixed_shapes.md: One step, one graph
 def static_cache(model: Transformer, memory: Tensor, capacity: int) -> DecoderCache:
-    """A ``DecoderCache`` for ``decode_step``: in every layer a ``FixedKVCache`` of ``capacity`` positions,
-    and the memory's keys and values, (B, H, S, d_k), projected here once."""
+    """A ``DecoderCache`` for ``decode_step``: in every layer a ``FixedKVCache`` of
+    ``capacity`` positions, and the memory's keys and values, (B, H, S, d_k), projected
+    here once."""
     capacity = check_positive_int("capacity", capacity)
     layers = cast(list[DecoderLayer], list(model.decoder.layers))
-    for layer in layers:  # a FixedKVCache serves the paper's attention, which takes no query positions
-        if type(layer.self_attn).attend is not MultiHeadAttention.attend or layer.cross_attn is None:
-            raise TypeError("model must have the paper's attention (MultiHeadAttention, and cross-attention) "
-                            f"in every decoder layer, got {type(layer.self_attn).__name__}")
+    # a FixedKVCache serves the paper's attention, which takes no query positions
+    for layer in layers:
+        if (
+            type(layer.self_attn).attend is not MultiHeadAttention.attend
+            or layer.cross_attn is None
+        ):
+            raise TypeError(
+                "model must have the paper's attention (MultiHeadAttention, and cross-attention) "
+                f"in every decoder layer, got {type(layer.self_attn).__name__}"
+            )
     cache = DecoderCache(len(layers))
     cache.share([layer.cross_attn for layer in layers], memory, beams=1)
     heads = layers[0].self_attn
     for layer_cache in cache.layers:
-        key = memory.new_zeros(memory.shape[0], heads.num_heads, capacity, heads.d_k)  # (B, H, C, d_k)
+        # (B, H, C, d_k)
+        key = memory.new_zeros(memory.shape[0], heads.num_heads, capacity, heads.d_k)
         layer_cache.self_attn = FixedKVCache(key, torch.zeros_like(key))
     return cache
 
 
-def decode_step(model: Transformer, token: Tensor, position: Tensor, cache: DecoderCache, memory: Tensor,
-                memory_mask: Tensor | None) -> Tensor:
-    """The scores of the token after ``token`` (B,), which stands at ``position`` (a 0-d tensor): (B, V).
-    ``model.decode`` through the caches of ``static_cache`` (made from ``memory``, (B, S, d_model)): the
-    token's keys and values are written at ``position``, self-attention reads all C positions, those not
-    written yet masked, and every shape is the same at every step."""
+def decode_step(
+    model: Transformer,
+    token: Tensor,
+    position: Tensor,
+    cache: DecoderCache,
+    memory: Tensor,
+    memory_mask: Tensor | None,
+) -> Tensor:
+    """The scores of the token after ``token`` (B,), which stands at ``position`` (a 0-d
+    tensor): (B, V). ``model.decode`` through the caches of ``static_cache`` (made from
+    ``memory``, (B, S, d_model)): the token's keys and values are written at
+    ``position``, self-attention reads all C positions, those not written yet masked,
+    and every shape is the same at every step."""
     cache.seek(position)
-    hidden = model.decode(token[:, None], memory, memory_mask, cache=cache)  # (B, 1, d_model)
+    # (B, 1, d_model)
+    hidden = model.decode(token[:, None], memory, memory_mask, cache=cache)
     return model.output(hidden[:, 0])  # (B, V)
 
 
 def compile_step(**settings: Any) -> Callable[..., Tensor]:
-    """``torch.compile(decode_step, dynamic=False, **settings)``; scalar C++ on torch's plain kernels
-    (ATEN_CPU_CAPABILITY=default), where vectorised code that Inductor's disk cache kept from the other
-    path fails to build (torch 2.13)."""
+    """``torch.compile(decode_step, dynamic=False, **settings)``; scalar C++ on torch's
+    plain kernels (ATEN_CPU_CAPABILITY=default), where vectorised code that Inductor's
+    disk cache kept from the other path fails to build (torch 2.13)."""
     if torch.backends.cpu.get_cpu_capability() == "DEFAULT" and "mode" not in settings:
         settings["options"] = {"cpp.simdlen": 1, **settings.get("options", {})}
     return torch.compile(decode_step, dynamic=False, **settings)
 
 
-def static_greedy_decode(model: Transformer, src: Tensor, max_len: int, bos_id: int, eos_id: int | None = None,
-                         src_mask: Tensor | None = None, pad_id: int = 0, extra_len: int | None = None,
-                         step: Callable[..., Tensor] = decode_step) -> Tensor:
-    """``greedy_decode`` with fixed shapes: the same arguments and tokens, every step the same call
-    ``step(model, token, position, cache, memory, src_mask)`` on the whole batch (finished rows write
-    padding). ``step``: ``decode_step``, or ``compile_step()``, which compiles once."""
+def static_greedy_decode(
+    model: Transformer,
+    src: Tensor,
+    max_len: int,
+    bos_id: int,
+    eos_id: int | None = None,
+    src_mask: Tensor | None = None,
+    pad_id: int = 0,
+    extra_len: int | None = None,
+    step: Callable[..., Tensor] = decode_step,
+) -> Tensor:
+    """``greedy_decode`` with fixed shapes: the same arguments and tokens, every step
+    the same call ``step(model, token, position, cache, memory, src_mask)`` on the whole
+    batch (finished rows write padding). ``step``: ``decode_step``, or
+    ``compile_step()``, which compiles once."""
     max_len, bos_id, pad_id = check_generation(model, src, max_len, bos_id, pad_id)
     if eos_id is not None:
         eos_id = check_token_id("eos_id", eos_id, model.tgt_embed.vocab_size)
     if not callable(step):
-        raise TypeError(f"step must be callable like decode_step, got {type(step).__name__}")
+        raise TypeError(
+            f"step must be callable like decode_step, got {type(step).__name__}"
+        )
     limits = output_limits(src, src_mask, max_len, extra_len)  # (B,)
     with evaluating(model):
         memory = model.encode(src, src_mask)  # (B, S, d_model)
         cache = static_cache(model, memory, max_len)
-        tokens = torch.full((src.shape[0], max_len), pad_id, dtype=torch.long, device=src.device)
+        tokens = torch.full(
+            (src.shape[0], max_len), pad_id, dtype=torch.long, device=src.device
+        )
         tokens[:, 0] = bos_id  # (B, max_len)
-        positions = torch.arange(max_len, device=src.device)  # positions[t]: a 0-d tensor, not an int
+        # positions[t]: a 0-d tensor, not an int
+        positions = torch.arange(max_len, device=src.device)
         done, generated = limits <= 0, torch.zeros_like(limits)  # (B,) each
         for t in range(max_len - 1):
-            logits = step(model, tokens[:, t], positions[t], cache, memory, src_mask)  # (B, V)
+            # (B, V)
+            logits = step(model, tokens[:, t], positions[t], cache, memory, src_mask)
             generated += ~done
             tokens[:, t + 1] = logits.argmax(dim=-1).masked_fill(done, pad_id)
-            done = done | (t + 1 >= limits) | (tokens[:, t + 1] == eos_id if eos_id is not None else done)
-            if t % 8 == 7 and bool(done.all()):  # a wait for the device every 8 steps, not every step
+            done = (
+                done
+                | (t + 1 >= limits)
+                | (tokens[:, t + 1] == eos_id if eos_id is not None else done)
+            )
+            # a wait for the device every 8 steps, not every step
+            if t % 8 == 7 and bool(done.all()):
                 break
-    return tokens[:, :int(generated.max()) + 1]
+    return tokens[:, : int(generated.max()) + 1]
 
 
 # chapters/fixed_shapes.md: Packed weights
 class PackedLinear(nn.Linear):
-    """An ``nn.Linear`` whose float32 inference on the CPU multiplies by its weight as oneDNN packed it
-    (made at the first such call, with its number of rows as the hint, and again when the weight
-    changes); training, gradients, other devices and dtypes take ``nn.Linear.forward``."""
+    """An ``nn.Linear`` whose float32 inference on the CPU multiplies by its weight as
+    oneDNN packed it (made at the first such call, with its number of rows as the hint,
+    and again when the weight changes); training, gradients, other devices and dtypes
+    take ``nn.Linear.forward``."""
 
-    _packed: tuple[int, int, Tensor] | None = None  # (weight version, weight address, packed weight)
+    # (weight version, weight address, packed weight)
+    _packed: tuple[int, int, Tensor] | None = None
 
     def forward(self, x: Tensor) -> Tensor:
         weight = self.weight
-        if (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad) or x.device.type != "cpu"
-                or x.dtype != torch.float32 or weight.dtype != torch.float32 or weight.is_inference()):
+        if (
+            torch.is_grad_enabled()
+            and (weight.requires_grad or x.requires_grad)
+            or x.device.type != "cpu"
+            or x.dtype != torch.float32
+            or weight.dtype != torch.float32
+            or weight.is_inference()
+        ):
             return super().forward(x)
         key = (weight._version, weight.data_ptr())
         if self._packed is None or self._packed[:2] != key:
             rows = x.numel() // x.shape[-1]
-            self._packed = (*key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_size=rows))
-        return torch.ops.mkldnn._linear_pointwise(x, self._packed[2], self.bias, "none", [], "")
+            self._packed = (
+                *key,
+                torch.ops.mkldnn._reorder_linear_weight(
+                    weight.detach(), batch_size=rows
+                ),
+            )
+        return torch.ops.mkldnn._linear_pointwise(
+            x, self._packed[2], self.bias, "none", [], ""
+        )
 
-    def __getstate__(self) -> dict[str, Any]:  # copy.deepcopy and pickle: a packed weight cannot be copied
-        return {name: value for name, value in super().__getstate__().items() if name != "_packed"}
+    # copy.deepcopy and pickle: a packed weight cannot be copied
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            name: value
+            for name, value in super().__getstate__().items()
+            if name != "_packed"
+        }
 
 
 def prepack(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` whose ``nn.Linear`` layers are ``PackedLinear`` (where torch has oneDNN):
-    the same parameters, float32 products on the CPU with weights packed once."""
-    with torch.inference_mode(False):  # parameters whose changes are counted, also when called in inference mode
+    """A copy of ``model`` whose ``nn.Linear`` layers are ``PackedLinear`` (where torch
+    has oneDNN): the same parameters, float32 products on the CPU with weights packed
+    once."""
+    # parameters whose changes are counted, also when called in inference mode
+    with torch.inference_mode(False):
         packed = copy.deepcopy(model)
     if torch.backends.mkldnn.is_available():
         for module in packed.modules():

@@ -25,100 +25,149 @@ from transformer.generation.topk import block_top_k
 
 
 # chapters/training.md: Reading the answer: greedy decoding
-def output_limits(src: Tensor, src_mask: Tensor | None, max_len: int, extra_len: object) -> Tensor:
-    """How many tokens each row may generate after the start token, (B,): ``max_len - 1``, or with
-    ``extra_len`` at most its source length (the positions ``src_mask`` leaves open) + ``extra_len``."""
+def output_limits(
+    src: Tensor, src_mask: Tensor | None, max_len: int, extra_len: object
+) -> Tensor:
+    """How many tokens each row may generate after the start token, (B,):
+    ``max_len - 1``, or with ``extra_len`` at most its source length (the positions
+    ``src_mask`` leaves open) + ``extra_len``."""
     B, S = src.shape
     limits = torch.full((B,), max_len - 1, dtype=torch.long, device=src.device)
     if extra_len is None:
         return limits
-    if isinstance(extra_len, bool) or not isinstance(extra_len, numbers.Integral) or extra_len < 0:
+    if (
+        isinstance(extra_len, bool)
+        or not isinstance(extra_len, numbers.Integral)
+        or extra_len < 0
+    ):
         raise ValueError(f"extra_len must be None or an int >= 0, got {extra_len!r}")
     if src_mask is None:
         lengths = torch.full((B,), S, dtype=torch.long, device=src.device)
     else:  # a source position is padding when it is masked for every query and head
-        padded = src_mask.reshape(src_mask.shape[0] if src_mask.dim() > 1 else 1, -1, S).all(dim=1)  # (B or 1, S)
+        # (B or 1, S)
+        padded = src_mask.reshape(
+            src_mask.shape[0] if src_mask.dim() > 1 else 1, -1, S
+        ).all(dim=1)
         lengths = (~padded).sum(dim=-1).expand(B)  # (B,)
     return torch.minimum(limits, lengths + int(extra_len))
 
 
 # chapters/training.md: Reading the answer: greedy decoding
 class DecoderState:
-    """What the decoding loops keep for their rows besides the tokens: the memory each row reads and
-    its source mask; ``next_logits`` scores the next token of every row.
+    """What the decoding loops keep for their rows besides the tokens: the memory each
+    row reads and its source mask; ``next_logits`` scores the next token of every row.
 
     Args:
-        model, memory, src_mask: the ``Transformer``, its encoder's output ``(B, S, d_model)`` (one row
-            per source) and the source's mask, e.g. ``(B, 1, 1, S)``, or None.
+        model, memory, src_mask: the ``Transformer``, its encoder's output
+            ``(B, S, d_model)`` (one row per source) and the source's mask, e.g.
+            ``(B, 1, 1, S)``, or None.
         beams: k, the rows per source (beam search), each reading its source's memory.
-        use_cache, max_len: keep the keys and values in the ``GenerationCache`` the model names,
-            ``model.new_cache(capacity=max_len)`` (the key/value cache of the chapter "Fast generation"),
-            if it has that method.
+        use_cache, max_len: keep the keys and values in the ``GenerationCache`` the
+            model names, ``model.new_cache(capacity=max_len)`` (the key/value cache of
+            the chapter "Fast generation"), if it has that method.
     """
 
-    def __init__(self, model: Transformer, memory: Tensor, src_mask: Tensor | None, beams: int = 1,
-                 use_cache: bool = True, max_len: int | None = None):
+    def __init__(
+        self,
+        model: Transformer,
+        memory: Tensor,
+        src_mask: Tensor | None,
+        beams: int = 1,
+        use_cache: bool = True,
+        max_len: int | None = None,
+    ):
         self.model, self.beams = model, beams
         self.memory = memory.repeat_interleave(beams, dim=0)  # (B * k, S, d_model)
-        self.src_mask = _expand_beams(src_mask, beams)  # (B * k, 1, 1, S), or a mask that broadcasts
-        new_cache = getattr(model, "new_cache", None) if use_cache else None  # the model names its cache
-        self.cache: GenerationCache | None = None if new_cache is None else new_cache(capacity=max_len)
-        if self.cache is not None:  # the memory's keys and values, projected once per source for its k beams
-            self.cache.share([layer.cross_attn for layer in model.decoder.layers], memory, beams)
+        # (B * k, 1, 1, S), or a mask that broadcasts
+        self.src_mask = _expand_beams(src_mask, beams)
+        # the model names its cache
+        new_cache = getattr(model, "new_cache", None) if use_cache else None
+        self.cache: GenerationCache | None = (
+            None if new_cache is None else new_cache(capacity=max_len)
+        )
+        # the memory's keys and values, projected once per source for its k beams
+        if self.cache is not None:
+            self.cache.share(
+                [layer.cross_attn for layer in model.decoder.layers], memory, beams
+            )
 
     def next_logits(self, tokens: Tensor) -> Tensor:
-        """Scores of the token after each row's ``tokens`` (B, t): (B, V); a cache's tokens are not fed again."""
-        new = tokens if self.cache is None else tokens[:, self.cache.length:]  # (B, t), or (B, 1) with a cache
-        hidden = self.model.decode(new, self.memory, self.src_mask, cache=self.cache)  # (B, t or 1, d_model)
+        """Scores of the token after each row's ``tokens`` (B, t): (B, V); a cache's
+        tokens are not fed again."""
+        # (B, t), or (B, 1) with a cache
+        new = tokens if self.cache is None else tokens[:, self.cache.length :]
+        # (B, t or 1, d_model)
+        hidden = self.model.decode(new, self.memory, self.src_mask, cache=self.cache)
         return self.model.output(hidden[:, -1])  # (B, d_model) -> (B, V)
 
     def keep(self, rows: Tensor) -> None:
-        """Keep the rows ``rows``, in that order: finished rows leave, beams follow their parents (with
-        k > 1 beams and as many rows as before, only the rows within each source move: its memory stays)."""
+        """Keep the rows ``rows``, in that order: finished rows leave, beams follow
+        their parents (with k > 1 beams and as many rows as before, only the rows within
+        each source move: its memory stays)."""
         within_sources = self.beams > 1 and rows.shape[0] == self.memory.shape[0]
-        if self.cache is not None:  # the memory's keys and values follow the rows only when sources leave
+        # the memory's keys and values follow the rows only when sources leave
+        if self.cache is not None:
             self.cache.reorder(rows, memory=not within_sources)
         if not within_sources:
-            self.memory, self.src_mask = self.memory[rows], _keep_rows(self.src_mask, rows)
+            self.memory, self.src_mask = (
+                self.memory[rows],
+                _keep_rows(self.src_mask, rows),
+            )
 
 
 def _expand_beams(src_mask: Tensor | None, beam_size: int) -> Tensor | None:
-    """Repeat a per-example mask (B, ..., S) for each beam: (B * k, ..., S); others broadcast."""
+    """Repeat a per-example mask (B, ..., S) for each beam: (B * k, ..., S); others
+    broadcast."""
     if src_mask is None or src_mask.dim() < 4 or src_mask.shape[0] == 1:
         return src_mask
     return src_mask.repeat_interleave(beam_size, dim=0)
 
 
 def _keep_rows(mask: Tensor | None, rows: Tensor) -> Tensor | None:
-    """The rows ``rows`` of a per-example mask (B, ..., S); a mask that broadcasts stays."""
+    """The rows ``rows`` of a per-example mask (B, ..., S); a mask that broadcasts
+    stays."""
     return mask if mask is None or mask.dim() < 4 or mask.shape[0] == 1 else mask[rows]
 
 
 # chapters/training.md: Reading the answer: greedy decoding
-def greedy_decode(model: Transformer, src: Tensor, max_len: int, bos_id: int, eos_id: int | None = None,
-                  src_mask: Tensor | None = None, use_cache: bool = True, pad_id: int = 0,
-                  extra_len: int | None = None) -> Tensor:
-    """Generate with the most likely token at every step, until ``eos_id`` or ``max_len``.
+def greedy_decode(
+    model: Transformer,
+    src: Tensor,
+    max_len: int,
+    bos_id: int,
+    eos_id: int | None = None,
+    src_mask: Tensor | None = None,
+    use_cache: bool = True,
+    pad_id: int = 0,
+    extra_len: int | None = None,
+) -> Tensor:
+    """Generate with the most likely token at every step, until ``eos_id`` or
+    ``max_len``.
 
     Args:
         model: a ``Transformer`` (anything with its ``encode``, ``decode``, ``output``,
-            ``decoder.layers``, ``positional_encoding`` and embeddings ``src_embed``, ``tgt_embed``).
+            ``decoder.layers``, ``positional_encoding`` and embeddings ``src_embed``,
+            ``tgt_embed``).
         src: source token ids, ``(B, S)``.
-        max_len: the longest output, start token included: at least 1, at most the model's max_len.
+        max_len: the longest output, start token included: at least 1, at most the
+        model's max_len.
         bos_id: the start token; every row of the output begins with it.
         eos_id: the end token, or None to always generate ``max_len`` tokens.
-        src_mask: optional bool mask of the source, True = may not attend, e.g. ``(B, 1, 1, S)``.
-        use_cache: keep the keys and values of earlier steps (a ``DecoderCache``, the book's chapter
-            "Fast generation"): the same tokens, each step costing O(t) instead of O(t^2).
+        src_mask: optional bool mask of the source, True = may not attend, e.g.
+        ``(B, 1, 1, S)``.
+        use_cache: keep the keys and values of earlier steps (a ``DecoderCache``, the
+            book's chapter "Fast generation"): the same tokens, each step costing O(t)
+            instead of O(t^2).
         pad_id: what a row holds after its end token while other rows still generate.
-        extra_len: the paper's limit, per row: at most (its source length + extra_len) tokens after
-            the start token (the paper: 50); the source length counts the positions ``src_mask``
-            leaves open. ``max_len`` still caps every row. None: ``max_len`` alone.
+        extra_len: the paper's limit, per row: at most (its source length + extra_len)
+            tokens after the start token (the paper: 50); the source length counts the
+            positions ``src_mask`` leaves open. ``max_len`` still caps every row. None:
+            ``max_len`` alone.
 
     Returns:
-        LongTensor ``(B, T)``, ``T <= max_len``; generation stops early when every row has produced
-        ``eos_id`` or reached its limit. The model runs in eval mode without gradients; its mode is
-        restored.
+        LongTensor ``(B, T)``, ``T <= max_len``; generation stops early when every row
+        has produced ``eos_id`` or reached its limit. The model runs in eval mode
+        without gradients; its mode is restored.
     """
     max_len, bos_id, pad_id = check_generation(model, src, max_len, bos_id, pad_id)
     if eos_id is not None:
@@ -126,12 +175,21 @@ def greedy_decode(model: Transformer, src: Tensor, max_len: int, bos_id: int, eo
     limits = output_limits(src, src_mask, max_len, extra_len)  # (B,)
     with evaluating(model):
         memory = model.encode(src, src_mask)  # (B, S, d_model), once for all steps
-        state = DecoderState(model, memory, src_mask, use_cache=use_cache, max_len=max_len)
-        tokens = torch.full((src.shape[0], max_len), pad_id, dtype=torch.long, device=src.device)
+        state = DecoderState(
+            model, memory, src_mask, use_cache=use_cache, max_len=max_len
+        )
+        tokens = torch.full(
+            (src.shape[0], max_len), pad_id, dtype=torch.long, device=src.device
+        )
         tokens[:, 0] = bos_id  # (B, max_len): allocated once, written column by column
-        out, rows, length = tokens.clone(), torch.arange(src.shape[0], device=src.device), 1
+        out, rows, length = (
+            tokens.clone(),
+            torch.arange(src.shape[0], device=src.device),
+            1,
+        )
         for step in range(max_len - 1):  # step: the tokens generated so far
-            done = step >= limits  # (B,): rows at their limit, or (below) after their end token
+            # (B,): rows at their limit, or (below) after their end token
+            done = step >= limits
             if eos_id is not None and step > 0:
                 done |= tokens[:, step] == eos_id
             if done.any():  # finished rows leave the batch: their tokens go to out
@@ -141,7 +199,7 @@ def greedy_decode(model: Transformer, src: Tensor, max_len: int, bos_id: int, eo
                 state.keep(keep)
                 if rows.numel() == 0:
                     break
-            logits = state.next_logits(tokens[:, :step + 1])  # (B, V)
+            logits = state.next_logits(tokens[:, : step + 1])  # (B, V)
             tokens[:, step + 1] = logits.argmax(dim=-1)  # in place
             length = step + 2
         out[rows, :length] = tokens[:, :length]  # the rows still there at the end
@@ -149,9 +207,13 @@ def greedy_decode(model: Transformer, src: Tensor, max_len: int, bos_id: int, eo
 
 
 def generated_ids(tokens: Tensor, eos_id: int) -> list[list[int]]:
-    """What each row of a generation says: its ids after the leading <bos>, up to (not with) its first
-    ``eos_id``, or all of them when it has none. tokens (B, T) -> B lists."""
-    return [row[:row.index(eos_id)] if eos_id in row else row for row in tokens[:, 1:].tolist()]
+    """What each row of a generation says: its ids after the leading <bos>, up to (not
+    with) its first ``eos_id``, or all of them when it has none. tokens (B, T) -> B
+    lists."""
+    return [
+        row[: row.index(eos_id)] if eos_id in row else row
+        for row in tokens[:, 1:].tolist()
+    ]
 
 
 # chapters/generation.md: Beam search
@@ -163,81 +225,131 @@ def _length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
 def _check_length_penalty(alpha: object) -> float:
     """Return ``alpha`` as a float if it is a finite number >= 0, else raise."""
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
-        raise TypeError(f"length_penalty must be a number >= 0, got {type(alpha).__name__} {alpha!r}")
+        raise TypeError(
+            f"length_penalty must be a number >= 0, got {type(alpha).__name__} {alpha!r}"
+        )
     value = float(alpha)
-    if not 0 <= value < float("inf"):  # nan fails both; inf would rank the hypotheses by their length alone
-        raise ValueError(f"length_penalty must be a number >= 0 and finite, got {alpha}")
+    # nan fails both; inf would rank the hypotheses by their length alone
+    if not 0 <= value < float("inf"):
+        raise ValueError(
+            f"length_penalty must be a number >= 0 and finite, got {alpha}"
+        )
     return value
 
 
 # chapters/generation.md: Beam search
-def _start_beams(batch_size: int, beam_size: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-    """Scores, lengths and ``finished`` flags (B, k) of beams holding only the start token.
+def _start_beams(
+    batch_size: int, beam_size: int, device: torch.device
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Scores, lengths and ``finished`` flags (B, k) of beams holding only the start
+    token.
 
-    Only beam 0 is live (score 0); the others score -inf, so the first step picks k distinct tokens.
+    Only beam 0 is live (score 0); the others score -inf, so the first step picks k
+    distinct tokens.
     """
     scores = torch.full((batch_size, beam_size), float("-inf"), device=device)
     scores[:, 0] = 0.0
     lengths = torch.zeros(batch_size, beam_size, dtype=torch.long, device=device)
-    return scores, lengths, torch.zeros(batch_size, beam_size, dtype=torch.bool, device=device)
+    return (
+        scores,
+        lengths,
+        torch.zeros(batch_size, beam_size, dtype=torch.bool, device=device),
+    )
 
 
-def _beams_done(scores: Tensor, lengths: Tensor, finished: Tensor, alpha: float,
-                max_generated: int | Tensor) -> Tensor:
-    """(B,): True where, in a beam, no live hypothesis can beat the best finished one any more.
+def _beams_done(
+    scores: Tensor,
+    lengths: Tensor,
+    finished: Tensor,
+    alpha: float,
+    max_generated: int | Tensor,
+) -> Tensor:
+    """(B,): True where, in a beam, no live hypothesis can beat the best finished one
+    any more.
 
-    A live hypothesis's log P can only fall, and lp(Y) grows at most to lp(max_generated), so
-    log P / lp(max_generated) bounds every score it can still reach. scores etc. are (B, k);
-    max_generated is a number or one per beam, (B, 1).
+    A live hypothesis's log P can only fall, and lp(Y) grows at most to
+    lp(max_generated), so log P / lp(max_generated) bounds every score it can still
+    reach. scores etc. are (B, k); max_generated is a number or one per beam, (B, 1).
     """
     finished_scores = scores / _length_penalty(lengths, alpha)  # (B, k): s(Y)
-    best_finished = torch.where(finished, finished_scores, float("-inf")).amax(dim=1)  # (B,)
-    bound = scores / _length_penalty(torch.as_tensor(max_generated, dtype=scores.dtype), alpha)  # (B, k)
+    # (B,)
+    best_finished = torch.where(finished, finished_scores, float("-inf")).amax(dim=1)
+    # (B, k)
+    bound = scores / _length_penalty(
+        torch.as_tensor(max_generated, dtype=scores.dtype), alpha
+    )
     best_live = torch.where(finished, float("-inf"), bound).amax(dim=1)  # (B,)
     return best_finished >= best_live
 
 
-def _beam_step(log_probs: Tensor, scores: Tensor, lengths: Tensor, finished: Tensor, alpha: float,
-               pad_id: int) -> tuple[Tensor, ...]:
+def _beam_step(
+    log_probs: Tensor,
+    scores: Tensor,
+    lengths: Tensor,
+    finished: Tensor,
+    alpha: float,
+    pad_id: int,
+) -> tuple[Tensor, ...]:
     """Extend every hypothesis by every token and keep the best k, ranked by s(Y).
 
-    log_probs (B, k, V) of the next token; scores, lengths, finished (B, k). Returns the parent
-    beam and the token of each kept candidate, and its score, length and ``finished`` flag: (B, k).
-    The extensions of one hypothesis share its score and its new length, so they rank as their
-    tokens' log-probabilities do: the best k of a beam are among each hypothesis's own best k, and
-    only those k * k candidates are scored, not k * V.
+    log_probs (B, k, V) of the next token; scores, lengths, finished (B, k). Returns the
+    parent beam and the token of each kept candidate, and its score, length and
+    ``finished`` flag: (B, k). The extensions of one hypothesis share its score and its
+    new length, so they rank as their tokens' log-probabilities do: the best k of a beam
+    are among each hypothesis's own best k, and only those k * k candidates are scored,
+    not k * V.
     """
     B, k, V = log_probs.shape
-    top, top_tokens = block_top_k(log_probs, min(k, V))  # (B, k, k'): each hypothesis's best k' tokens
+    # (B, k, k'): each hypothesis's best k' tokens
+    top, top_tokens = block_top_k(log_probs, min(k, V))
     frozen = torch.full_like(top[0, 0], float("-inf"))
     frozen[0] = 0.0  # a finished hypothesis is extended by padding only, at no cost
     top = torch.where(finished[..., None], frozen, top)  # (B, k, k')
     top_tokens = top_tokens.masked_fill(finished[..., None], pad_id)
     candidates = scores[..., None] + top  # (B, k, k'): log P of each extension
     new_lengths = lengths + (~finished).long()  # (B, k)
-    ranked = candidates / _length_penalty(new_lengths[..., None], alpha)  # (B, k, k'): s(Y)
+    # (B, k, k'): s(Y)
+    ranked = candidates / _length_penalty(new_lengths[..., None], alpha)
     choice = ranked.view(B, -1).topk(k, dim=-1).indices  # (B, k), best first
     parent = choice // top.shape[-1]  # (B, k)
-    return (parent, top_tokens.view(B, -1).gather(1, choice), candidates.view(B, -1).gather(1, choice),
-            new_lengths.gather(1, parent), finished.gather(1, parent))
+    return (
+        parent,
+        top_tokens.view(B, -1).gather(1, choice),
+        candidates.view(B, -1).gather(1, choice),
+        new_lengths.gather(1, parent),
+        finished.gather(1, parent),
+    )
 
 
 # chapters/generation.md: Beam search
-def beam_search(model: Transformer, src: Tensor, max_len: int, bos_id: int, eos_id: int,
-                beam_size: int = 4, length_penalty: float = 0.6, src_mask: Tensor | None = None,
-                use_cache: bool = True, pad_id: int = 0, extra_len: int | None = None) -> Tensor:
-    """Generate with beam search and GNMT's length penalty; return the best hypothesis per source.
+def beam_search(
+    model: Transformer,
+    src: Tensor,
+    max_len: int,
+    bos_id: int,
+    eos_id: int,
+    beam_size: int = 4,
+    length_penalty: float = 0.6,
+    src_mask: Tensor | None = None,
+    use_cache: bool = True,
+    pad_id: int = 0,
+    extra_len: int | None = None,
+) -> Tensor:
+    """Generate with beam search and GNMT's length penalty; return the best hypothesis
+    per source.
 
     Args:
         model, src, max_len, bos_id, src_mask, use_cache, pad_id, extra_len: as for
-            ``greedy_decode``; a hypothesis that reaches its row's limit is finished there.
+            ``greedy_decode``; a hypothesis that reaches its row's limit is finished
+            there.
         eos_id: the end token; a hypothesis that produces it is finished.
         beam_size: the number k of hypotheses kept per source (1 is greedy decoding).
-        length_penalty: alpha of lp(Y) = ((5 + |Y|) / 6) ** alpha; hypotheses are ranked by
-            log P(Y | x) / lp(Y). 0 ranks by log-probability alone.
+        length_penalty: alpha of lp(Y) = ((5 + |Y|) / 6) ** alpha; hypotheses are ranked
+            by log P(Y | x) / lp(Y). 0 ranks by log-probability alone.
 
     Returns:
-        LongTensor ``(B, T)``, ``T <= max_len``: ``bos_id``, the tokens, ``eos_id``, then ``pad_id``.
+        LongTensor ``(B, T)``, ``T <= max_len``: ``bos_id``, the tokens, ``eos_id``,
+        then ``pad_id``.
     """
     max_len, bos_id, pad_id = check_generation(model, src, max_len, bos_id, pad_id)
     eos_id = check_token_id("eos_id", eos_id, model.tgt_embed.vocab_size)
@@ -247,30 +359,55 @@ def beam_search(model: Transformer, src: Tensor, max_len: int, bos_id: int, eos_
     limits = output_limits(src, src_mask, max_len, extra_len)[:, None]  # (B, 1)
     with evaluating(model):
         memory = model.encode(src, src_mask)  # (B, S, d_model): once per source
-        state = DecoderState(model, memory, src_mask, beams=k, use_cache=use_cache, max_len=max_len)
-        tokens = torch.full((B * k, max_len), pad_id, dtype=torch.long, device=src.device)
+        state = DecoderState(
+            model, memory, src_mask, beams=k, use_cache=use_cache, max_len=max_len
+        )
+        tokens = torch.full(
+            (B * k, max_len), pad_id, dtype=torch.long, device=src.device
+        )
         tokens[:, 0] = bos_id  # (B * k, max_len): allocated once
-        out, sources, length = tokens[::k].clone(), torch.arange(B, device=src.device), 1
+        out, sources, length = (
+            tokens[::k].clone(),
+            torch.arange(B, device=src.device),
+            1,
+        )
         scores, lengths, finished = _start_beams(B, k, src.device)  # (B, k) each
-        rows_of = torch.arange(B, device=src.device)[:, None] * k  # (B, 1): first row of each beam
+        # (B, 1): first row of each beam
+        rows_of = torch.arange(B, device=src.device)[:, None] * k
         for step in range(max_len - 1):  # step: the tokens generated so far
             n = sources.shape[0]  # the sources still searching
-            finished = finished | (step >= limits)  # hypotheses at their row's limit end here
-            logits = state.next_logits(tokens[:, :step + 1])  # (n * k, V)
-            log_probs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: no second (n * k, V)
+            # hypotheses at their row's limit end here
+            finished = finished | (step >= limits)
+            logits = state.next_logits(tokens[:, : step + 1])  # (n * k, V)
+            # in place: no second (n * k, V)
+            log_probs = torch.log_softmax(logits, dim=-1, out=logits)
             parent, token, scores, lengths, finished = _beam_step(
-                log_probs.view(n, k, -1), scores, lengths, finished, alpha, pad_id)
+                log_probs.view(n, k, -1), scores, lengths, finished, alpha, pad_id
+            )
             finished = finished | (token == eos_id)
-            rows = (rows_of[:n] + parent).view(-1)  # (n * k,): the row each survivor extends
-            tokens[:, :step + 1] = tokens[rows, :step + 1]  # the filled part only
+            # (n * k,): the row each survivor extends
+            rows = (rows_of[:n] + parent).view(-1)
+            tokens[:, : step + 1] = tokens[rows, : step + 1]  # the filled part only
             tokens[:, step + 1], length = token.view(-1), step + 2
             state.keep(rows)  # the rows follow the prefixes they extend
-            done = _beams_done(scores, lengths, finished | (step + 1 >= limits), alpha, limits)  # (n,)
-            if done.any():  # finished sources leave the batch, their best hypothesis to out
+            # (n,)
+            done = _beams_done(
+                scores, lengths, finished | (step + 1 >= limits), alpha, limits
+            )
+            # finished sources leave the batch, their best hypothesis to out
+            if done.any():
                 out[sources[done], :length] = tokens.view(n, k, -1)[done, 0, :length]
                 keep = (~done).nonzero().squeeze(1)
-                beam_rows = (rows_of[keep] + torch.arange(k, device=src.device)).view(-1)  # (n' * k,)
-                sources, scores, lengths, finished = sources[keep], scores[keep], lengths[keep], finished[keep]
+                # (n' * k,)
+                beam_rows = (rows_of[keep] + torch.arange(k, device=src.device)).view(
+                    -1
+                )
+                sources, scores, lengths, finished = (
+                    sources[keep],
+                    scores[keep],
+                    lengths[keep],
+                    finished[keep],
+                )
                 limits, tokens = limits[keep], tokens[beam_rows]
                 state.keep(beam_rows)
                 if sources.numel() == 0:

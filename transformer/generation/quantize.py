@@ -24,19 +24,25 @@ _Model = TypeVar("_Model", bound=nn.Module)
 def quantize_int8(model: _Model) -> _Model:
     """A copy of ``model`` for inference on the CPU with int8 linear layers (eval mode).
 
-    torch's dynamic quantization (``torch.ao.quantization.quantize_dynamic``): each ``nn.Linear``
-    keeps its weight as int8 with one scale per matrix and quantizes its float32 input at every
-    call. The model itself is left as it was; the copy's tied output layer gets its own int8 weight.
+    torch's dynamic quantization (``torch.ao.quantization.quantize_dynamic``): each
+    ``nn.Linear`` keeps its weight as int8 with one scale per matrix and quantizes its
+    float32 input at every call. The model itself is left as it was; the copy's tied
+    output layer gets its own int8 weight.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     places = {(p.device.type, p.dtype) for p in model.parameters()}
     if places - {("cpu", torch.float32)}:
-        raise ValueError("model must be float32 on the CPU, where int8 dynamic quantization runs; got "
-                         + ", ".join(sorted(f"{dtype} on {device}" for device, dtype in places))
-                         + ": call model.float().cpu() first")
-    with warnings.catch_warnings():  # torch 2.13 announces that this API moves to torchao; it works as is
+        raise ValueError(
+            "model must be float32 on the CPU, where int8 dynamic quantization runs; got "
+            + ", ".join(sorted(f"{dtype} on {device}" for device, dtype in places))
+            + ": call model.float().cpu() first"
+        )
+    # torch 2.13 announces that this API moves to torchao; it works as is
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", category=UserWarning)
         warnings.simplefilter("ignore", category=DeprecationWarning)
-        int8 = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model).eval(), {nn.Linear}, dtype=torch.qint8)
+        int8 = torch.ao.quantization.quantize_dynamic(
+            copy.deepcopy(model).eval(), {nn.Linear}, dtype=torch.qint8
+        )
     return int8  # the same class as model: only its nn.Linear layers were replaced

@@ -25,7 +25,8 @@ from transformer.nn.decoder_only import DecoderOnlyLM
 
 # chapters/sampling.md: Temperature, top-k and top-p
 def top_k_filter(logits: Tensor, k: int | None) -> Tensor:
-    """Keep the ``k`` largest logits of each row (and any tied with the k-th); set the rest to -inf.
+    """Keep the ``k`` largest logits of each row (and any tied with the k-th); set the
+    rest to -inf.
 
     Args:
         logits: scores ``(..., V)``.
@@ -41,23 +42,28 @@ def top_k_filter(logits: Tensor, k: int | None) -> Tensor:
     k = check_positive_int("top_k", k)
     if k >= logits.shape[-1]:
         return logits.clone()
-    kth = logits.topk(k, dim=-1).values[..., -1:]  # (..., 1): the k-th largest of each row
+    # (..., 1): the k-th largest of each row
+    kth = logits.topk(k, dim=-1).values[..., -1:]
     return logits.masked_fill(logits < kth, float("-inf"))  # (..., V)
 
 
 # chapters/sampling.md: Temperature, top-k and top-p
 def check_top_p(p: object, name: str = "top_p") -> float:
-    """Return ``p`` as a float if it is a number in (0, 1], else raise a clear error naming ``name``."""
+    """Return ``p`` as a float if it is a number in (0, 1], else raise a clear error
+    naming ``name``."""
     if isinstance(p, bool) or not isinstance(p, numbers.Real):
-        raise TypeError(f"{name} must be a number in (0, 1], got {type(p).__name__} {p!r}")
+        raise TypeError(
+            f"{name} must be a number in (0, 1], got {type(p).__name__} {p!r}"
+        )
     if not 0.0 < float(p) <= 1.0:
         raise ValueError(f"{name} must be a number in (0, 1], got {p}")
     return float(p)
 
 
 def top_p_filter(logits: Tensor, p: float | None) -> Tensor:
-    """Keep the nucleus of each row: the fewest most likely tokens whose probabilities add up to at least
-    ``p`` (and any tied with the least likely of them); set the rest to -inf.
+    """Keep the nucleus of each row: the fewest most likely tokens whose probabilities
+    add up to at least ``p`` (and any tied with the least likely of them); set the rest
+    to -inf.
 
     Args:
         logits: scores ``(..., V)``; their softmax gives the probabilities.
@@ -70,48 +76,81 @@ def top_p_filter(logits: Tensor, p: float | None) -> Tensor:
         raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
     if p is None or check_top_p(p) == 1.0:
         return logits.clone()
-    probabilities = logits.to(torch.promote_types(logits.dtype, torch.float32)).softmax(dim=-1)  # (..., V)
+    # (..., V)
+    probabilities = logits.to(torch.promote_types(logits.dtype, torch.float32)).softmax(
+        dim=-1
+    )
     ordered = probabilities.sort(dim=-1, descending=True).values  # (..., V)
-    before = F.pad(ordered.cumsum(dim=-1)[..., :-1], (1, 0))  # (..., V): the mass of the likelier ones
+    # (..., V): the mass of the likelier ones
+    before = F.pad(ordered.cumsum(dim=-1)[..., :-1], (1, 0))
     size = (before < p).sum(dim=-1, keepdim=True)  # (..., 1): the nucleus's size, >= 1
-    least = ordered.gather(-1, size - 1)  # (..., 1): the probability of its least likely token
+    # (..., 1): the probability of its least likely token
+    least = ordered.gather(-1, size - 1)
     return logits.masked_fill(probabilities < least, float("-inf"))  # (..., V)
 
 
 # chapters/sampling.md: Temperature, top-k and top-p
-def _next_token(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None,
-                generator: torch.Generator | None) -> Tensor:
-    """Draw one token per row from softmax(top_p(top_k(logits) / temperature)): logits (B, V) -> (B,)."""
+def _next_token(
+    logits: Tensor,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    generator: torch.Generator | None,
+) -> Tensor:
+    """Draw one token per row from softmax(top_p(top_k(logits) / temperature)): logits
+    (B, V) -> (B,)."""
     scores = top_k_filter(logits.float(), top_k) / temperature  # (B, V)
     probabilities = top_p_filter(scores, top_p).softmax(dim=-1)  # (B, V)
     return torch.multinomial(probabilities, 1, generator=generator).squeeze(1)  # (B,)
 
 
-def _check_prompt(model: nn.Module, prompt: Any, max_new_tokens: Any) -> tuple[Tensor, int]:
-    """The prompt as (B, P) and ``max_new_tokens`` as an int, checked against the model's positions."""
+def _check_prompt(
+    model: nn.Module, prompt: Any, max_new_tokens: Any
+) -> tuple[Tensor, int]:
+    """The prompt as (B, P) and ``max_new_tokens`` as an int, checked against the
+    model's positions."""
     if not isinstance(model, DecoderOnlyLM):
-        raise TypeError(f"model must be a DecoderOnlyLM, got {type(model).__name__}"
-                        + ("; an encoder-decoder model generates with greedy_decode or beam_search"
-                           if hasattr(model, "encode") else ""))
+        raise TypeError(
+            f"model must be a DecoderOnlyLM, got {type(model).__name__}"
+            + (
+                "; an encoder-decoder model generates with greedy_decode or beam_search"
+                if hasattr(model, "encode")
+                else ""
+            )
+        )
     check_token_tensor("prompt", prompt)
     if prompt.dim() not in (1, 2) or prompt.shape[-1] == 0:
-        raise ValueError(f"prompt must have shape (P,) or (B, P) with P >= 1, got {tuple(prompt.shape)}")
+        raise ValueError(
+            f"prompt must have shape (P,) or (B, P) with P >= 1, got {tuple(prompt.shape)}"
+        )
     check_token_ids("prompt", prompt, model.vocab_size, any_device=True)
-    prompt = prompt.reshape(-1, prompt.shape[-1]).to(next(model.parameters()).device)  # (B, P)
+    # (B, P)
+    prompt = prompt.reshape(-1, prompt.shape[-1]).to(next(model.parameters()).device)
     max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
-    longest = prompt.shape[1] + max_new_tokens - 1  # the model reads every token but the last
+    # the model reads every token but the last
+    longest = prompt.shape[1] + max_new_tokens - 1
     if model.positional_encoding is not None and longest > model.max_len:
-        raise ValueError(f"max_new_tokens={max_new_tokens} after a prompt of {prompt.shape[1]} needs "
-                         f"{longest} positions, more than the model's max_len={model.max_len}")
+        raise ValueError(
+            f"max_new_tokens={max_new_tokens} after a prompt of {prompt.shape[1]} needs "
+            f"{longest} positions, more than the model's max_len={model.max_len}"
+        )
     return prompt, max_new_tokens
 
 
-def sample_steps(model: DecoderOnlyLM, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: int | None = None, top_p: float | None = None, use_cache: bool = True,
-                 generator: torch.Generator | None = None) -> Iterator[Tensor]:
-    """``sample`` one step at a time, for a reader who shows each token as it comes (a command that
-    streams its answer, one that stops at an end-of-text token): the arguments are ``sample``'s, and it
-    yields the tokens so far, ``(B, P + i)``, after the i-th draw. Its checks run at the first ``next``.
+def sample_steps(
+    model: DecoderOnlyLM,
+    prompt: Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+) -> Iterator[Tensor]:
+    """``sample`` one step at a time, for a reader who shows each token as it comes (a
+    command that streams its answer, one that stops at an end-of-text token): the
+    arguments are ``sample``'s, and it yields the tokens so far, ``(B, P + i)``, after
+    the i-th draw. Its checks run at the first ``next``.
     """
     prompt, max_new_tokens = _check_prompt(model, prompt, max_new_tokens)
     temperature = check_number("temperature", temperature)
@@ -123,35 +162,52 @@ def sample_steps(model: DecoderOnlyLM, prompt: Tensor, max_new_tokens: int, temp
         cache = model.new_cache() if use_cache else None
         tokens = prompt  # (B, P)
         for _ in range(max_new_tokens):
-            new = tokens if cache is None else tokens[:, cache.length:]  # all, or those not yet cached
-            logits = model(new, cache=cache)[:, -1]  # (B, V): the scores of the next token
+            # all, or those not yet cached
+            new = tokens if cache is None else tokens[:, cache.length :]
+            # (B, V): the scores of the next token
+            logits = model(new, cache=cache)[:, -1]
             drawn = _next_token(logits, temperature, top_k, top_p, generator)  # (B,)
             tokens = torch.cat([tokens, drawn[:, None]], dim=1)
             yield tokens
 
 
-def sample(model: DecoderOnlyLM, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0,
-           top_k: int | None = None, top_p: float | None = None, use_cache: bool = True,
-           generator: torch.Generator | None = None) -> Tensor:
-    """Continue ``prompt`` by ``max_new_tokens`` tokens, each drawn from the model's distribution.
+def sample(
+    model: DecoderOnlyLM,
+    prompt: Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Continue ``prompt`` by ``max_new_tokens`` tokens, each drawn from the model's
+    distribution.
 
     Args:
         model: a ``DecoderOnlyLM``.
         prompt: token ids ``(P,)`` or ``(B, P)``.
         max_new_tokens: how many tokens to add (>= 1).
-        temperature: divides the logits before the softmax (> 0): below 1 sharpens, above 1 flattens.
-        top_k: draw only among the k most likely tokens (None: among all); 1 is greedy decoding.
-        top_p: draw only from the nucleus, the fewest most likely tokens whose probabilities (after
-            the temperature and top-k) add up to at least top_p, in (0, 1] (None: from all).
-        use_cache: keep the keys and values of earlier positions (``model.new_cache()``), so each
-            step feeds one token; False runs the whole sequence again each step. Same tokens.
+        temperature: divides the logits before the softmax (> 0): below 1 sharpens,
+        above 1 flattens.
+        top_k: draw only among the k most likely tokens (None: among all); 1 is greedy
+        decoding.
+        top_p: draw only from the nucleus, the fewest most likely tokens whose
+            probabilities (after the temperature and top-k) add up to at least top_p, in
+            (0, 1] (None: from all).
+        use_cache: keep the keys and values of earlier positions
+            (``model.new_cache()``), so each step feeds one token; False runs the whole
+            sequence again each step. Same tokens.
         generator: a ``torch.Generator`` on the model's device, for reproducible draws.
 
     Returns:
-        LongTensor ``(B, P + max_new_tokens)`` (B = 1 for a 1-D prompt): the prompt, then the new
-        tokens. The model runs in eval mode without gradients; its mode is restored.
+        LongTensor ``(B, P + max_new_tokens)`` (B = 1 for a 1-D prompt): the prompt,
+        then the new tokens. The model runs in eval mode without gradients; its mode is
+        restored.
     """
-    steps = sample_steps(model, prompt, max_new_tokens, temperature, top_k, top_p, use_cache, generator)
+    steps = sample_steps(
+        model, prompt, max_new_tokens, temperature, top_k, top_p, use_cache, generator
+    )
     for tokens in steps:  # the last step holds them all
         pass
     return tokens

@@ -16,20 +16,28 @@ from torch import Tensor
 
 # chapters/generation.md: Beam search
 def block_top_k(x: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor]:
-    """``x.topk(k, dim=-1)``, values best first and their indices, in one fast pass over the last axis:
-    the maximum of every ``block`` values, then the top k of only the k blocks with the largest
-    maxima (each of the k largest values lies in such a block). Equal values may come in another
-    order; a short last axis takes ``topk`` itself."""
+    """``x.topk(k, dim=-1)``, values best first and their indices, in one fast pass over
+    the last axis: the maximum of every ``block`` values, then the top k of only the k
+    blocks with the largest maxima (each of the k largest values lies in such a block).
+    Equal values may come in another order; a short last axis takes ``topk`` itself."""
     V = x.shape[-1]
     if 4 * k * block > V:
         return x.topk(k, dim=-1)
     rows = x.reshape(-1, V)  # (n, V)
     whole = V // block * block
-    maxima = rows[:, :whole].view(rows.shape[0], -1, block).amax(dim=-1)  # (n, V // block)
+    # (n, V // block)
+    maxima = rows[:, :whole].view(rows.shape[0], -1, block).amax(dim=-1)
     if whole < V:  # the last, shorter block
         maxima = torch.cat([maxima, rows[:, whole:].amax(dim=-1, keepdim=True)], dim=1)
     blocks = maxima.topk(k, dim=-1).indices  # (n, k)
-    columns = (blocks[..., None] * block + torch.arange(block, device=x.device)).view(rows.shape[0], -1)
-    values = rows.gather(1, columns.clamp(max=V - 1)).masked_fill(columns >= V, float("-inf"))  # (n, k * block)
+    columns = (blocks[..., None] * block + torch.arange(block, device=x.device)).view(
+        rows.shape[0], -1
+    )
+    # (n, k * block)
+    values = rows.gather(1, columns.clamp(max=V - 1)).masked_fill(
+        columns >= V, float("-inf")
+    )
     top, where = values.topk(k, dim=-1)
-    return top.view(*x.shape[:-1], k), columns.gather(1, where).clamp(max=V - 1).view(*x.shape[:-1], k)
+    return top.view(*x.shape[:-1], k), columns.gather(1, where).clamp(max=V - 1).view(
+        *x.shape[:-1], k
+    )

@@ -30,108 +30,171 @@ from transformer.paths import book_root
 
 
 # chapters/pretrained_encoder.md: BERT is the book's encoder with another front
-#: BERT's parameters in one layer -> the book's, in ``EncoderLayer`` (each has a weight and a bias)
-BERT_LAYER_NAMES = {"attention.self.query": "self_attn.w_q", "attention.self.key": "self_attn.w_k",
-                    "attention.self.value": "self_attn.w_v", "attention.output.dense": "self_attn.w_o",
-                    "attention.output.LayerNorm": "norm1", "intermediate.dense": "feed_forward.w_1",
-                    "output.dense": "feed_forward.w_2", "output.LayerNorm": "norm2"}
+#: BERT's parameters in one layer -> the book's, in ``EncoderLayer`` (each has a weight
+#: and a bias)
+BERT_LAYER_NAMES = {
+    "attention.self.query": "self_attn.w_q",
+    "attention.self.key": "self_attn.w_k",
+    "attention.self.value": "self_attn.w_v",
+    "attention.output.dense": "self_attn.w_o",
+    "attention.output.LayerNorm": "norm1",
+    "intermediate.dense": "feed_forward.w_1",
+    "output.dense": "feed_forward.w_2",
+    "output.LayerNorm": "norm2",
+}
 # BERT's embeddings -> the book's, in ``TextEncoder``
-BERT_EMBEDDING_NAMES = {"embeddings.word_embeddings.weight": "embed.weight",
-                        "embeddings.position_embeddings.weight": "positional_encoding.table",
-                        "embeddings.token_type_embeddings.weight": "token_type_embed.weight",
-                        "embeddings.LayerNorm.weight": "embed_norm.weight", "embeddings.LayerNorm.bias": "embed_norm.bias"}
-# In a BertModel's state dict but not in the hidden states: the pooler (a tanh layer on [CLS], for
-# next-sentence prediction) and two buffers of constant ids.
+BERT_EMBEDDING_NAMES = {
+    "embeddings.word_embeddings.weight": "embed.weight",
+    "embeddings.position_embeddings.weight": "positional_encoding.table",
+    "embeddings.token_type_embeddings.weight": "token_type_embed.weight",
+    "embeddings.LayerNorm.weight": "embed_norm.weight",
+    "embeddings.LayerNorm.bias": "embed_norm.bias",
+}
+# In a BertModel's state dict but not in the hidden states: the pooler (a tanh layer on
+# [CLS], for next-sentence prediction) and two buffers of constant ids.
 _NOT_COPIED = ("pooler.", "embeddings.position_ids", "embeddings.token_type_ids")
 
 
 def bert_names(num_layers: int) -> dict[str, str]:
-    """The name of every tensor of a ``BertModel``'s state dict -> that of the book's ``TextEncoder``."""
+    """The name of every tensor of a ``BertModel``'s state dict -> that of the book's
+    ``TextEncoder``."""
     names = dict(BERT_EMBEDDING_NAMES)
     for i in range(num_layers):
         for theirs, ours in BERT_LAYER_NAMES.items():
             for kind in ("weight", "bias"):
-                names[f"encoder.layer.{i}.{theirs}.{kind}"] = f"encoder.layers.{i}.{ours}.{kind}"
+                names[f"encoder.layer.{i}.{theirs}.{kind}"] = (
+                    f"encoder.layers.{i}.{ours}.{kind}"
+                )
     return names
 
 
 def _bert_field(config: Mapping[str, Any], field: str, allowed: tuple, why: str) -> Any:
-    """``config[field]`` if it is one of ``allowed``; else a ValueError naming the field."""
+    """``config[field]`` if it is one of ``allowed``; else a ValueError naming the
+    field."""
     value = config.get(field, allowed[0])
     if value not in allowed:
-        raise ValueError(f"BertConfig.{field} = {value!r} cannot be represented by TextEncoder ({why}); "
-                         f"supported: {', '.join(map(repr, allowed))}")
+        raise ValueError(
+            f"BertConfig.{field} = {value!r} cannot be represented by TextEncoder ({why}); "
+            f"supported: {', '.join(map(repr, allowed))}"
+        )
     return value
 
 
-def text_encoder_from_bert(config: Mapping[str, Any], state_dict: Mapping[str, Tensor]) -> TextEncoder:
+def text_encoder_from_bert(
+    config: Mapping[str, Any], state_dict: Mapping[str, Tensor]
+) -> TextEncoder:
     """The book's ``TextEncoder`` holding a BERT model's weights.
 
     Args:
-        config: a ``BertConfig`` as a dict (``config.to_dict()``, or a checkpoint's ``config.json``).
-        state_dict: the tensors of a ``BertModel``, under its names (``embeddings.word_embeddings.weight``, ...).
+        config: a ``BertConfig`` as a dict (``config.to_dict()``, or a checkpoint's
+        ``config.json``).
+        state_dict: the tensors of a ``BertModel``, under its names
+        (``embeddings.word_embeddings.weight``, ...).
 
     Raises:
-        ValueError: naming the field, for a configuration ``TextEncoder`` would compute differently;
-            naming the tensor, for a missing, unexpected or misshapen one.
+        ValueError: naming the field, for a configuration ``TextEncoder`` would compute
+            differently; naming the tensor, for a missing, unexpected or misshapen one.
     """
-    _bert_field(config, "position_embedding_type", ("absolute",), "its positions are a learned table")
-    _bert_field(config, "is_decoder", (False,), "an encoder: every position attends to every other")
-    _bert_field(config, "add_cross_attention", (False,), "an encoder has no cross-attention")
+    _bert_field(
+        config,
+        "position_embedding_type",
+        ("absolute",),
+        "its positions are a learned table",
+    )
+    _bert_field(
+        config,
+        "is_decoder",
+        (False,),
+        "an encoder: every position attends to every other",
+    )
+    _bert_field(
+        config, "add_cross_attention", (False,), "an encoder has no cross-attention"
+    )
     model = TextEncoder(
-        vocab_size=config["vocab_size"], d_model=config["hidden_size"], num_heads=config["num_attention_heads"],
-        d_ff=config["intermediate_size"], num_layers=config["num_hidden_layers"],
-        max_len=config["max_position_embeddings"], pad_id=config.get("pad_token_id"),
-        dropout=config["hidden_dropout_prob"], num_token_types=config["type_vocab_size"],
+        vocab_size=config["vocab_size"],
+        d_model=config["hidden_size"],
+        num_heads=config["num_attention_heads"],
+        d_ff=config["intermediate_size"],
+        num_layers=config["num_hidden_layers"],
+        max_len=config["max_position_embeddings"],
+        pad_id=config.get("pad_token_id"),
+        dropout=config["hidden_dropout_prob"],
+        num_token_types=config["type_vocab_size"],
         norm_eps=config["layer_norm_eps"],
-        options=LayerOptions(attention_dropout=config["attention_probs_dropout_prob"],
-                             activation=_bert_field(config, "hidden_act", ("gelu", "relu", "silu"),
-                                                    "the activations whose names mean the same in both libraries")))
+        options=LayerOptions(
+            attention_dropout=config["attention_probs_dropout_prob"],
+            activation=_bert_field(
+                config,
+                "hidden_act",
+                ("gelu", "relu", "silu"),
+                "the activations whose names mean the same in both libraries",
+            ),
+        ),
+    )
     names, ours = bert_names(config["num_hidden_layers"]), model.state_dict()
     missing = [name for name in names if name not in state_dict]
-    extra = [name for name in state_dict if name not in names and not name.startswith(_NOT_COPIED)]
+    extra = [
+        name
+        for name in state_dict
+        if name not in names and not name.startswith(_NOT_COPIED)
+    ]
     if missing or extra:
-        raise ValueError(f"not a BertModel's state dict: {len(missing)} tensors missing ({missing[:3]}), "
-                         f"{len(extra)} unexpected ({extra[:3]})")
+        raise ValueError(
+            f"not a BertModel's state dict: {len(missing)} tensors missing ({missing[:3]}), "
+            f"{len(extra)} unexpected ({extra[:3]})"
+        )
     for theirs, name in names.items():
         if state_dict[theirs].shape != ours[name].shape:
-            raise ValueError(f"{theirs}: the checkpoint's tensor has shape {tuple(state_dict[theirs].shape)}, "
-                             f"the model's {name} {tuple(ours[name].shape)}")
-    model = model.to(state_dict["embeddings.word_embeddings.weight"].dtype)  # float64 weights stay exact
+            raise ValueError(
+                f"{theirs}: the checkpoint's tensor has shape {tuple(state_dict[theirs].shape)}, "
+                f"the model's {name} {tuple(ours[name].shape)}"
+            )
+    # float64 weights stay exact
+    model = model.to(state_dict["embeddings.word_embeddings.weight"].dtype)
     model.load_state_dict({name: state_dict[theirs] for theirs, name in names.items()})
     return model
 
 
 # chapters/pretrained_encoder.md: The real model
 MINILM_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
-#: sentence-transformers cuts all-MiniLM-L6-v2's inputs at 256 tokens (its ``sentence_bert_config.json``)
+#: sentence-transformers cuts all-MiniLM-L6-v2's inputs at 256 tokens (its
+#: ``sentence_bert_config.json``)
 MINILM_MAX_TOKENS = 256
 
 
 def load_bert(folder: str | os.PathLike) -> TextEncoder:
-    """A BERT checkpoint folder (``config.json``, ``model.safetensors``) as the book's ``TextEncoder``, in eval mode."""
+    """A BERT checkpoint folder (``config.json``, ``model.safetensors``) as the book's
+    ``TextEncoder``, in eval mode."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     if config.get("model_type") != "bert":
-        raise ValueError(f"{folder / 'config.json'}: model_type must be 'bert', got {config.get('model_type')!r}")
-    return text_encoder_from_bert(config, load_file(folder / "model.safetensors")).eval()
+        raise ValueError(
+            f"{folder / 'config.json'}: model_type must be 'bert', got {config.get('model_type')!r}"
+        )
+    return text_encoder_from_bert(
+        config, load_file(folder / "model.safetensors")
+    ).eval()
 
 
 def minilm_folder() -> Path:
-    """``<book root>/models/minilm``, where ``make setup`` unzips all-MiniLM-L6-v2 (models/README.md);
-    outside the book, ``models/minilm`` under the working directory. FileNotFoundError if it is not there."""
+    """``<book root>/models/minilm``, where ``make setup`` unzips all-MiniLM-L6-v2
+    (models/README.md); outside the book, ``models/minilm`` under the working directory.
+    FileNotFoundError if it is not there."""
     root = book_root()
     folder = (root if root is not None else Path.cwd()) / "models" / "minilm"
     if not (folder / "model.safetensors").is_file():
-        raise FileNotFoundError(f"all-MiniLM-L6-v2 is not in {folder}: run `make setup` in the book's root "
-                                "(it fetches the model once), or pass the folder of an unzipped copy")
+        raise FileNotFoundError(
+            f"all-MiniLM-L6-v2 is not in {folder}: run `make setup` in the book's root "
+            "(it fetches the model once), or pass the folder of an unzipped copy"
+        )
     return folder
 
 
 def file_sha256(path: Path) -> str:
-    """The hex SHA-256 of a file, read in blocks (the weights are 90 MB): set-up's check and the loader's."""
+    """The hex SHA-256 of a file, read in blocks (the weights are 90 MB): set-up's check
+    and the loader's."""
     digest = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -140,36 +203,46 @@ def file_sha256(path: Path) -> str:
 
 
 def load_minilm(folder: str | os.PathLike | None = None) -> tuple[TextEncoder, Any]:
-    """all-MiniLM-L6-v2 as the book's ``TextEncoder`` (eval mode), with its WordPiece tokenizer.
+    """all-MiniLM-L6-v2 as the book's ``TextEncoder`` (eval mode), with its WordPiece
+    tokenizer.
 
     Args:
-        folder: the unzipped model (``config.json``, ``model.safetensors``, ``tokenizer.json``);
-            default ``minilm_folder()``. Its weights' SHA-256 must be ``MINILM_SHA256``.
+        folder: the unzipped model (``config.json``, ``model.safetensors``,
+            ``tokenizer.json``); default ``minilm_folder()``. Its weights' SHA-256 must
+            be ``MINILM_SHA256``.
 
     Returns:
-        ``(model, tokenizer)``: the tokenizer is a ``tokenizers.Tokenizer`` that adds [CLS] and [SEP],
-        pads a batch to its longest sentence with [PAD] (id 0) and cuts at ``MINILM_MAX_TOKENS``.
+        ``(model, tokenizer)``: the tokenizer is a ``tokenizers.Tokenizer`` that adds
+        [CLS] and [SEP], pads a batch to its longest sentence with [PAD] (id 0) and cuts
+        at ``MINILM_MAX_TOKENS``.
     """
     from tokenizers import Tokenizer
 
     folder = minilm_folder() if folder is None else Path(folder)
     if file_sha256(folder / "model.safetensors") != MINILM_SHA256:
-        raise ValueError(f"{folder / 'model.safetensors'} is not all-MiniLM-L6-v2's (SHA-256 differs from "
-                         f"{MINILM_SHA256}): run `make setup` again")
+        raise ValueError(
+            f"{folder / 'model.safetensors'} is not all-MiniLM-L6-v2's (SHA-256 differs from "
+            f"{MINILM_SHA256}): run `make setup` again"
+        )
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")  # to the longest in the batch (the file pads to 128)
+    # to the longest in the batch (the file pads to 128)
+    tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
     tokenizer.enable_truncation(MINILM_MAX_TOKENS)
     return load_bert(folder), tokenizer
 
 
 def mean_pool(hidden: Tensor, attention_mask: Tensor) -> Tensor:
-    """The mean of the hidden states ``(B, S, d_model)`` over the tokens (``attention_mask`` 1): ``(B, d_model)``."""
+    """The mean of the hidden states ``(B, S, d_model)`` over the tokens
+    (``attention_mask`` 1): ``(B, d_model)``."""
     keep = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, S, 1)
     return (hidden * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1e-9)  # (B, d_model)
 
 
-def embed_sentences(model: TextEncoder, tokenizer: Any, sentences: Sequence[str]) -> Tensor:
-    """Sentence embeddings as sentence-transformers computes them: mean-pooled, L2-normalised ``(N, d_model)``."""
+def embed_sentences(
+    model: TextEncoder, tokenizer: Any, sentences: Sequence[str]
+) -> Tensor:
+    """Sentence embeddings as sentence-transformers computes them: mean-pooled,
+    L2-normalised ``(N, d_model)``."""
     if isinstance(sentences, str) or not all(isinstance(s, str) for s in sentences):
         raise TypeError("sentences must be a sequence of str")
     encodings = tokenizer.encode_batch(list(sentences))

@@ -36,66 +36,98 @@ SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db
 
 
 def smollm2_path() -> Path:
-    """``<book root>/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``, where ``make setup`` puts it
-    (models/README.md); outside the book, under the working directory. FileNotFoundError if absent."""
+    """``<book root>/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``, where
+    ``make setup`` puts it (models/README.md); outside the book, under the working
+    directory. FileNotFoundError if absent."""
     root = book_root()
-    path = (root if root is not None else Path.cwd()) / "models" / "smollm2" / SMOLLM2_FILE
+    path = (
+        (root if root is not None else Path.cwd()) / "models" / "smollm2" / SMOLLM2_FILE
+    )
     if not path.is_file():
-        raise FileNotFoundError(f"SmolLM2 is not at {path}: run `make setup` in the book's root (it fetches "
-                                "the file once), or pass the path of a copy")
+        raise FileNotFoundError(
+            f"SmolLM2 is not at {path}: run `make setup` in the book's root (it fetches "
+            "the file once), or pass the path of a copy"
+        )
     return path
 
 
-def read_gguf(path: str | os.PathLike, sha256: str | None = None) -> tuple[dict[str, Any], dict[str, Tensor]]:
+def read_gguf(
+    path: str | os.PathLike, sha256: str | None = None
+) -> tuple[dict[str, Any], dict[str, Tensor]]:
     """The metadata and the tensors of a GGUF file, every tensor dequantized to float32.
 
     Args:
         path: the GGUF file.
-        sha256: if given, the file's SHA-256 must be this (a damaged or altered copy is refused).
+        sha256: if given, the file's SHA-256 must be this (a damaged or altered copy is
+        refused).
 
     Returns:
-        ``(metadata, tensors)``: the key/value fields (``"llama.block_count"``, ``"tokenizer.ggml.tokens"``,
+        ``(metadata, tensors)``: the key/value fields (``"llama.block_count"``,
+        ``"tokenizer.ggml.tokens"``,
         ...) as Python values, and the tensors by llama.cpp's names, ``(out, in)`` for a matrix.
 
     Raises:
-        ValueError: a file that is not a whole GGUF file, or whose SHA-256 is not ``sha256``.
+        ValueError: a file that is not a whole GGUF file, or whose SHA-256 is not
+        ``sha256``.
     """
     gguf = importlib.import_module("gguf")
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"path must be a GGUF file, {path} is not a file")
     if sha256 is not None and (actual := file_sha256(path)) != sha256:
-        raise ValueError(f"path {path} has SHA-256 {actual}, expected {sha256}: a damaged or altered copy "
-                         "(fetch it again with `make setup`)")
+        raise ValueError(
+            f"path {path} has SHA-256 {actual}, expected {sha256}: a damaged or altered copy "
+            "(fetch it again with `make setup`)"
+        )
     try:
         reader = gguf.GGUFReader(path)
         metadata = {name: field.contents() for name, field in reader.fields.items()}
-        tensors = {t.name: torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
-                   for t in reader.tensors}
+        tensors = {
+            t.name: torch.from_numpy(
+                np.array(
+                    gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32
+                )
+            )
+            for t in reader.tensors
+        }
     except (ValueError, IndexError, KeyError, OSError, struct.error) as err:
-        raise ValueError(f"path must be a whole GGUF file, {path} is not ({type(err).__name__}: {err})") from err
+        raise ValueError(
+            f"path must be a whole GGUF file, {path} is not ({type(err).__name__}: {err})"
+        ) from err
     return metadata, tensors
 
 
 # chapters/modern_decoder.md: SmolLM2 in the book's classes
-#: llama.cpp's tensor names (without ".weight" or ".bias") -> the book's modules in a ``LlamaLM``.
+#: llama.cpp's tensor names (without ".weight" or ".bias") -> the book's modules in a
+#: ``LlamaLM``.
 GGUF_NAMES = {"token_embd": "embed", "output_norm": "decoder.norm", "output": "output"}
 #: The same inside layer i: ``blk.{i}.<name>`` -> ``decoder.layers.{i}.<module>``.
-GGUF_LAYER_NAMES = {"attn_norm": "norm1", "attn_q": "self_attn.w_q", "attn_k": "self_attn.w_k",
-                    "attn_v": "self_attn.w_v", "attn_output": "self_attn.w_o", "ffn_norm": "norm3",
-                    "ffn_gate": "feed_forward.w", "ffn_up": "feed_forward.v", "ffn_down": "feed_forward.w_2"}
+GGUF_LAYER_NAMES = {
+    "attn_norm": "norm1",
+    "attn_q": "self_attn.w_q",
+    "attn_k": "self_attn.w_k",
+    "attn_v": "self_attn.w_v",
+    "attn_output": "self_attn.w_o",
+    "ffn_norm": "norm3",
+    "ffn_gate": "feed_forward.w",
+    "ffn_up": "feed_forward.v",
+    "ffn_down": "feed_forward.w_2",
+}
 
 
 def gguf_to_book_name(name: str) -> str:
-    """The book's parameter name of llama.cpp's tensor ``name``: ``blk.3.attn_q.weight`` ->
-    ``decoder.layers.3.self_attn.w_q.weight``. ValueError for a name the table does not hold."""
+    """The book's parameter name of llama.cpp's tensor ``name``: ``blk.3.attn_q.weight``
+    -> ``decoder.layers.3.self_attn.w_q.weight``. ValueError for a name the table does
+    not hold."""
     layer = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
     whole = re.fullmatch(r"(\w+)\.(weight|bias)", name)
     if layer is not None and layer[2] in GGUF_LAYER_NAMES:
         return f"decoder.layers.{layer[1]}.{GGUF_LAYER_NAMES[layer[2]]}.{layer[3]}"
     if whole is not None and whole[1] in GGUF_NAMES:
         return f"{GGUF_NAMES[whole[1]]}.{whole[2]}"
-    raise ValueError(f"the GGUF file holds a tensor {name!r} that a LlamaLM has no place for")
+    raise ValueError(
+        f"the GGUF file holds a tensor {name!r} that a LlamaLM has no place for"
+    )
 
 
 def _field(metadata: dict[str, Any], name: str) -> Any:
@@ -106,96 +138,153 @@ def _field(metadata: dict[str, Any], name: str) -> Any:
 
 
 def llama_from_gguf(metadata: dict[str, Any], tensors: dict[str, Tensor]) -> LlamaLM:
-    """The ``LlamaLM`` of a Llama GGUF file's metadata and tensors (from ``read_gguf``), in eval mode.
+    """The ``LlamaLM`` of a Llama GGUF file's metadata and tensors (from ``read_gguf``),
+    in eval mode.
 
-    The rows of W^Q and W^K are taken as they are: llama.cpp's converter ordered them for rotary
-    pairs of adjacent features, the pairs of the book's ``rotary``.
+    The rows of W^Q and W^K are taken as they are: llama.cpp's converter ordered them
+    for rotary pairs of adjacent features, the pairs of the book's ``rotary``.
 
     Raises:
-        ValueError: a file of another architecture, a configuration ``LlamaLM`` cannot represent, or
-        tensors that do not fill the model.
+        ValueError: a file of another architecture, a configuration ``LlamaLM`` cannot
+        represent, or tensors that do not fill the model.
     """
     if (architecture := metadata.get("general.architecture")) != "llama":
-        raise ValueError(f"the GGUF file must hold a Llama model (general.architecture 'llama'), "
-                         f"got {architecture!r}")
-    d_model, num_heads = _field(metadata, "llama.embedding_length"), _field(metadata, "llama.attention.head_count")
-    if metadata.get("llama.rope.dimension_count", d_model // num_heads) != d_model // num_heads:
-        raise ValueError(f"llama.rope.dimension_count = {metadata['llama.rope.dimension_count']}: rotary "
-                         f"positions on part of a head only; LlamaLM rotates all d_k = {d_model // num_heads}")
+        raise ValueError(
+            f"the GGUF file must hold a Llama model (general.architecture 'llama'), "
+            f"got {architecture!r}"
+        )
+    d_model, num_heads = (
+        _field(metadata, "llama.embedding_length"),
+        _field(metadata, "llama.attention.head_count"),
+    )
+    if (
+        metadata.get("llama.rope.dimension_count", d_model // num_heads)
+        != d_model // num_heads
+    ):
+        raise ValueError(
+            f"llama.rope.dimension_count = {metadata['llama.rope.dimension_count']}: rotary "
+            f"positions on part of a head only; LlamaLM rotates all d_k = {d_model // num_heads}"
+        )
     model = LlamaLM(
-        len(_field(metadata, "tokenizer.ggml.tokens")), d_model, num_heads,
-        _field(metadata, "llama.feed_forward_length"), _field(metadata, "llama.block_count"),
+        len(_field(metadata, "tokenizer.ggml.tokens")),
+        d_model,
+        num_heads,
+        _field(metadata, "llama.feed_forward_length"),
+        _field(metadata, "llama.block_count"),
         num_kv_heads=metadata.get("llama.attention.head_count_kv", num_heads),
         context_length=_field(metadata, "llama.context_length"),
         rope_base=metadata.get("llama.rope.freq_base", 10000.0),
         eps=_field(metadata, "llama.attention.layer_norm_rms_epsilon"),
-        bias=any(name.endswith(".bias") for name in tensors), tie_embeddings="output.weight" not in tensors)
+        bias=any(name.endswith(".bias") for name in tensors),
+        tie_embeddings="output.weight" not in tensors,
+    )
     state = {gguf_to_book_name(name): tensor for name, tensor in tensors.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {"output.weight"} if model.output.weight is model.embed.weight else set()
     if set(missing) - tied or unexpected:
-        raise ValueError(f"the GGUF file's tensors do not fill a LlamaLM: missing {sorted(set(missing) - tied)}, "
-                         f"unexpected {sorted(unexpected)}")
+        raise ValueError(
+            f"the GGUF file's tensors do not fill a LlamaLM: missing {sorted(set(missing) - tied)}, "
+            f"unexpected {sorted(unexpected)}"
+        )
     return model.eval()
 
 
 # chapters/modern_decoder.md: SmolLM2 in the book's classes
-#: llama.cpp's pre-tokenizers this module rebuilds -> whether each digit is cut apart first.
+#: llama.cpp's pre-tokenizers this module rebuilds -> whether each digit is cut apart
+#: first.
 GGUF_PRE_TOKENIZERS = {"smollm": True, "gpt2": False, "default": False}
 _CONTROL = 3  # llama.cpp's token type of a control token
 
 
 def gguf_tokenizer(metadata: dict[str, Any]) -> Any:
-    """The byte-level BPE tokenizer (a ``tokenizers.Tokenizer``) of a GGUF file's metadata: its tokens
-    and merges, its pre-tokenizer, and its control tokens as special tokens (never split)."""
+    """The byte-level BPE tokenizer (a ``tokenizers.Tokenizer``) of a GGUF file's
+    metadata: its tokens and merges, its pre-tokenizer, and its control tokens as
+    special tokens (never split)."""
     tokenizers = importlib.import_module("tokenizers")
     if (kind := metadata.get("tokenizer.ggml.model")) != "gpt2":
-        raise ValueError(f"the GGUF file's tokenizer must be byte-level BPE (tokenizer.ggml.model 'gpt2'), got {kind!r}")
-    if (pre := metadata.get("tokenizer.ggml.pre", "default")) not in GGUF_PRE_TOKENIZERS:
-        raise ValueError(f"tokenizer.ggml.pre must be one of {sorted(GGUF_PRE_TOKENIZERS)}, got {pre!r}")
+        raise ValueError(
+            f"the GGUF file's tokenizer must be byte-level BPE (tokenizer.ggml.model 'gpt2'), got {kind!r}"
+        )
+    if (
+        pre := metadata.get("tokenizer.ggml.pre", "default")
+    ) not in GGUF_PRE_TOKENIZERS:
+        raise ValueError(
+            f"tokenizer.ggml.pre must be one of {sorted(GGUF_PRE_TOKENIZERS)}, got {pre!r}"
+        )
     tokens = _field(metadata, "tokenizer.ggml.tokens")
-    merges = [tuple(merge.split(" ")) for merge in _field(metadata, "tokenizer.ggml.merges")]
-    tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE({t: i for i, t in enumerate(tokens)}, merges))
-    byte_level = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    digits = [tokenizers.pre_tokenizers.Digits(individual_digits=True)] if GGUF_PRE_TOKENIZERS[pre] else []
+    merges = [
+        tuple(merge.split(" ")) for merge in _field(metadata, "tokenizer.ggml.merges")
+    ]
+    tokenizer = tokenizers.Tokenizer(
+        tokenizers.models.BPE({t: i for i, t in enumerate(tokens)}, merges)
+    )
+    byte_level = tokenizers.pre_tokenizers.ByteLevel(
+        add_prefix_space=False, use_regex=True
+    )
+    digits = (
+        [tokenizers.pre_tokenizers.Digits(individual_digits=True)]
+        if GGUF_PRE_TOKENIZERS[pre]
+        else []
+    )
     tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Sequence([*digits, byte_level])
     tokenizer.decoder = tokenizers.decoders.ByteLevel()
     types = metadata.get("tokenizer.ggml.token_type", [])
-    tokenizer.add_special_tokens([tokenizers.AddedToken(t, special=True) for t, kind in zip(tokens, types)
-                                  if kind == _CONTROL])
+    tokenizer.add_special_tokens(
+        [
+            tokenizers.AddedToken(t, special=True)
+            for t, kind in zip(tokens, types)
+            if kind == _CONTROL
+        ]
+    )
     return tokenizer
 
 
-#: SmolLM2-Instruct's chat format (the file's ``tokenizer.chat_template``) and its default system message.
+#: SmolLM2-Instruct's chat format (the file's ``tokenizer.chat_template``) and its
+#: default system message.
 SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 
 def chat_prompt(messages: list[dict[str, str]], system: str = SMOLLM2_SYSTEM) -> str:
-    """The text of a conversation in SmolLM2's chat format, ending where the assistant's answer starts:
-    ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message, ``system`` first unless a message is."""
-    if not isinstance(messages, list) or not all(isinstance(m, dict) and {"role", "content"} <= m.keys()
-                                                 for m in messages):
-        raise TypeError(f"messages must be a list of {{'role': ..., 'content': ...}} dicts, got {messages!r}")
+    """The text of a conversation in SmolLM2's chat format, ending where the assistant's
+    answer starts: ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message,
+    ``system`` first unless a message is."""
+    if not isinstance(messages, list) or not all(
+        isinstance(m, dict) and {"role", "content"} <= m.keys() for m in messages
+    ):
+        raise TypeError(
+            f"messages must be a list of {{'role': ..., 'content': ...}} dicts, got {messages!r}"
+        )
     if not messages or messages[0]["role"] != "system":
         messages = [{"role": "system", "content": system}, *messages]
-    turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    turns = "".join(
+        f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages
+    )
     return turns + "<|im_start|>assistant\n"
 
 
 def load_smollm2(path: str | os.PathLike | None = None) -> tuple[LlamaLM, Any]:
-    """SmolLM2-135M-Instruct as the book's ``LlamaLM`` (eval mode, float32: the 4-bit weights
-    dequantized) with its tokenizer; ``path`` (default ``smollm2_path()``) must be the pinned file."""
-    metadata, tensors = read_gguf(smollm2_path() if path is None else path, sha256=SMOLLM2_SHA256)
+    """SmolLM2-135M-Instruct as the book's ``LlamaLM`` (eval mode, float32: the 4-bit
+    weights dequantized) with its tokenizer; ``path`` (default ``smollm2_path()``) must
+    be the pinned file."""
+    metadata, tensors = read_gguf(
+        smollm2_path() if path is None else path, sha256=SMOLLM2_SHA256
+    )
     return llama_from_gguf(metadata, tensors), gguf_tokenizer(metadata)
 
 
 # chapters/modern_decoder.md: It writes
-def chat(model: LlamaLM, tokenizer: Any, messages: list[dict[str, str]], max_new_tokens: int = 64,
-         **knobs: Any) -> str:
-    """The assistant's next turn after ``messages``: ``chat_prompt`` encoded by ``tokenizer``, continued
-    by ``sample`` with its ``knobs`` (``temperature``, ``top_k``, ``top_p``, ``generator``), and cut
-    at the model's end of turn, ``<|im_end|>`` (if it comes within ``max_new_tokens``)."""
+def chat(
+    model: LlamaLM,
+    tokenizer: Any,
+    messages: list[dict[str, str]],
+    max_new_tokens: int = 64,
+    **knobs: Any,
+) -> str:
+    """The assistant's next turn after ``messages``: ``chat_prompt`` encoded by
+    ``tokenizer``, continued by ``sample`` with its ``knobs`` (``temperature``,
+    ``top_k``, ``top_p``, ``generator``), and cut at the model's end of turn,
+    ``<|im_end|>`` (if it comes within ``max_new_tokens``)."""
     prompt = torch.tensor([tokenizer.encode(chat_prompt(messages)).ids])  # (1, P)
-    new = sample(model, prompt, max_new_tokens, **knobs)[0, prompt.shape[1]:].tolist()
+    new = sample(model, prompt, max_new_tokens, **knobs)[0, prompt.shape[1] :].tolist()
     end = tokenizer.token_to_id("<|im_end|>")
-    return tokenizer.decode(new[:new.index(end)] if end in new else new)
+    return tokenizer.decode(new[: new.index(end)] if end in new else new)

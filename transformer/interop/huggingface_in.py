@@ -36,44 +36,59 @@ def import_transformers() -> Any:
     except ImportError as err:
         raise ImportError(
             "transformer.interop needs the `transformers` package (and `sentencepiece` for the "
-            "Marian tokenizers): pip install -e \".[pretrained]\""
+            'Marian tokenizers): pip install -e ".[pretrained]"'
         ) from err
 
 
 # chapters/pretrained.md: The permutation of the residual stream
 def marian_permutation(d_model: int) -> Tensor:
-    """The order of Marian's residual coordinates that gives the book's: ``ours = marian[..., perm]``.
+    """The order of Marian's residual coordinates that gives the book's:
+    ``ours = marian[..., perm]``.
 
-    Marian's sinusoidal table puts the d_model/2 sines first, then the cosines; the book's puts the
-    cosine of each frequency right after its sine. Column 2i of the book's table is Marian's column i,
-    column 2i + 1 is Marian's column d_model/2 + i.
+    Marian's sinusoidal table puts the d_model/2 sines first, then the cosines; the
+    book's puts the cosine of each frequency right after its sine. Column 2i of the
+    book's table is Marian's column i, column 2i + 1 is Marian's column d_model/2 + i.
 
     Returns:
         A LongTensor ``(d_model,)``, a permutation of 0 .. d_model - 1.
     """
     check_positive_int("d_model", d_model)
     if d_model % 2 != 0:
-        raise ValueError(f"d_model must be even (sines and cosines come in pairs), got {d_model}")
+        raise ValueError(
+            f"d_model must be even (sines and cosines come in pairs), got {d_model}"
+        )
     half = torch.arange(d_model // 2)  # (d_model/2,)
-    return torch.stack([half, half + d_model // 2], dim=1).flatten()  # (d_model/2, 2) -> (d_model,)
+    # (d_model/2, 2) -> (d_model,)
+    return torch.stack([half, half + d_model // 2], dim=1).flatten()
 
 
 # chapters/pretrained.md: Copying, one tensor at a time
 def _copy(name: str, target: Tensor, source: Tensor) -> None:
-    """Copy ``source`` into the parameter ``target`` (in place), after checking the shapes agree."""
+    """Copy ``source`` into the parameter ``target`` (in place), after checking the
+    shapes agree."""
     if target.shape != source.shape:
-        raise ValueError(f"{name}: the checkpoint's tensor has shape {tuple(source.shape)}, "
-                         f"the model's {tuple(target.shape)}")
+        raise ValueError(
+            f"{name}: the checkpoint's tensor has shape {tuple(source.shape)}, "
+            f"the model's {tuple(target.shape)}"
+        )
     with torch.no_grad():
         target.copy_(source)
 
 
-def _load_linear(name: str, linear: nn.Linear, weight: Tensor, bias: Tensor,
-                 reads: Tensor | None = None, writes: Tensor | None = None) -> None:
-    """Copy a (out, in) ``weight`` and its ``bias`` into ``linear``, permuting the residual stream.
+def _load_linear(
+    name: str,
+    linear: nn.Linear,
+    weight: Tensor,
+    bias: Tensor,
+    reads: Tensor | None = None,
+    writes: Tensor | None = None,
+) -> None:
+    """Copy a (out, in) ``weight`` and its ``bias`` into ``linear``, permuting the
+    residual stream.
 
-    ``reads``: the permutation of the input coordinates, when the layer reads the residual stream;
-    ``writes``: of the output coordinates (rows and bias), when it writes to it.
+    ``reads``: the permutation of the input coordinates, when the layer reads the
+    residual stream; ``writes``: of the output coordinates (rows and bias), when it
+    writes to it.
     """
     if writes is not None:
         weight, bias = weight[writes], bias[writes]  # (out, in): rows reordered
@@ -84,70 +99,118 @@ def _load_linear(name: str, linear: nn.Linear, weight: Tensor, bias: Tensor,
 
 
 def _load_norm(name: str, norm: Any, theirs: Any, perm: Tensor | None = None) -> None:
-    """Copy a LayerNorm's gain and bias (and its eps), in the order ``perm`` of the residual stream."""
-    weight, bias = (theirs.weight, theirs.bias) if perm is None else (theirs.weight[perm], theirs.bias[perm])
+    """Copy a LayerNorm's gain and bias (and its eps), in the order ``perm`` of the
+    residual stream."""
+    weight, bias = (
+        (theirs.weight, theirs.bias)
+        if perm is None
+        else (theirs.weight[perm], theirs.bias[perm])
+    )
     _copy(f"{name}.weight", norm.weight, weight)
     _copy(f"{name}.bias", norm.bias, bias)
     norm.eps = float(theirs.eps)
 
 
-def _load_attention(name: str, ours: Any, q: tuple[Tensor, Tensor], k: tuple[Tensor, Tensor],
-                    v: tuple[Tensor, Tensor], o: tuple[Tensor, Tensor], perm: Tensor | None = None) -> None:
-    """Copy the (weight, bias) of the four projections: W^Q, W^K, W^V read the stream, W^O writes it."""
+def _load_attention(
+    name: str,
+    ours: Any,
+    q: tuple[Tensor, Tensor],
+    k: tuple[Tensor, Tensor],
+    v: tuple[Tensor, Tensor],
+    o: tuple[Tensor, Tensor],
+    perm: Tensor | None = None,
+) -> None:
+    """Copy the (weight, bias) of the four projections: W^Q, W^K, W^V read the stream,
+    W^O writes it."""
     _load_linear(f"{name}.w_q", ours.w_q, *q, reads=perm)
     _load_linear(f"{name}.w_k", ours.w_k, *k, reads=perm)
     _load_linear(f"{name}.w_v", ours.w_v, *v, reads=perm)
     _load_linear(f"{name}.w_o", ours.w_o, *o, writes=perm)
 
 
-def _load_feed_forward(name: str, ours: Any, w_1: tuple[Tensor, Tensor], w_2: tuple[Tensor, Tensor],
-                       perm: Tensor | None = None) -> None:
-    """Copy the (weight, bias) of the feed-forward network's layers: W_1 reads the stream, W_2 writes it."""
+def _load_feed_forward(
+    name: str,
+    ours: Any,
+    w_1: tuple[Tensor, Tensor],
+    w_2: tuple[Tensor, Tensor],
+    perm: Tensor | None = None,
+) -> None:
+    """Copy the (weight, bias) of the feed-forward network's layers: W_1 reads the
+    stream, W_2 writes it."""
     _load_linear(f"{name}.w_1", ours.w_1, *w_1, reads=perm)
     _load_linear(f"{name}.w_2", ours.w_2, *w_2, writes=perm)
 
 
 # chapters/pretrained.md: Copying, one tensor at a time
-# Hugging Face's name of a feed-forward activation -> the book's (the first of each is the one written back)
-HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-                  "silu": "silu", "swish": "silu"}
+# Hugging Face's name of a feed-forward activation -> the book's (the first of each is
+# the one written back)
+HF_ACTIVATIONS = {
+    "relu": "relu",
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "silu": "silu",
+    "swish": "silu",
+}
 
 
 def _require(config: Any, field: str, allowed: tuple, why: str) -> Any:
-    """Return ``config.<field>`` if it is one of ``allowed``; else a ValueError naming the field."""
+    """Return ``config.<field>`` if it is one of ``allowed``; else a ValueError naming
+    the field."""
     value = getattr(config, field, None)
     if value not in allowed:
-        raise ValueError(f"{type(config).__name__}.{field} = {value!r} cannot be represented by this "
-                         f"package ({why}); supported: {', '.join(map(repr, allowed))}")
+        raise ValueError(
+            f"{type(config).__name__}.{field} = {value!r} cannot be represented by this "
+            f"package ({why}); supported: {', '.join(map(repr, allowed))}"
+        )
     return value
 
 
 def _require_equal(config: Any, first: str, second: str) -> int:
-    """The value of two fields that must agree (this package's encoder and decoder share sizes)."""
+    """The value of two fields that must agree (this package's encoder and decoder share
+    sizes)."""
     a, b = getattr(config, first), getattr(config, second)
     if a != b:
-        raise ValueError(f"{type(config).__name__}.{first} = {a!r} and {second} = {b!r} differ; this "
-                         f"package's Transformer gives its encoder and decoder the same size")
+        raise ValueError(
+            f"{type(config).__name__}.{first} = {a!r} and {second} = {b!r} differ; this "
+            f"package's Transformer gives its encoder and decoder the same size"
+        )
     return a
 
 
 # chapters/pretrained.md: Marian → `Transformer`
 def _marian_model(config: Any, shared: bool, tied: bool) -> Transformer:
-    """An empty ``Transformer`` of the sizes and choices of a ``MarianConfig``; ``shared``: one
-    embedding table for source and target, ``tied``: the output layer is the target table."""
-    activation = HF_ACTIVATIONS[_require(config, "activation_function", tuple(HF_ACTIVATIONS),
-                                         "the feed-forward activations of PositionwiseFeedForward")]
+    """An empty ``Transformer`` of the sizes and choices of a ``MarianConfig``;
+    ``shared``: one embedding table for source and target, ``tied``: the output layer is
+    the target table."""
+    activation = HF_ACTIVATIONS[
+        _require(
+            config,
+            "activation_function",
+            tuple(HF_ACTIVATIONS),
+            "the feed-forward activations of PositionwiseFeedForward",
+        )
+    ]
     return Transformer(
         src_vocab_size=config.vocab_size,
         tgt_vocab_size=config.vocab_size if shared else config.decoder_vocab_size,
         d_model=config.d_model,
-        num_heads=_require_equal(config, "encoder_attention_heads", "decoder_attention_heads"),
+        num_heads=_require_equal(
+            config, "encoder_attention_heads", "decoder_attention_heads"
+        ),
         num_layers=_require_equal(config, "encoder_layers", "decoder_layers"),
         d_ff=_require_equal(config, "encoder_ffn_dim", "decoder_ffn_dim"),
-        dropout=config.dropout, max_len=config.max_position_embeddings, pad_id=config.pad_token_id,
-        share_embeddings=shared, tie_output=tied, scale_embedding=config.scale_embedding,
-        options=LayerOptions(attention_dropout=config.attention_dropout,
-                             activation_dropout=config.activation_dropout, activation=activation),
+        dropout=config.dropout,
+        max_len=config.max_position_embeddings,
+        pad_id=config.pad_token_id,
+        share_embeddings=shared,
+        tie_output=tied,
+        scale_embedding=config.scale_embedding,
+        options=LayerOptions(
+            attention_dropout=config.attention_dropout,
+            activation_dropout=config.activation_dropout,
+            activation=activation,
+        ),
     )
 
 
@@ -157,82 +220,176 @@ def _same(a: Tensor, b: Tensor) -> bool:
 
 
 def _attention_weights(theirs: Any) -> dict[str, tuple[Tensor, Tensor]]:
-    """Marian's (Bart's) attention: q_proj, k_proj, v_proj, out_proj as ``nn.Linear`` (out, in)."""
-    return {key: (getattr(theirs, proj).weight, getattr(theirs, proj).bias)
-            for key, proj in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "out_proj"))}
+    """Marian's (Bart's) attention: q_proj, k_proj, v_proj, out_proj as ``nn.Linear``
+    (out, in)."""
+    return {
+        key: (getattr(theirs, proj).weight, getattr(theirs, proj).bias)
+        for key, proj in (
+            ("q", "q_proj"),
+            ("k", "k_proj"),
+            ("v", "v_proj"),
+            ("o", "out_proj"),
+        )
+    }
 
 
 def _from_marian(hf: Any) -> Transformer:
-    """The ``Transformer`` equal to a ``MarianMTModel``, its residual stream permuted."""
+    """The ``Transformer`` equal to a ``MarianMTModel``, its residual stream
+    permuted."""
     encoder, decoder = hf.model.encoder, hf.model.decoder
-    # Shared and tied as the tensors are, whatever the configuration says (transformers ties all
-    # three tables only when the configuration ties the output layer too).
-    model: Any = _marian_model(hf.config, shared=_same(encoder.embed_tokens.weight, decoder.embed_tokens.weight),
-                          tied=_same(hf.lm_head.weight, decoder.embed_tokens.weight))
+    # Shared and tied as the tensors are, whatever the configuration says (transformers
+    # ties all three tables only when the configuration ties the output layer too).
+    model: Any = _marian_model(
+        hf.config,
+        shared=_same(encoder.embed_tokens.weight, decoder.embed_tokens.weight),
+        tied=_same(hf.lm_head.weight, decoder.embed_tokens.weight),
+    )
     perm = marian_permutation(hf.config.d_model)  # ours[..., k] = theirs[..., perm[k]]
-    _copy("src_embed.weight", model.src_embed.weight, encoder.embed_tokens.weight[:, perm])
+    _copy(
+        "src_embed.weight", model.src_embed.weight, encoder.embed_tokens.weight[:, perm]
+    )
     if model.tgt_embed is not model.src_embed:
-        _copy("tgt_embed.weight", model.tgt_embed.weight, decoder.embed_tokens.weight[:, perm])
+        _copy(
+            "tgt_embed.weight",
+            model.tgt_embed.weight,
+            decoder.embed_tokens.weight[:, perm],
+        )
     if model.output.weight is not model.tgt_embed.weight:
         _copy("output.weight", model.output.weight, hf.lm_head.weight[:, perm])
     _copy("output.bias", model.output.bias, hf.final_logits_bias[0])  # (1, V) -> (V,)
     for i, (ours, theirs) in enumerate(zip(model.encoder.layers, encoder.layers)):
-        _load_attention(f"encoder.layers.{i}.self_attn", ours.self_attn, **_attention_weights(theirs.self_attn),
-                        perm=perm)
-        _load_norm(f"encoder.layers.{i}.norm1", ours.norm1, theirs.self_attn_layer_norm, perm)
-        _load_feed_forward(f"encoder.layers.{i}.feed_forward", ours.feed_forward,
-                           (theirs.fc1.weight, theirs.fc1.bias), (theirs.fc2.weight, theirs.fc2.bias), perm)
-        _load_norm(f"encoder.layers.{i}.norm2", ours.norm2, theirs.final_layer_norm, perm)
+        _load_attention(
+            f"encoder.layers.{i}.self_attn",
+            ours.self_attn,
+            **_attention_weights(theirs.self_attn),
+            perm=perm,
+        )
+        _load_norm(
+            f"encoder.layers.{i}.norm1", ours.norm1, theirs.self_attn_layer_norm, perm
+        )
+        _load_feed_forward(
+            f"encoder.layers.{i}.feed_forward",
+            ours.feed_forward,
+            (theirs.fc1.weight, theirs.fc1.bias),
+            (theirs.fc2.weight, theirs.fc2.bias),
+            perm,
+        )
+        _load_norm(
+            f"encoder.layers.{i}.norm2", ours.norm2, theirs.final_layer_norm, perm
+        )
     for i, (ours, theirs) in enumerate(zip(model.decoder.layers, decoder.layers)):
-        _load_attention(f"decoder.layers.{i}.self_attn", ours.self_attn, **_attention_weights(theirs.self_attn),
-                        perm=perm)
-        _load_norm(f"decoder.layers.{i}.norm1", ours.norm1, theirs.self_attn_layer_norm, perm)
-        _load_attention(f"decoder.layers.{i}.cross_attn", ours.cross_attn,
-                        **_attention_weights(theirs.encoder_attn), perm=perm)
-        _load_norm(f"decoder.layers.{i}.norm2", ours.norm2, theirs.encoder_attn_layer_norm, perm)
-        _load_feed_forward(f"decoder.layers.{i}.feed_forward", ours.feed_forward,
-                           (theirs.fc1.weight, theirs.fc1.bias), (theirs.fc2.weight, theirs.fc2.bias), perm)
-        _load_norm(f"decoder.layers.{i}.norm3", ours.norm3, theirs.final_layer_norm, perm)
+        _load_attention(
+            f"decoder.layers.{i}.self_attn",
+            ours.self_attn,
+            **_attention_weights(theirs.self_attn),
+            perm=perm,
+        )
+        _load_norm(
+            f"decoder.layers.{i}.norm1", ours.norm1, theirs.self_attn_layer_norm, perm
+        )
+        _load_attention(
+            f"decoder.layers.{i}.cross_attn",
+            ours.cross_attn,
+            **_attention_weights(theirs.encoder_attn),
+            perm=perm,
+        )
+        _load_norm(
+            f"decoder.layers.{i}.norm2",
+            ours.norm2,
+            theirs.encoder_attn_layer_norm,
+            perm,
+        )
+        _load_feed_forward(
+            f"decoder.layers.{i}.feed_forward",
+            ours.feed_forward,
+            (theirs.fc1.weight, theirs.fc1.bias),
+            (theirs.fc2.weight, theirs.fc2.bias),
+            perm,
+        )
+        _load_norm(
+            f"decoder.layers.{i}.norm3", ours.norm3, theirs.final_layer_norm, perm
+        )
     return model
 
 
 # chapters/pretrained.md: GPT-2 → `DecoderOnlyLM`
 def _gpt2_model(config: Any) -> DecoderOnlyLM:
     """An empty ``DecoderOnlyLM`` of the sizes and choices of a ``GPT2Config``."""
-    activation = HF_ACTIVATIONS[_require(config, "activation_function", tuple(HF_ACTIVATIONS),
-                                         "the feed-forward activations of PositionwiseFeedForward")]
-    _require(config, "add_cross_attention", (False,), "a DecoderOnlyLM has no cross-attention")
+    activation = HF_ACTIVATIONS[
+        _require(
+            config,
+            "activation_function",
+            tuple(HF_ACTIVATIONS),
+            "the feed-forward activations of PositionwiseFeedForward",
+        )
+    ]
+    _require(
+        config,
+        "add_cross_attention",
+        (False,),
+        "a DecoderOnlyLM has no cross-attention",
+    )
     _require(config, "scale_attn_weights", (True,), "attention divides by sqrt(d_k)")
-    _require(config, "scale_attn_by_inverse_layer_idx", (False,), "every layer scales its scores alike")
-    _require(config, "tie_word_embeddings", (True,), "a DecoderOnlyLM ties its output to the embedding")
+    _require(
+        config,
+        "scale_attn_by_inverse_layer_idx",
+        (False,),
+        "every layer scales its scores alike",
+    )
+    _require(
+        config,
+        "tie_word_embeddings",
+        (True,),
+        "a DecoderOnlyLM ties its output to the embedding",
+    )
     return DecoderOnlyLM(
-        vocab_size=config.vocab_size, d_model=config.n_embd, num_heads=config.n_head,
-        d_ff=config.n_inner or 4 * config.n_embd, num_layers=config.n_layer, max_len=config.n_positions,
-        dropout=config.resid_pdrop, position="learned", scale_embedding=False,
+        vocab_size=config.vocab_size,
+        d_model=config.n_embd,
+        num_heads=config.n_head,
+        d_ff=config.n_inner or 4 * config.n_embd,
+        num_layers=config.n_layer,
+        max_len=config.n_positions,
+        dropout=config.resid_pdrop,
+        position="learned",
+        scale_embedding=False,
         options=LayerOptions(norm_first=True, activation=activation),
     )
 
 
 def _conv1d(conv: Any) -> tuple[Tensor, Tensor]:
-    """GPT-2's ``Conv1D`` computes x @ weight + bias with weight (in, out): as ``nn.Linear``, (out, in)."""
+    """GPT-2's ``Conv1D`` computes x @ weight + bias with weight (in, out): as
+    ``nn.Linear``, (out, in)."""
     return conv.weight.T, conv.bias
 
 
 def _from_gpt2(hf: Any) -> DecoderOnlyLM:
-    """The ``DecoderOnlyLM`` equal to a ``GPT2LMHeadModel`` (same coordinates: no permutation)."""
+    """The ``DecoderOnlyLM`` equal to a ``GPT2LMHeadModel`` (same coordinates: no
+    permutation)."""
     model: Any = _gpt2_model(hf.config)
     gpt = hf.transformer
-    _copy("embed.weight", model.embed.weight, gpt.wte.weight)  # also the output layer's (tied)
+    # also the output layer's (tied)
+    _copy("embed.weight", model.embed.weight, gpt.wte.weight)
     _copy("positional_encoding.table", model.positional_encoding.table, gpt.wpe.weight)
     for i, (ours, block) in enumerate(zip(model.decoder.layers, gpt.h)):
-        weight, bias = _conv1d(block.attn.c_attn)  # (3 d_model, d_model), (3 d_model,): q, k, v stacked
+        # (3 d_model, d_model), (3 d_model,): q, k, v stacked
+        weight, bias = _conv1d(block.attn.c_attn)
         d_model = model.embed.d_model
         q, k, v = zip(weight.split(d_model, dim=0), bias.split(d_model, dim=0))
-        _load_attention(f"decoder.layers.{i}.self_attn", ours.self_attn, q=q, k=k, v=v,
-                        o=_conv1d(block.attn.c_proj))
+        _load_attention(
+            f"decoder.layers.{i}.self_attn",
+            ours.self_attn,
+            q=q,
+            k=k,
+            v=v,
+            o=_conv1d(block.attn.c_proj),
+        )
         _load_norm(f"decoder.layers.{i}.norm1", ours.norm1, block.ln_1)
-        _load_feed_forward(f"decoder.layers.{i}.feed_forward", ours.feed_forward, _conv1d(block.mlp.c_fc),
-                           _conv1d(block.mlp.c_proj))
+        _load_feed_forward(
+            f"decoder.layers.{i}.feed_forward",
+            ours.feed_forward,
+            _conv1d(block.mlp.c_fc),
+            _conv1d(block.mlp.c_proj),
+        )
         _load_norm(f"decoder.layers.{i}.norm3", ours.norm3, block.ln_2)
     _load_norm("decoder.norm", model.decoder.norm, gpt.ln_f)
     with torch.no_grad():
@@ -241,78 +398,125 @@ def _from_gpt2(hf: Any) -> DecoderOnlyLM:
 
 
 # chapters/pretrained.md: Llama → `LlamaLM`
-#: Hugging Face's Llama names inside layer i (``model.layers.{i}.<name>``) -> the book's (``decoder.layers.{i}.<name>``).
-LLAMA_LAYER_NAMES = {"input_layernorm": "norm1", "self_attn.q_proj": "self_attn.w_q", "self_attn.k_proj": "self_attn.w_k",
-                     "self_attn.v_proj": "self_attn.w_v", "self_attn.o_proj": "self_attn.w_o",
-                     "post_attention_layernorm": "norm3", "mlp.gate_proj": "feed_forward.w",
-                     "mlp.up_proj": "feed_forward.v", "mlp.down_proj": "feed_forward.w_2"}
-LLAMA_NAMES = {"model.embed_tokens": "embed", "model.norm": "decoder.norm", "lm_head": "output"}
+#: Hugging Face's Llama names inside layer i (``model.layers.{i}.<name>``) -> the book's
+#: (``decoder.layers.{i}.<name>``).
+LLAMA_LAYER_NAMES = {
+    "input_layernorm": "norm1",
+    "self_attn.q_proj": "self_attn.w_q",
+    "self_attn.k_proj": "self_attn.w_k",
+    "self_attn.v_proj": "self_attn.w_v",
+    "self_attn.o_proj": "self_attn.w_o",
+    "post_attention_layernorm": "norm3",
+    "mlp.gate_proj": "feed_forward.w",
+    "mlp.up_proj": "feed_forward.v",
+    "mlp.down_proj": "feed_forward.w_2",
+}
+LLAMA_NAMES = {
+    "model.embed_tokens": "embed",
+    "model.norm": "decoder.norm",
+    "lm_head": "output",
+}
 
 
 def _llama_model(config: Any) -> LlamaLM:
     """An empty ``LlamaLM`` of the sizes and choices of a ``LlamaConfig``."""
-    activation = HF_ACTIVATIONS[_require(config, "hidden_act", tuple(HF_ACTIVATIONS),
-                                         "the activations of GatedFeedForward")]
-    rope = getattr(config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": config.rope_theta}
+    activation = HF_ACTIVATIONS[
+        _require(
+            config,
+            "hidden_act",
+            tuple(HF_ACTIVATIONS),
+            "the activations of GatedFeedForward",
+        )
+    ]
+    rope = getattr(config, "rope_parameters", None) or {
+        "rope_type": "default",
+        "rope_theta": config.rope_theta,
+    }
     if rope.get("rope_type", "default") != "default":
-        raise ValueError(f"LlamaConfig.rope_parameters = {rope!r} cannot be represented by this package (the "
-                         "book's rotary has no scaling); supported: rope_type 'default'")
+        raise ValueError(
+            f"LlamaConfig.rope_parameters = {rope!r} cannot be represented by this package (the "
+            "book's rotary has no scaling); supported: rope_type 'default'"
+        )
     if config.head_dim != config.hidden_size // config.num_attention_heads:
-        raise ValueError(f"LlamaConfig.head_dim = {config.head_dim} cannot be represented by this package (heads "
-                         f"cut d_model into num_heads parts); supported: {config.hidden_size // config.num_attention_heads}")
-    return LlamaLM(config.vocab_size, config.hidden_size, config.num_attention_heads, config.intermediate_size,
-                   config.num_hidden_layers, num_kv_heads=config.num_key_value_heads,
-                   context_length=config.max_position_embeddings, rope_base=rope["rope_theta"],
-                   eps=config.rms_norm_eps, bias=config.attention_bias or config.mlp_bias, activation=activation,
-                   tie_embeddings=config.tie_word_embeddings)
+        raise ValueError(
+            f"LlamaConfig.head_dim = {config.head_dim} cannot be represented by this package (heads "
+            f"cut d_model into num_heads parts); supported: {config.hidden_size // config.num_attention_heads}"
+        )
+    return LlamaLM(
+        config.vocab_size,
+        config.hidden_size,
+        config.num_attention_heads,
+        config.intermediate_size,
+        config.num_hidden_layers,
+        num_kv_heads=config.num_key_value_heads,
+        context_length=config.max_position_embeddings,
+        rope_base=rope["rope_theta"],
+        eps=config.rms_norm_eps,
+        bias=config.attention_bias or config.mlp_bias,
+        activation=activation,
+        tie_embeddings=config.tie_word_embeddings,
+    )
 
 
 def _rotary_rows(num_heads: int, d_k: int) -> Tensor:
-    """The rows of Hugging Face's W^Q (or W^K) in the book's order: head by head, ``marian_permutation(d_k)``."""
+    """The rows of Hugging Face's W^Q (or W^K) in the book's order: head by head,
+    ``marian_permutation(d_k)``."""
     heads = torch.arange(num_heads)[:, None] * d_k  # (H, 1): the first row of each head
     return (heads + marian_permutation(d_k)).flatten()  # (H, d_k) -> (H * d_k,)
 
 
 def _from_llama(hf: Any) -> LlamaLM:
-    """The ``LlamaLM`` equal to a ``LlamaForCausalLM``: names by the tables, W^Q and W^K rows permuted;
-    a bias Llama does not have (the output's, or one side's of ``attention_bias``/``mlp_bias``) is zero."""
+    """The ``LlamaLM`` equal to a ``LlamaForCausalLM``: names by the tables, W^Q and W^K
+    rows permuted; a bias Llama does not have (the output's, or one side's of
+    ``attention_bias``/``mlp_bias``) is zero."""
     config, model = hf.config, _llama_model(hf.config)
-    ours = dict(model.named_parameters())  # a tied output.weight is listed once, as embed.weight
+    # a tied output.weight is listed once, as embed.weight
+    ours = dict(model.named_parameters())
     with torch.no_grad():
         for name, parameter in ours.items():
             if name.endswith(".bias"):
                 parameter.zero_()
-    rows = {"self_attn.q_proj": _rotary_rows(config.num_attention_heads, config.head_dim),
-            "self_attn.k_proj": _rotary_rows(config.num_key_value_heads, config.head_dim)}
+    rows = {
+        "self_attn.q_proj": _rotary_rows(config.num_attention_heads, config.head_dim),
+        "self_attn.k_proj": _rotary_rows(config.num_key_value_heads, config.head_dim),
+    }
     for name, tensor in hf.state_dict().items():
         layer = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", name)
         module, kind = (layer[2], layer[3]) if layer else name.rsplit(".", 1)
         if module in rows:
-            tensor = tensor[rows[module]]  # (H * d_k, d_model) or (H * d_k,): rotary pairs side by side
-        target = (f"decoder.layers.{layer[1]}.{LLAMA_LAYER_NAMES[module]}" if layer else LLAMA_NAMES[module]) + f".{kind}"
-        if target in ours:  # not so: lm_head.weight of a tied model, which is embed.weight
+            # (H * d_k, d_model) or (H * d_k,): rotary pairs side by side
+            tensor = tensor[rows[module]]
+        target = (
+            f"decoder.layers.{layer[1]}.{LLAMA_LAYER_NAMES[module]}"
+            if layer
+            else LLAMA_NAMES[module]
+        ) + f".{kind}"
+        # not so: lm_head.weight of a tied model, which is embed.weight
+        if target in ours:
             _copy(target, ours[target], tensor)
     return model
 
 
 # chapters/pretrained.md: The package's entry points
 def from_huggingface(model: nn.Module) -> nn.Module:
-    """The model of this package equal to a Hugging Face ``transformers`` model, weights copied.
+    """The model of this package equal to a Hugging Face ``transformers`` model, weights
+    copied.
 
     Args:
         model: a ``transformers.MarianMTModel`` (gives a ``Transformer``), a
-            ``transformers.GPT2LMHeadModel`` (a ``DecoderOnlyLM``), a ``transformers.LlamaForCausalLM``
-            (a ``LlamaLM``) or a ``transformers.BertModel``
-            (a ``TextEncoder``, whose output is BertModel's ``last_hidden_state``).
+            ``transformers.GPT2LMHeadModel`` (a ``DecoderOnlyLM``), a
+            ``transformers.LlamaForCausalLM`` (a ``LlamaLM``) or a
+            ``transformers.BertModel`` (a ``TextEncoder``, whose output is BertModel's
+            ``last_hidden_state``).
 
     Returns:
-        The new model, on the device and in the dtype and mode (train or eval) of ``model``. For a
-        Marian model its residual coordinates are permuted (``marian_permutation``); its logits
-        are the same.
+        The new model, on the device and in the dtype and mode (train or eval) of
+        ``model``. For a Marian model its residual coordinates are permuted
+        (``marian_permutation``); its logits are the same.
 
     Raises:
-        TypeError: for any other kind of model; ValueError, naming the configuration field, for a
-        configuration this package cannot represent.
+        TypeError: for any other kind of model; ValueError, naming the configuration
+        field, for a configuration this package cannot represent.
     """
     transformers = import_transformers()
     if isinstance(model, transformers.MarianMTModel):
@@ -324,32 +528,46 @@ def from_huggingface(model: nn.Module) -> nn.Module:
     elif isinstance(model, transformers.BertModel):  # chapters/pretrained_encoder.md
         ours = text_encoder_from_bert(model.config.to_dict(), model.state_dict())
     else:
-        raise TypeError("model must be a transformers MarianMTModel, GPT2LMHeadModel, LlamaForCausalLM or BertModel, "
-                        f"got {type(model).__name__}")
+        raise TypeError(
+            "model must be a transformers MarianMTModel, GPT2LMHeadModel, LlamaForCausalLM or BertModel, "
+            f"got {type(model).__name__}"
+        )
     reference = next(model.parameters())
     return ours.to(device=reference.device, dtype=reference.dtype).train(model.training)
 
 
-def load_pretrained(name_or_path: str | os.PathLike, **kwargs: Any) -> tuple[nn.Module, object]:
-    """Load a Marian or GPT-2 checkpoint into this package's classes, with its tokenizer.
+def load_pretrained(
+    name_or_path: str | os.PathLike, **kwargs: Any
+) -> tuple[nn.Module, object]:
+    """Load a Marian or GPT-2 checkpoint into this package's classes, with its
+    tokenizer.
 
     Args:
-        name_or_path: a Hugging Face hub id (``"Helsinki-NLP/opus-mt-de-en"``, ``"gpt2"``) or a
-            local folder written by ``save_pretrained``.
-        **kwargs: passed on to ``from_pretrained`` (e.g. ``revision``, ``local_files_only=True``).
+        name_or_path: a Hugging Face hub id (``"Helsinki-NLP/opus-mt-de-en"``,
+            ``"gpt2"``) or a local folder written by ``save_pretrained``.
+        **kwargs: passed on to ``from_pretrained`` (e.g. ``revision``,
+        ``local_files_only=True``).
 
     Returns:
-        ``(model, tokenizer)``: the ``Transformer`` or ``DecoderOnlyLM`` of ``from_huggingface``,
-        in eval mode, and the checkpoint's ``transformers`` tokenizer.
+        ``(model, tokenizer)``: the ``Transformer`` or ``DecoderOnlyLM`` of
+        ``from_huggingface``, in eval mode, and the checkpoint's ``transformers``
+        tokenizer.
     """
     if not isinstance(name_or_path, (str, os.PathLike)):
-        raise TypeError(f"name_or_path must be a str or a path, got {type(name_or_path).__name__}")
+        raise TypeError(
+            f"name_or_path must be a str or a path, got {type(name_or_path).__name__}"
+        )
     transformers = import_transformers()
     config = transformers.AutoConfig.from_pretrained(name_or_path, **kwargs)
-    classes = {"marian": transformers.MarianMTModel, "gpt2": transformers.GPT2LMHeadModel}
+    classes = {
+        "marian": transformers.MarianMTModel,
+        "gpt2": transformers.GPT2LMHeadModel,
+    }
     if config.model_type not in classes:
-        raise ValueError(f"name_or_path must hold a Marian or GPT-2 model (model_type 'marian' or 'gpt2'), "
-                         f"got model_type {config.model_type!r}")
+        raise ValueError(
+            f"name_or_path must hold a Marian or GPT-2 model (model_type 'marian' or 'gpt2'), "
+            f"got model_type {config.model_type!r}"
+        )
     hf = classes[config.model_type].from_pretrained(name_or_path, **kwargs)
     tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path, **kwargs)
     return from_huggingface(hf.eval()), tokenizer

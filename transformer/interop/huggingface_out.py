@@ -28,52 +28,96 @@ from transformer.tasks.subwords import SPECIAL_TOKENS
 
 
 # chapters/exporting.md: What Marian can hold
-# the book's activation -> Marian's name for it: the reading table of the chapter "Pretrained weights",
-# backwards, keeping the first of its names for each (gelu_tanh -> "gelu_new", silu -> "silu")
+# the book's activation -> Marian's name for it: the reading table of the chapter
+# "Pretrained weights", backwards, keeping the first of its names for each (gelu_tanh ->
+# "gelu_new", silu -> "silu")
 _ACTIVATIONS = {ours: theirs for theirs, ours in reversed(HF_ACTIVATIONS.items())}
 
 
 def _refuse(setting: str, value: object, why: str) -> None:
-    raise ValueError(f"the model's {setting} = {value!r} cannot be written as a Marian model ({why})")
+    raise ValueError(
+        f"the model's {setting} = {value!r} cannot be written as a Marian model ({why})"
+    )
 
 
 def marian_config(model: Transformer) -> Any:
-    """The ``transformers.MarianConfig`` of a ``Transformer``; a ValueError names any setting that
-    Marian cannot represent."""
+    """The ``transformers.MarianConfig`` of a ``Transformer``; a ValueError names any
+    setting that Marian cannot represent."""
     if not isinstance(model, Transformer):
-        raise TypeError(f"model must be a transformer.Transformer, got {type(model).__name__}")
+        raise TypeError(
+            f"model must be a transformer.Transformer, got {type(model).__name__}"
+        )
     enc: Any = model.encoder.layers[0]
     dec: Any = model.decoder.layers[0]
     if enc.norm_first:
-        _refuse("norm_first", True, "Marian's layers are post-norm: LayerNorm after each residual sum")
+        _refuse(
+            "norm_first",
+            True,
+            "Marian's layers are post-norm: LayerNorm after each residual sum",
+        )
     if model.tgt_embed is not model.src_embed:
-        _refuse("share_embeddings", False, "this exporter writes one table for source and target")
+        _refuse(
+            "share_embeddings",
+            False,
+            "this exporter writes one table for source and target",
+        )
     if model.output.weight is not model.tgt_embed.weight:
-        _refuse("tie_output", False, "this exporter writes the output layer as the embedding table")
+        _refuse(
+            "tie_output",
+            False,
+            "this exporter writes the output layer as the embedding table",
+        )
     if enc.feed_forward.activation not in _ACTIVATIONS:
-        _refuse("activation", enc.feed_forward.activation, f"Marian knows {sorted(_ACTIVATIONS)}")
-    eps = {float(getattr(norm, "eps")) for norm in model.modules() if hasattr(norm, "eps")}
+        _refuse(
+            "activation",
+            enc.feed_forward.activation,
+            f"Marian knows {sorted(_ACTIVATIONS)}",
+        )
+    eps = {
+        float(getattr(norm, "eps")) for norm in model.modules() if hasattr(norm, "eps")
+    }
     if eps != {1e-5}:
         _refuse("LayerNorm eps", sorted(eps), "Marian's LayerNorms use 1e-05")
     vocab = model.src_embed.vocab_size
     return import_transformers().MarianConfig(
-        vocab_size=vocab, decoder_vocab_size=vocab, d_model=model.d_model,
-        encoder_layers=len(model.encoder.layers), decoder_layers=len(model.decoder.layers),
-        encoder_attention_heads=enc.self_attn.num_heads, decoder_attention_heads=dec.self_attn.num_heads,
-        encoder_ffn_dim=enc.feed_forward.d_ff, decoder_ffn_dim=dec.feed_forward.d_ff,
+        vocab_size=vocab,
+        decoder_vocab_size=vocab,
+        d_model=model.d_model,
+        encoder_layers=len(model.encoder.layers),
+        decoder_layers=len(model.decoder.layers),
+        encoder_attention_heads=enc.self_attn.num_heads,
+        decoder_attention_heads=dec.self_attn.num_heads,
+        encoder_ffn_dim=enc.feed_forward.d_ff,
+        decoder_ffn_dim=dec.feed_forward.d_ff,
         activation_function=_ACTIVATIONS[enc.feed_forward.activation],
-        max_position_embeddings=model.positional_encoding.max_len, scale_embedding=model.src_embed.scale,
-        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
-        pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=BOS_ID, decoder_start_token_id=BOS_ID,
-        forced_eos_token_id=None, share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
+        max_position_embeddings=model.positional_encoding.max_len,
+        scale_embedding=model.src_embed.scale,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        pad_token_id=PAD_ID,
+        eos_token_id=EOS_ID,
+        bos_token_id=BOS_ID,
+        decoder_start_token_id=BOS_ID,
+        forced_eos_token_id=None,
+        share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True,
     )
 
 
 # chapters/exporting.md: The permutation, backwards
-def _weights(ours: Any, inv: Tensor, prefix: str, reads: tuple[str, ...], writes: tuple[str, ...],
-             norms: dict[str, str], names: dict[str, str]) -> dict[str, Tensor]:
-    """Marian's tensors of one layer: ``names`` maps our linear layers to theirs, ``norms`` our
-    LayerNorms; ``reads``/``writes``: which of our linear layers read or write the residual stream."""
+def _weights(
+    ours: Any,
+    inv: Tensor,
+    prefix: str,
+    reads: tuple[str, ...],
+    writes: tuple[str, ...],
+    norms: dict[str, str],
+    names: dict[str, str],
+) -> dict[str, Tensor]:
+    """Marian's tensors of one layer: ``names`` maps our linear layers to theirs,
+    ``norms`` our LayerNorms; ``reads``/``writes``: which of our linear layers read or
+    write the residual stream."""
     out: dict[str, Tensor] = {}
     for mine, theirs in names.items():
         linear = ours.get_submodule(mine)
@@ -85,7 +129,10 @@ def _weights(ours: Any, inv: Tensor, prefix: str, reads: tuple[str, ...], writes
         out[f"{prefix}.{theirs}.weight"], out[f"{prefix}.{theirs}.bias"] = weight, bias
     for mine, theirs in norms.items():
         norm = ours.get_submodule(mine)
-        out[f"{prefix}.{theirs}.weight"], out[f"{prefix}.{theirs}.bias"] = norm.weight[inv], norm.bias[inv]
+        out[f"{prefix}.{theirs}.weight"], out[f"{prefix}.{theirs}.bias"] = (
+            norm.weight[inv],
+            norm.bias[inv],
+        )
     return out
 
 
@@ -97,94 +144,178 @@ def _layer_names(attention: str, theirs: str) -> dict[str, str]:
 
 
 def marian_state_dict(model: Transformer) -> dict[str, Tensor]:
-    """The ``MarianMTModel`` state dict equal to ``model``, its residual stream put in Marian's order."""
-    inv = torch.argsort(marian_permutation(model.d_model))  # marian[..., j] = ours[..., inv[j]]
-    reads = ("self_attn.w_q", "self_attn.w_k", "self_attn.w_v", "cross_attn.w_q", "cross_attn.w_k",
-             "cross_attn.w_v", "feed_forward.w_1")
+    """The ``MarianMTModel`` state dict equal to ``model``, its residual stream put in
+    Marian's order."""
+    # marian[..., j] = ours[..., inv[j]]
+    inv = torch.argsort(marian_permutation(model.d_model))
+    reads = (
+        "self_attn.w_q",
+        "self_attn.w_k",
+        "self_attn.w_v",
+        "cross_attn.w_q",
+        "cross_attn.w_k",
+        "cross_attn.w_v",
+        "feed_forward.w_1",
+    )
     writes = ("self_attn.w_o", "cross_attn.w_o", "feed_forward.w_2")
     ff = {"feed_forward.w_1": "fc1", "feed_forward.w_2": "fc2"}
-    state = {"model.shared.weight": model.src_embed.get_parameter("weight")[:, inv],  # src_embed: any module, typed
-             "final_logits_bias": model.output.bias[None]}  # (V,) -> (1, V)
+    # src_embed: any module, typed
+    state = {
+        "model.shared.weight": model.src_embed.get_parameter("weight")[:, inv],
+        "final_logits_bias": model.output.bias[None],
+    }  # (V,) -> (1, V)
     for i, layer in enumerate(model.encoder.layers):
-        state.update(_weights(layer, inv, f"model.encoder.layers.{i}", reads, writes,
-                              {"norm1": "self_attn_layer_norm", "norm2": "final_layer_norm"},
-                              {**_layer_names("self_attn", "self_attn"), **ff}))
+        state.update(
+            _weights(
+                layer,
+                inv,
+                f"model.encoder.layers.{i}",
+                reads,
+                writes,
+                {"norm1": "self_attn_layer_norm", "norm2": "final_layer_norm"},
+                {**_layer_names("self_attn", "self_attn"), **ff},
+            )
+        )
     for i, layer in enumerate(model.decoder.layers):
-        state.update(_weights(layer, inv, f"model.decoder.layers.{i}", reads, writes,
-                              {"norm1": "self_attn_layer_norm", "norm2": "encoder_attn_layer_norm",
-                               "norm3": "final_layer_norm"},
-                              {**_layer_names("self_attn", "self_attn"),
-                               **_layer_names("cross_attn", "encoder_attn"), **ff}))
+        state.update(
+            _weights(
+                layer,
+                inv,
+                f"model.decoder.layers.{i}",
+                reads,
+                writes,
+                {
+                    "norm1": "self_attn_layer_norm",
+                    "norm2": "encoder_attn_layer_norm",
+                    "norm3": "final_layer_norm",
+                },
+                {
+                    **_layer_names("self_attn", "self_attn"),
+                    **_layer_names("cross_attn", "encoder_attn"),
+                    **ff,
+                },
+            )
+        )
     return {name: tensor.detach().clone() for name, tensor in state.items()}
 
 
 # chapters/exporting.md: `to_huggingface`
 def to_huggingface(model: Transformer, tokenizer: Any) -> tuple[Any, Any]:
-    """The book's translator as Hugging Face objects: the inverse of ``from_huggingface``.
+    """The book's translator as Hugging Face objects: the inverse of
+    ``from_huggingface``.
 
     Args:
-        model: a ``Transformer`` with shared, tied embeddings and post-norm layers (the translator
-            of ``python -m transformer.train --task multi30k``).
-        tokenizer: its ``tokenizers.Tokenizer`` (BPE), whose special tokens are ``SPECIAL_TOKENS``.
+        model: a ``Transformer`` with shared, tied embeddings and post-norm layers (the
+            translator of ``python -m transformer.train --task multi30k``).
+        tokenizer: its ``tokenizers.Tokenizer`` (BPE), whose special tokens are
+        ``SPECIAL_TOKENS``.
 
     Returns:
-        ``(hf_model, hf_tokenizer)``: a ``transformers.MarianMTModel`` in eval mode (float32, CPU)
-        whose logits are the model's, and a ``PreTrainedTokenizerFast``.
+        ``(hf_model, hf_tokenizer)``: a ``transformers.MarianMTModel`` in eval mode
+        (float32, CPU) whose logits are the model's, and a ``PreTrainedTokenizerFast``.
 
     Raises:
-        ValueError: naming a setting Marian cannot represent; TypeError for other models.
+        ValueError: naming a setting Marian cannot represent; TypeError for other
+        models.
     """
     transformers = import_transformers()
     config = marian_config(model)
-    if not all(hasattr(tokenizer, name) for name in ("token_to_id", "get_vocab_size", "to_str")):
-        raise TypeError(f"tokenizer must be the model's tokenizers.Tokenizer, got {type(tokenizer).__name__}")
-    if tokenizer.get_vocab_size() != config.vocab_size:  # generate would index past the embeddings
-        raise ValueError(f"tokenizer has {tokenizer.get_vocab_size():,} tokens, but the model's vocabulary has "
-                         f"{config.vocab_size:,}: pass the tokenizer the model was trained with")
-    if [tokenizer.token_to_id(token) for token in SPECIAL_TOKENS] != [PAD_ID, BOS_ID, EOS_ID, 3]:
+    if not all(
+        hasattr(tokenizer, name) for name in ("token_to_id", "get_vocab_size", "to_str")
+    ):
+        raise TypeError(
+            f"tokenizer must be the model's tokenizers.Tokenizer, got {type(tokenizer).__name__}"
+        )
+    # generate would index past the embeddings
+    if tokenizer.get_vocab_size() != config.vocab_size:
+        raise ValueError(
+            f"tokenizer has {tokenizer.get_vocab_size():,} tokens, but the model's vocabulary has "
+            f"{config.vocab_size:,}: pass the tokenizer the model was trained with"
+        )
+    if [tokenizer.token_to_id(token) for token in SPECIAL_TOKENS] != [
+        PAD_ID,
+        BOS_ID,
+        EOS_ID,
+        3,
+    ]:
         raise ValueError(f"tokenizer must give {SPECIAL_TOKENS} the ids 0 to 3")
     hf = transformers.MarianMTModel(config)
-    state = {name: t.float().cpu() for name, t in marian_state_dict(model).items()}  # the model is left as it is
+    # the model is left as it is
+    state = {name: t.float().cpu() for name, t in marian_state_dict(model).items()}
     missing, unexpected = hf.load_state_dict(state, strict=False)
-    left = [name for name in missing if "embed_positions" not in name and "embed_tokens" not in name
-            and name != "lm_head.weight"]
+    left = [
+        name
+        for name in missing
+        if "embed_positions" not in name
+        and "embed_tokens" not in name
+        and name != "lm_head.weight"
+    ]
     if left or unexpected:
-        raise RuntimeError(f"Marian's parameters not written: {left}; unknown: {unexpected}")
-    hf.generation_config.update(decoder_start_token_id=BOS_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
-                                pad_token_id=PAD_ID, forced_eos_token_id=None, num_beams=1,
-                                max_length=model.positional_encoding.max_len)
+        raise RuntimeError(
+            f"Marian's parameters not written: {left}; unknown: {unexpected}"
+        )
+    hf.generation_config.update(
+        decoder_start_token_id=BOS_ID,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
+        forced_eos_token_id=None,
+        num_beams=1,
+        max_length=model.positional_encoding.max_len,
+    )
     fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
-        unk_token="<unk>", model_max_length=model.positional_encoding.max_len)
+        tokenizer_object=tokenizer,
+        pad_token="<pad>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        model_max_length=model.positional_encoding.max_len,
+    )
     return hf.eval(), fast
 
 
 # chapters/exporting.md: The same translations
 @torch.no_grad()
-def hf_greedy(hf_model: Any, hf_tokenizer: Any, sentences: Sequence[str], extra_len: int = 50,
-              batch_size: int = 32) -> list[list[int]]:
-    """Greedy token ids (no <bos>, no <eos>) of a Marian model from ``to_huggingface``, one list a
-    sentence, with the book's limit of (source length + ``extra_len``) new tokens."""
+def hf_greedy(
+    hf_model: Any,
+    hf_tokenizer: Any,
+    sentences: Sequence[str],
+    extra_len: int = 50,
+    batch_size: int = 32,
+) -> list[list[int]]:
+    """Greedy token ids (no <bos>, no <eos>) of a Marian model from ``to_huggingface``,
+    one list a sentence, with the book's limit of (source length + ``extra_len``) new
+    tokens."""
     output: list[list[int]] = []
     for start in range(0, len(sentences), batch_size):
-        batch = hf_tokenizer(list(sentences[start:start + batch_size]), return_tensors="pt", padding=True)
-        tokens = hf_model.generate(**batch, num_beams=1, do_sample=False,
-                                   max_new_tokens=int(batch["input_ids"].shape[1]) + extra_len)
+        batch = hf_tokenizer(
+            list(sentences[start : start + batch_size]),
+            return_tensors="pt",
+            padding=True,
+        )
+        tokens = hf_model.generate(
+            **batch,
+            num_beams=1,
+            do_sample=False,
+            max_new_tokens=int(batch["input_ids"].shape[1]) + extra_len,
+        )
         for row, length in zip(tokens, batch["attention_mask"].sum(dim=1).tolist()):
             ids = row[1:].tolist()  # after <bos>
-            ids = ids[:ids.index(EOS_ID)] if EOS_ID in ids else ids
-            output.append([i for i in ids if i != PAD_ID][:length + extra_len])
+            ids = ids[: ids.index(EOS_ID)] if EOS_ID in ids else ids
+            output.append([i for i in ids if i != PAD_ID][: length + extra_len])
     return output
 
 
 # chapters/exporting.md: A folder, and the command that writes it
 def export_huggingface(checkpoint: str | os.PathLike, out: str | os.PathLike) -> Path:
-    """Write the translator of ``checkpoint`` as a Hugging Face folder ``out``: model, tokenizer and
-    a model card (``README.md``, ``model_card``: source, how it was made, figures, terms).
+    """Write the translator of ``checkpoint`` as a Hugging Face folder ``out``: model,
+    tokenizer and a model card (``README.md``, ``model_card``: source, how it was made,
+    figures, terms).
 
     Raises:
-        FileExistsError: ``out`` exists and is not an empty folder; ValueError: ``checkpoint`` is not
-        a translation checkpoint, or holds a setting Marian cannot represent.
+        FileExistsError: ``out`` exists and is not an empty folder; ValueError:
+        ``checkpoint`` is not a translation checkpoint, or holds a setting Marian cannot
+        represent.
     """
     from transformer.tasks.cards import model_card
     from transformer.tasks.translation import load_translator
@@ -197,7 +328,8 @@ def export_huggingface(checkpoint: str | os.PathLike, out: str | os.PathLike) ->
     model, tokenizer = load_translator(checkpoint)
     hf_model, hf_tokenizer = to_huggingface(model, tokenizer)
     shown = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # a command's output is its own lines: no bar of transformers'
+    # a command's output is its own lines: no bar of transformers'
+    hf_logging.disable_progress_bar()
     try:
         hf_model.save_pretrained(out)
         hf_tokenizer.save_pretrained(out)
@@ -205,8 +337,10 @@ def export_huggingface(checkpoint: str | os.PathLike, out: str | os.PathLike) ->
         if shown:
             hf_logging.enable_progress_bar()
     (out / "README.md").write_text(model_card(checkpoint, out.name), encoding="utf-8")
-    mode = (out / "README.md").stat().st_mode & 0o777  # a file as this process makes them (0644 under umask 022)
-    for file in out.iterdir():  # safetensors writes its file 0600, through a private temporary file
+    # a file as this process makes them (0644 under umask 022)
+    mode = (out / "README.md").stat().st_mode & 0o777
+    # safetensors writes its file 0600, through a private temporary file
+    for file in out.iterdir():
         if file.is_file():
             file.chmod(mode)
     return out
@@ -214,16 +348,20 @@ def export_huggingface(checkpoint: str | os.PathLike, out: str | os.PathLike) ->
 
 # chapters/exporting.md: CTranslate2
 def ctranslate2_folder(hf_folder: str | os.PathLike, out: str | os.PathLike) -> Path:
-    """Convert a folder of ``export_huggingface`` with CTranslate2's converter (float32), keeping
-    the book's vocabulary (``<pad>`` at 0, not dropped) and its ``<bos>`` start token."""
+    """Convert a folder of ``export_huggingface`` with CTranslate2's converter
+    (float32), keeping the book's vocabulary (``<pad>`` at 0, not dropped) and its
+    ``<bos>`` start token."""
     try:
         ct2 = importlib.import_module("ctranslate2.converters.transformers")
     except ImportError as err:
-        raise ImportError("this needs the `ctranslate2` package: pip install -e \".[ctranslate2]\"") from err
+        raise ImportError(
+            'this needs the `ctranslate2` package: pip install -e ".[ctranslate2]"'
+        ) from err
     marian = type(ct2._MODEL_LOADERS["MarianConfig"])
 
     class BookMarianLoader(marian):  # type: ignore[misc, valid-type]
-        def get_model_spec(self, model: Any) -> Any:  # Marian's, without removing the last token
+        # Marian's, without removing the last token
+        def get_model_spec(self, model: Any) -> Any:
             model.config.normalize_before = model.config.normalize_embedding = False
             return super(marian, self).get_model_spec(model)
 
@@ -231,16 +369,20 @@ def ctranslate2_folder(hf_folder: str | os.PathLike, out: str | os.PathLike) -> 
             super().set_config(config, model, tokenizer)
             config.decoder_start_token = tokenizer.bos_token
 
-        def set_decoder(self, spec: Any, decoder: Any) -> None:  # start from <bos>'s embedding
+        # start from <bos>'s embedding
+        def set_decoder(self, spec: Any, decoder: Any) -> None:
             super(marian, self).set_decoder(spec, decoder)
 
-        def get_vocabulary(self, model: Any, tokenizer: Any) -> Any:  # every token, <pad> included
+        # every token, <pad> included
+        def get_vocabulary(self, model: Any, tokenizer: Any) -> Any:
             return super(marian, self).get_vocabulary(model, tokenizer)
 
     saved = ct2._MODEL_LOADERS["MarianConfig"]
     ct2._MODEL_LOADERS["MarianConfig"] = BookMarianLoader()
     try:
-        ct2.TransformersConverter(os.fspath(hf_folder)).convert(os.fspath(out), force=True)
+        ct2.TransformersConverter(os.fspath(hf_folder)).convert(
+            os.fspath(out), force=True
+        )
     finally:
         ct2._MODEL_LOADERS["MarianConfig"] = saved
     return Path(out)

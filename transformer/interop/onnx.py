@@ -36,12 +36,16 @@ class EncoderGraph(nn.Module):
         self.model = model
 
     def forward(self, src: Tensor) -> Tensor:
-        return self.model.encoder(self.model.positional_encoding(self.model.src_embed(src)))  # (1, S, d_model)
+        # (1, S, d_model)
+        return self.model.encoder(
+            self.model.positional_encoding(self.model.src_embed(src))
+        )
 
 
 class DecoderStepGraph(nn.Module):
-    """prefix ids (1, T), memory (1, S, d_model) -> logits of the next token (1, V) and the last
-    layer's cross-attention of the newest position, averaged over heads, (1, S)."""
+    """prefix ids (1, T), memory (1, S, d_model) -> logits of the next token (1, V) and
+    the last layer's cross-attention of the newest position, averaged over heads, (1,
+    S)."""
 
     def __init__(self, model: Transformer):
         super().__init__()
@@ -50,14 +54,17 @@ class DecoderStepGraph(nn.Module):
     def forward(self, tgt: Tensor, memory: Tensor) -> tuple[Tensor, Tensor]:
         model, T = self.model, tgt.shape[1]
         x = model.positional_encoding(model.tgt_embed(tgt))  # (1, T, d_model)
-        causal = torch.ones(T, T, dtype=torch.bool, device=tgt.device).triu(1)  # True: a later position
+        # True: a later position
+        causal = torch.ones(T, T, dtype=torch.bool, device=tgt.device).triu(1)
         layers: list[Any] = list(model.decoder.layers)
         last = layers.pop()
         for layer in layers:
             x = layer(x, memory, tgt_mask=None)
-        # the last layer by hand (post-norm, eval mode), to keep its cross-attention weights
+        # the last layer by hand (post-norm, eval mode), to keep its cross-attention
+        # weights
         x = last.norm1(x + last.self_attn(x, x, x, mask=causal))
-        attended, weights = last.cross_attn(x, memory, memory, need_weights=True)  # weights (1, H, T, S)
+        # weights (1, H, T, S)
+        attended, weights = last.cross_attn(x, memory, memory, need_weights=True)
         x = last.norm2(x + attended)
         x = last.norm3(x + last.feed_forward(x))  # (1, T, d_model)
         return model.output(x[:, -1]), weights[:, :, -1].mean(dim=1)  # (1, V), (1, S)
@@ -74,73 +81,124 @@ class _TorchvisionNotes(logging.Filter):
 
 @contextlib.contextmanager
 def _quiet_exporter() -> Iterator[None]:
-    """The exporter without its notes: a filter on the logger that writes the torchvision ones (torch
-    resets its loggers' levels when it exports, so a level set beforehand does not hold), and torch's
-    own FutureWarning about ``LeafSpec``, raised inside the exporter."""
+    """The exporter without its notes: a filter on the logger that writes the
+    torchvision ones (torch resets its loggers' levels when it exports, so a level set
+    beforehand does not hold), and torch's own FutureWarning about ``LeafSpec``, raised
+    inside the exporter."""
     registry = logging.getLogger("torch.onnx._internal.exporter._registration")
     notes = _TorchvisionNotes()
     registry.addFilter(notes)
     try:
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*LeafSpec", category=FutureWarning)
+            warnings.filterwarnings(
+                "ignore", message=".*LeafSpec", category=FutureWarning
+            )
             yield
     finally:
         registry.removeFilter(notes)
 
 
 def export_onnx(model: Transformer, out: str | os.PathLike) -> tuple[Path, Path]:
-    """Write ``encoder.onnx`` and ``decoder_step.onnx`` for ``model`` (post-norm, eval) into ``out``."""
+    """Write ``encoder.onnx`` and ``decoder_step.onnx`` for ``model`` (post-norm, eval)
+    into ``out``."""
     for package in ("onnx", "onnxscript"):
         try:
             importlib.import_module(package)
         except ImportError as err:
-            raise ImportError(f"ONNX export needs `{package}`: pip install -e \".[onnx]\"") from err
+            raise ImportError(
+                f'ONNX export needs `{package}`: pip install -e ".[onnx]"'
+            ) from err
     if not isinstance(model, Transformer):
-        raise TypeError(f"model must be a transformer.Transformer, got {type(model).__name__}")
+        raise TypeError(
+            f"model must be a transformer.Transformer, got {type(model).__name__}"
+        )
     if model.decoder.layers[0].norm_first:
-        raise ValueError("model.norm_first = True: the decoder step is written for post-norm layers")
+        raise ValueError(
+            "model.norm_first = True: the decoder step is written for post-norm layers"
+        )
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    model = copy.deepcopy(model).float().cpu().eval()  # a copy: the caller's model is left as it is
+    # a copy: the caller's model is left as it is
+    model = copy.deepcopy(model).float().cpu().eval()
     src, tgt = torch.ones(1, 7, dtype=torch.long), torch.ones(1, 3, dtype=torch.long)
     memory = torch.zeros(1, 7, model.d_model)
-    S, T = torch.export.Dim("S", min=1, max=model.positional_encoding.max_len), torch.export.Dim("T", min=1)
+    S, T = (
+        torch.export.Dim("S", min=1, max=model.positional_encoding.max_len),
+        torch.export.Dim("T", min=1),
+    )
     paths = out / "encoder.onnx", out / "decoder_step.onnx"
     with torch.no_grad(), _quiet_exporter():
-        torch.onnx.export(EncoderGraph(model).eval(), (src,), paths[0], input_names=["src"], output_names=["memory"],
-                          dynamic_shapes=({1: S},), dynamo=True, external_data=False, verbose=False)
-        torch.onnx.export(DecoderStepGraph(model).eval(), (tgt, memory), paths[1], input_names=["tgt", "memory"],
-                          output_names=["logits", "cross_attention"], dynamic_shapes=({1: T}, {1: S}),
-                          dynamo=True, external_data=False, verbose=False)
+        torch.onnx.export(
+            EncoderGraph(model).eval(),
+            (src,),
+            paths[0],
+            input_names=["src"],
+            output_names=["memory"],
+            dynamic_shapes=({1: S},),
+            dynamo=True,
+            external_data=False,
+            verbose=False,
+        )
+        torch.onnx.export(
+            DecoderStepGraph(model).eval(),
+            (tgt, memory),
+            paths[1],
+            input_names=["tgt", "memory"],
+            output_names=["logits", "cross_attention"],
+            dynamic_shapes=({1: T}, {1: S}),
+            dynamo=True,
+            external_data=False,
+            verbose=False,
+        )
     return paths
 
 
 def onnx_sessions(folder: str | os.PathLike) -> tuple[Any, Any]:
-    """onnxruntime sessions for the two graphs ``export_onnx`` wrote into ``folder``: open them once,
-    decode many sentences."""
+    """onnxruntime sessions for the two graphs ``export_onnx`` wrote into ``folder``:
+    open them once, decode many sentences."""
     try:
         ort = importlib.import_module("onnxruntime")
     except ImportError as err:
-        raise ImportError("running the ONNX graphs needs `onnxruntime`: pip install -e \".[onnx]\"") from err
+        raise ImportError(
+            'running the ONNX graphs needs `onnxruntime`: pip install -e ".[onnx]"'
+        ) from err
     folder = Path(folder)
-    missing = [name for name in ("encoder.onnx", "decoder_step.onnx") if not (folder / name).is_file()]
+    missing = [
+        name
+        for name in ("encoder.onnx", "decoder_step.onnx")
+        if not (folder / name).is_file()
+    ]
     if missing:
-        raise ValueError(f"folder must hold what export_onnx writes; {folder} has no {', '.join(missing)}")
-    return tuple(ort.InferenceSession(os.fspath(folder / name), providers=["CPUExecutionProvider"])
-                 for name in ("encoder.onnx", "decoder_step.onnx"))
+        raise ValueError(
+            f"folder must hold what export_onnx writes; {folder} has no {', '.join(missing)}"
+        )
+    return tuple(
+        ort.InferenceSession(
+            os.fspath(folder / name), providers=["CPUExecutionProvider"]
+        )
+        for name in ("encoder.onnx", "decoder_step.onnx")
+    )
 
 
-def onnx_greedy(sessions: tuple[Any, Any], ids: list[int], bos_id: int, eos_id: int,
-                extra_len: int = 50) -> tuple[list[int], list[Any]]:
-    """Greedy decoding with the (encoder, decoder step) sessions of ``onnx_sessions``: the output ids
-    (no <bos>, no <eos>) and, per output token, the cross-attention row over the source."""
+def onnx_greedy(
+    sessions: tuple[Any, Any],
+    ids: list[int],
+    bos_id: int,
+    eos_id: int,
+    extra_len: int = 50,
+) -> tuple[list[int], list[Any]]:
+    """Greedy decoding with the (encoder, decoder step) sessions of ``onnx_sessions``:
+    the output ids (no <bos>, no <eos>) and, per output token, the cross-attention row
+    over the source."""
     import numpy as np
 
     encoder, step = sessions
     memory = encoder.run(None, {"src": np.array([ids], dtype=np.int64)})[0]
     tokens, rows = [bos_id], []
     for _ in range(len(ids) + extra_len):
-        logits, attention = step.run(None, {"tgt": np.array([tokens], dtype=np.int64), "memory": memory})
+        logits, attention = step.run(
+            None, {"tgt": np.array([tokens], dtype=np.int64), "memory": memory}
+        )
         token = int(logits[0].argmax())
         if token == eos_id:
             break

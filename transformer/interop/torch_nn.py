@@ -16,20 +16,26 @@ from torch import Tensor
 
 
 # chapters/encoder.md: Checked against `nn.TransformerEncoderLayer`
-TORCH_NN_RENAMES = {"cross_attn": "multihead_attn", "feed_forward.w_1": "linear1",
-                    "feed_forward.w_2": "linear2", "w_o": "out_proj"}
+TORCH_NN_RENAMES = {
+    "cross_attn": "multihead_attn",
+    "feed_forward.w_1": "linear1",
+    "feed_forward.w_2": "linear2",
+    "w_o": "out_proj",
+}
 
 
 def torch_names(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Our parameter names -> torch.nn's, with W^Q, W^K and W^V stacked into ``in_proj``.
+    """Our parameter names -> torch.nn's, with W^Q, W^K and W^V stacked into
+    ``in_proj``.
 
     Args:
         tensors: an encoder's or decoder's (layer's or stack's) parameters by name, as
             ``dict(module.named_parameters())`` gives them.
 
     Returns:
-        The same tensors under ``nn.TransformerEncoder*``'s or ``nn.TransformerDecoder*``'s names, the
-        three projections of each attention concatenated along their rows, ``(3 d_model, ...)``.
+        The same tensors under ``nn.TransformerEncoder*``'s or
+        ``nn.TransformerDecoder*``'s names, the three projections of each attention
+        concatenated along their rows, ``(3 d_model, ...)``.
     """
     renamed = {}
     for name, tensor in tensors.items():
@@ -37,7 +43,8 @@ def torch_names(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
             continue  # stacked below, with w_q
         if ".w_q." in name:
             prefix, kind = name.split(".w_q.")  # e.g. "layers.0.self_attn", "weight"
-            tensor = torch.cat([tensors[f"{prefix}.w_{p}.{kind}"] for p in "qkv"])  # (3 d_model, ...)
+            # (3 d_model, ...)
+            tensor = torch.cat([tensors[f"{prefix}.w_{p}.{kind}"] for p in "qkv"])
             name = f"{prefix}.in_proj_{kind}"
         for ours, theirs in TORCH_NN_RENAMES.items():
             name = name.replace(ours, theirs)

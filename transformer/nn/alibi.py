@@ -24,23 +24,26 @@ from transformer.nn.multihead import MultiHeadAttention
 
 # chapters/train_short_test_long.md: ALiBi
 def alibi_slopes(num_heads: int) -> Tensor:
-    """The heads' slopes m of ALiBi, ``(num_heads,)``: for h heads, h a power of 2, the geometric
-    sequence 2^(-8/h), 2^(-16/h), ..., 2^(-8); otherwise those of the power of 2 below h, then every
-    other slope of the power of 2 above (as the paper's code does)."""
+    """The heads' slopes m of ALiBi, ``(num_heads,)``: for h heads, h a power of 2, the
+    geometric sequence 2^(-8/h), 2^(-16/h), ..., 2^(-8); otherwise those of the power of
+    2 below h, then every other slope of the power of 2 above (as the paper's code
+    does)."""
     num_heads = check_positive_int("num_heads", num_heads)
     below = 1 << (num_heads.bit_length() - 1)  # the largest power of 2 <= num_heads
     slopes = [2.0 ** (-8.0 * i / below) for i in range(1, below + 1)]
-    slopes += [2.0 ** (-8.0 * i / (2 * below)) for i in range(1, 2 * below, 2)][:num_heads - below]
+    slopes += [2.0 ** (-8.0 * i / (2 * below)) for i in range(1, 2 * below, 2)][
+        : num_heads - below
+    ]
     return torch.tensor(slopes)
 
 
 class ALiBiMultiHeadAttention(MultiHeadAttention):
     """Multi-head self-attention with linear biases (ALiBi, Press et al. 2022).
 
-    Each head adds -m |i - j| to the scaled score of query i (position ``query_start + i``) and key j
-    (position j), m its slope from ``alibi_slopes``: a penalty proportional to the distance, and no
-    parameter for positions. Under a causal mask it is m (j - i), as in the paper. Use it with no
-    positional encoding.
+    Each head adds -m |i - j| to the scaled score of query i (position
+    ``query_start + i``) and key j (position j), m its slope from ``alibi_slopes``: a
+    penalty proportional to the distance, and no parameter for positions. Under a causal
+    mask it is m (j - i), as in the paper. Use it with no positional encoding.
 
     Args:
         d_model, num_heads, dropout, bias: as for ``MultiHeadAttention``.
@@ -51,25 +54,49 @@ class ALiBiMultiHeadAttention(MultiHeadAttention):
 
     slopes: Tensor  # (H,): a buffer, not a parameter
 
-    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True):
+    def __init__(
+        self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True
+    ):
         super().__init__(d_model, num_heads, dropout=dropout, bias=bias)
-        self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)  # (H,)
+        # (H,)
+        self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
 
-    def distance_bias(self, query_len: int, key_len: int, query_start: int = 0) -> Tensor:
-        """-m |query_start + i - j| for every head (slope m), query i and key j: ``(H, L, S)``."""
-        i = torch.arange(query_start, query_start + query_len, device=self.slopes.device)  # (L,)
+    def distance_bias(
+        self, query_len: int, key_len: int, query_start: int = 0
+    ) -> Tensor:
+        """-m |query_start + i - j| for every head (slope m), query i and key j:
+        ``(H, L, S)``."""
+        # (L,)
+        i = torch.arange(
+            query_start, query_start + query_len, device=self.slopes.device
+        )
         j = torch.arange(key_len, device=self.slopes.device)  # (S,)
-        return -self.slopes[:, None, None] * (i[:, None] - j).abs()  # (H, 1, 1) * (L, S) -> (H, L, S)
+        # (H, 1, 1) * (L, S) -> (H, L, S)
+        return -self.slopes[:, None, None] * (i[:, None] - j).abs()
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float,
-               need_weights: bool, query_start: int = 0) -> tuple[Tensor, Tensor | None]:
-        """Eq. (eq-alibi): the scaled scores plus the distance bias, then attention as usual."""
-        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, L, d_k) @ (B, H, d_k, S) -> (B, H, L, S)
-        scores = scores + self.distance_bias(q.shape[2], k.shape[2], query_start).to(scores.dtype)
-        weights = masked_softmax(scores, mask)  # (B, H, L, S); a row with nothing to attend to is zeros
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        dropout_p: float,
+        need_weights: bool,
+        query_start: int = 0,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Eq. (eq-alibi): the scaled scores plus the distance bias, then attention as
+        usual."""
+        # (B, H, L, d_k) @ (B, H, d_k, S) -> (B, H, L, S)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        scores = scores + self.distance_bias(q.shape[2], k.shape[2], query_start).to(
+            scores.dtype
+        )
+        # (B, H, L, S); a row with nothing to attend to is zeros
+        weights = masked_softmax(scores, mask)
         if dropout_p > 0.0:
             weights = F.dropout(weights, p=dropout_p)
-        return weights @ v, (weights if need_weights else None)  # (B, H, L, S) @ (B, H, S, d_v) -> (B, H, L, d_v)
+        # (B, H, L, S) @ (B, H, S, d_v) -> (B, H, L, d_v)
+        return weights @ v, (weights if need_weights else None)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, num_heads={self.num_heads}, slopes={self.slopes.tolist()}"

@@ -37,7 +37,8 @@ def causal_mask(size: int, device: torch.device | str | None = None) -> Tensor:
     Shape:
         (size, size), broadcastable to the scores (..., size, size).
     """
-    if not (isinstance(size, torch.SymInt) or torch.jit.is_tracing()):  # a length being traced: no int yet
+    # a length being traced: no int yet
+    if not (isinstance(size, torch.SymInt) or torch.jit.is_tracing()):
         check_positive_int("size", size)
     return torch.ones(size, size, dtype=torch.bool, device=device).triu(diagonal=1)
 
@@ -61,7 +62,9 @@ def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
     if tokens.dim() != 2:
         raise ValueError(f"tokens must have shape (B, S), got {tuple(tokens.shape)}")
     if isinstance(pad_id, bool) or not isinstance(pad_id, numbers.Integral):
-        raise TypeError(f"pad_id must be an int, got {type(pad_id).__name__} {pad_id!r}")
+        raise TypeError(
+            f"pad_id must be an int, got {type(pad_id).__name__} {pad_id!r}"
+        )
     return (tokens == int(pad_id))[:, None, None, :]  # (B, S) -> (B, 1, 1, S)
 
 
@@ -74,9 +77,11 @@ def masked_softmax(scores: Tensor, mask: Tensor | None) -> Tensor:
     """
     if mask is None:
         return scores.softmax(dim=-1)
-    scores = scores.masked_fill(mask, float("-inf"))  # exp(-inf) = 0 exactly, in every dtype
+    # exp(-inf) = 0 exactly, in every dtype
+    scores = scores.masked_fill(mask, float("-inf"))
     nothing_to_attend = mask.all(dim=-1, keepdim=True)  # (..., L, 1)
-    scores = scores.masked_fill(nothing_to_attend, 0.0)  # finite, so the softmax is finite
+    # finite, so the softmax is finite
+    scores = scores.masked_fill(nothing_to_attend, 0.0)
     return scores.softmax(dim=-1).masked_fill(nothing_to_attend, 0.0)
 
 
@@ -95,11 +100,11 @@ def scaled_dot_product_attention(
         key: the keys, same dtype, same d_k as ``query``.
         value: the values, same dtype, as many positions as ``key``.
         mask: optional bool tensor, True = "may not attend", broadcastable to the scores
-            (..., L, S). Float (additive) masks are refused. A query row that may attend to
-            no key gets zero weights and a zero output.
+            (..., L, S). Float (additive) masks are refused. A query row that may attend
+            to no key gets zero weights and a zero output.
         dropout_p: probability of dropping each attention weight (inverted dropout, as
-            F.dropout: the kept weights are scaled by 1 / (1 - dropout_p)). Applied whenever
-            it is > 0, so pass 0.0 in evaluation.
+            F.dropout: the kept weights are scaled by 1 / (1 - dropout_p)). Applied
+            whenever it is > 0, so pass 0.0 in evaluation.
 
     Returns:
         (output, weights): the attention output and the weights that produced it (after
@@ -123,20 +128,22 @@ def scaled_dot_product_attention(
 
 
 # chapters/conventions.md: Refusing masks that are not boolean
-def check_attention_mask(mask: Tensor | None, scores_shape: tuple[int, ...],
-                         name: str | None = None) -> Tensor | None:
-    """Return ``mask`` unchanged if it is a valid attention mask for scores of ``scores_shape``.
+def check_attention_mask(
+    mask: Tensor | None, scores_shape: tuple[int, ...], name: str | None = None
+) -> Tensor | None:
+    """Return ``mask`` unchanged if it is a valid attention mask for scores of
+    ``scores_shape``.
 
-    A valid mask is a bool tensor, True = "may not attend", that broadcasts to the scores
-    without growing them. Float (additive) masks, which other libraries add to the scores,
-    are refused: a 0/1 float mask meant as a bool one would silently mask almost nothing,
-    and a -1e9 one overflows in half precision.
+    A valid mask is a bool tensor, True = "may not attend", that broadcasts to the
+    scores without growing them. Float (additive) masks, which other libraries add to
+    the scores, are refused: a 0/1 float mask meant as a bool one would silently mask
+    almost nothing, and a -1e9 one overflows in half precision.
 
     Args:
         mask: None (nothing masked, passed through) or a bool tensor.
         scores_shape: the shape of the attention scores, (..., L, S).
-        name: the argument's name where it is not ``mask`` (e.g. ``"tgt_mask"``), put in front
-            of the error messages.
+        name: the argument's name where it is not ``mask`` (e.g. ``"tgt_mask"``), put in
+            front of the error messages.
 
     Raises:
         TypeError: if ``mask`` is not a bool tensor.
@@ -166,15 +173,22 @@ def check_attention_mask(mask: Tensor | None, scores_shape: tuple[int, ...],
 
 # chapters/conventions.md: Every check of attention
 def check_query_key_value(query: Tensor, key: Tensor, value: Tensor) -> tuple[int, ...]:
-    """Check the three inputs of attention; return the shape of the scores, (..., L, S)."""
+    """Check the three inputs of attention; return the shape of the scores, (..., L,
+    S)."""
     for name, x in (("query", query), ("key", key), ("value", value)):
         check_tensor(name, x)
         if not x.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+            raise TypeError(
+                f"{name} must be a floating-point tensor, got dtype {x.dtype}"
+            )
         if x.dtype != query.dtype:
-            raise TypeError(f"{name} must have the dtype of query, {query.dtype}, got {x.dtype}")
+            raise TypeError(
+                f"{name} must have the dtype of query, {query.dtype}, got {x.dtype}"
+            )
         if x.dim() < 2:
-            raise ValueError(f"{name} must have shape (..., length, features), got {tuple(x.shape)}")
+            raise ValueError(
+                f"{name} must have shape (..., length, features), got {tuple(x.shape)}"
+            )
     if key.shape[-1] != query.shape[-1]:
         raise ValueError(
             f"key must have shape (..., S, d_k={query.shape[-1]}) to match query "

@@ -22,39 +22,46 @@ from transformer.nn.multihead import AttentionCache
 
 # chapters/fast_generation.md: One attention layer
 class KVCache(AttentionCache):
-    """The projected keys and values of one attention layer, kept between the steps of generation.
+    """The projected keys and values of one attention layer, kept between the steps of
+    generation.
 
-    The keys and values live in buffers allocated once, for ``capacity`` positions, and each call
-    writes its new positions in place, at the write position ``length``: no step copies the prefix.
-    Without a capacity, or past it, the buffers grow by doubling (amortised O(1) a position).
+    The keys and values live in buffers allocated once, for ``capacity`` positions, and
+    each call writes its new positions in place, at the write position ``length``: no
+    step copies the prefix. Without a capacity, or past it, the buffers grow by doubling
+    (amortised O(1) a position).
 
     Args:
-        static: False for self-attention, where each call writes the keys and values of its new
-            positions; True for cross-attention, where the first call stores the memory's keys and
-            values and later calls reuse them (the key and value passed in are then not projected).
-        capacity: the number of positions to allocate at the first call (e.g. the output limit),
-            or None to allocate what the first call needs and grow from there.
+        static: False for self-attention, where each call writes the keys and values of
+            its new positions; True for cross-attention, where the first call stores the
+            memory's keys and values and later calls reuse them (the key and value
+            passed in are then not projected).
+        capacity: the number of positions to allocate at the first call (e.g. the output
+            limit), or None to allocate what the first call needs and grow from there.
 
     Attributes:
-        key, value: ``(B, H, S, d_k)`` and ``(B, H, S, d_v)``, views of the filled part of the
-            buffers, or None while the cache is empty.
+        key, value: ``(B, H, S, d_k)`` and ``(B, H, S, d_v)``, views of the filled part
+            of the buffers, or None while the cache is empty.
     """
 
     def __init__(self, static: bool = False, capacity: int | None = None):
         self.static = static
-        self.capacity = None if capacity is None else check_positive_int("capacity", capacity)
-        self._key: Tensor | None = None  # (B, H, capacity, d_k): the buffer, filled up to length
+        self.capacity = (
+            None if capacity is None else check_positive_int("capacity", capacity)
+        )
+        # (B, H, capacity, d_k): the buffer, filled up to length
+        self._key: Tensor | None = None
         self._value: Tensor | None = None
-        self._spare: tuple[Tensor, Tensor] | None = None  # reorder's second pair of buffers
+        # reorder's second pair of buffers
+        self._spare: tuple[Tensor, Tensor] | None = None
         self.length = 0  # the write position: how many key positions are held, S
 
     @property
     def key(self) -> Tensor | None:
-        return None if self._key is None else self._key[:, :, :self.length]
+        return None if self._key is None else self._key[:, :, : self.length]
 
     @property
     def value(self) -> Tensor | None:
-        return None if self._value is None else self._value[:, :, :self.length]
+        return None if self._value is None else self._value[:, :, : self.length]
 
     @property
     def next_position(self) -> int | Tensor:
@@ -63,70 +70,102 @@ class KVCache(AttentionCache):
 
     @property
     def query_start(self) -> int:
-        """The position of the next call's first query: ``length`` for self-attention, whose queries
-        follow the held positions; 0 for a static cache, whose keys are the memory's."""
+        """The position of the next call's first query: ``length`` for self-attention,
+        whose queries follow the held positions; 0 for a static cache, whose keys are
+        the memory's."""
         return 0 if self.static else self.length
 
-    def keys_values(self, attention: Any, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-        """The keys and values that ``attention`` (a ``MultiHeadAttention``) attends to at this call,
-        ``(B, H, S, d_k)``: those of ``key`` and ``value``, projected by ``attention.keys_values``, after
-        the held ones; a filled static cache's own, nothing projected (the memory passed is not read)."""
+    def keys_values(
+        self, attention: Any, key: Tensor, value: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """The keys and values that ``attention`` (a ``MultiHeadAttention``) attends to
+        at this call, ``(B, H, S, d_k)``: those of ``key`` and ``value``, projected by
+        ``attention.keys_values``, after the held ones; a filled static cache's own,
+        nothing projected (the memory passed is not read)."""
         if self.static and self._key is not None and self._value is not None:
             self.check_batch(key.shape[0])
-            return self._key[:, :, :self.length], self._value[:, :, :self.length]  # the memory's, projected once
-        return self.update(*attention.keys_values(key, value))  # (B, H, S_cached + S, d_k)
+            # the memory's, projected once
+            return self._key[:, :, : self.length], self._value[:, :, : self.length]
+        # (B, H, S_cached + S, d_k)
+        return self.update(*attention.keys_values(key, value))
 
     def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-        """Write the new keys and values after the held ones and return all of them (views)."""
+        """Write the new keys and values after the held ones and return all of them
+        (views)."""
         end = self.length + key.shape[2]
         if self._key is None or self._value is None:
             size = max(end, self.capacity or 0)
-            self._key = key.new_empty(*key.shape[:2], size, key.shape[3])  # allocated once
+            # allocated once
+            self._key = key.new_empty(*key.shape[:2], size, key.shape[3])
             self._value = value.new_empty(*value.shape[:2], size, value.shape[3])
         else:
             self.check_batch(key.shape[0])
             if end > self._key.shape[2]:  # past the capacity: grow by doubling, rarely
-                self._key, self._value = self._grown(self._key, end), self._grown(self._value, end)
-        self._key[:, :, self.length:end] = key  # in place, at the write position
-        self._value[:, :, self.length:end] = value
+                self._key, self._value = (
+                    self._grown(self._key, end),
+                    self._grown(self._value, end),
+                )
+        self._key[:, :, self.length : end] = key  # in place, at the write position
+        self._value[:, :, self.length : end] = value
         self.length = end
-        return self._key[:, :, :end], self._value[:, :, :end]  # (B, H, S_old + S_new, d_k)
+        # (B, H, S_old + S_new, d_k)
+        return self._key[:, :, :end], self._value[:, :, :end]
 
     def _grown(self, buffer: Tensor, needed: int) -> Tensor:
-        """A buffer of at least ``needed`` (and twice the old) positions holding the filled part."""
-        grown = buffer.new_empty(*buffer.shape[:2], max(needed, 2 * buffer.shape[2]), buffer.shape[3])
-        grown[:, :, :self.length] = buffer[:, :, :self.length]
+        """A buffer of at least ``needed`` (and twice the old) positions holding the
+        filled part."""
+        grown = buffer.new_empty(
+            *buffer.shape[:2], max(needed, 2 * buffer.shape[2]), buffer.shape[3]
+        )
+        grown[:, :, : self.length] = buffer[:, :, : self.length]
         return grown
 
     def share(self, key: Tensor, value: Tensor, beams: int) -> None:
-        """Fill a static cache with the keys and values of B sources, ``(B, H, S, d_k)``, for ``beams``
-        consecutive rows each (the beams of beam search): ``(B * beams, H, S, d_k)``, copied once, here."""
+        """Fill a static cache with the keys and values of B sources,
+        ``(B, H, S, d_k)``, for ``beams`` consecutive rows each (the beams of beam
+        search): ``(B * beams, H, S, d_k)``, copied once, here."""
         beams = check_positive_int("beams", beams)
-        self._key, self._value = key.repeat_interleave(beams, dim=0), value.repeat_interleave(beams, dim=0)
+        self._key, self._value = (
+            key.repeat_interleave(beams, dim=0),
+            value.repeat_interleave(beams, dim=0),
+        )
         self.length = key.shape[2]
 
     def causal_mask(self, new: int, device: torch.device | None = None) -> Tensor:
-        """The mask of ``new`` queries after the held positions, (new, length + new): query i is
-        position ``length + i``, and the keys after it are True (may not attend)."""
-        return torch.ones(new, self.length + new, dtype=torch.bool, device=device).triu(self.length + 1)
+        """The mask of ``new`` queries after the held positions, (new, length + new):
+        query i is position ``length + i``, and the keys after it are True (may not
+        attend)."""
+        return torch.ones(new, self.length + new, dtype=torch.bool, device=device).triu(
+            self.length + 1
+        )
 
     def check_batch(self, batch_size: int) -> None:
-        """Raise a ValueError unless the cache is empty or holds a batch of ``batch_size`` rows."""
+        """Raise a ValueError unless the cache is empty or holds a batch of
+        ``batch_size`` rows."""
         if self._key is not None and self._key.shape[0] != batch_size:
-            raise ValueError(f"cache holds a batch of {self._key.shape[0]}, got a batch of {batch_size}")
+            raise ValueError(
+                f"cache holds a batch of {self._key.shape[0]}, got a batch of {batch_size}"
+            )
 
     def reorder(self, index: Tensor) -> None:
-        """Keep the batch rows ``index`` (in that order), as beam search does. The filled part moves once,
-        into spare buffers that then trade places with these (fewer rows: the first rows of both)."""
+        """Keep the batch rows ``index`` (in that order), as beam search does. The
+        filled part moves once, into spare buffers that then trade places with these
+        (fewer rows: the first rows of both)."""
         if self._key is None or self._value is None:
             return
-        if (rows := index.shape[0]) > self._key.shape[0]:  # more rows than held: new buffers
-            self._key, self._value = self._key.index_select(0, index), self._value.index_select(0, index)
+        # more rows than held: new buffers
+        if (rows := index.shape[0]) > self._key.shape[0]:
+            self._key, self._value = (
+                self._key.index_select(0, index),
+                self._value.index_select(0, index),
+            )
             return
         if self._spare is None or self._spare[0].shape != self._key.shape:
             self._spare = (torch.empty_like(self._key), torch.empty_like(self._value))
         for held, spare in zip((self._key, self._value), self._spare):
-            torch.index_select(held[:, :, :self.length], 0, index, out=spare[:rows, :, :self.length])
+            torch.index_select(
+                held[:, :, : self.length], 0, index, out=spare[:rows, :, : self.length]
+            )
         key, value = self._spare
         self._spare = (self._key[:rows], self._value[:rows])
         self._key, self._value = key[:rows], value[:rows]
@@ -134,13 +173,15 @@ class KVCache(AttentionCache):
 
 # chapters/fast_generation.md: Every layer of the decoder
 class DecoderLayerCache(LayerCache):
-    """The caches of one decoder layer during generation (see the book's chapter "Fast generation").
+    """The caches of one decoder layer during generation (see the book's chapter "Fast
+    generation").
 
     Attributes:
-        self_attn: ``KVCache`` of the self-attention, written at the new target positions at each call.
-        cross_attn: static ``KVCache`` of the cross-attention: the memory's keys and values,
-            projected at the first call (or by ``DecoderCache.share``) and reused after (the
-            memory passed later is not read).
+        self_attn: ``KVCache`` of the self-attention, written at the new target
+        positions at each call.
+        cross_attn: static ``KVCache`` of the cross-attention: the memory's keys and
+            values, projected at the first call (or by ``DecoderCache.share``) and
+            reused after (the memory passed later is not read).
     """
 
     def __init__(self, capacity: int | None = None) -> None:
@@ -148,39 +189,46 @@ class DecoderLayerCache(LayerCache):
         self.cross_attn: KVCache = KVCache(static=True)
 
     def causal_mask(self, new: int, device: torch.device | None = None) -> Tensor:
-        """The self-attention cache's causal mask of ``new`` queries after its held positions."""
+        """The self-attention cache's causal mask of ``new`` queries after its held
+        positions."""
         return self.self_attn.causal_mask(new, device)
 
 
 class DecoderCache(GenerationCache):
-    """The caches of every layer of a decoder: ``layers[i]`` is the ``DecoderLayerCache`` of layer i.
+    """The caches of every layer of a decoder: ``layers[i]`` is the
+    ``DecoderLayerCache`` of layer i.
 
-    ``capacity``: the target positions to allocate once in every self-attention cache (e.g. the
-    output limit ``max_len``), or None to grow as needed.
+    ``capacity``: the target positions to allocate once in every self-attention cache
+    (e.g. the output limit ``max_len``), or None to grow as needed.
     """
 
     def __init__(self, num_layers: int, capacity: int | None = None):
         check_positive_int("num_layers", num_layers)
-        self.layers: list[DecoderLayerCache] = [DecoderLayerCache(capacity) for _ in range(num_layers)]
+        self.layers: list[DecoderLayerCache] = [
+            DecoderLayerCache(capacity) for _ in range(num_layers)
+        ]
 
     @property
     def length(self) -> int | Tensor:
-        """Where the next target positions go: the self-attention caches' ``next_position``, the number
-        held (0 before the first call)."""
+        """Where the next target positions go: the self-attention caches'
+        ``next_position``, the number held (0 before the first call)."""
         return self.layers[0].self_attn.next_position
 
     def share(self, cross_attentions: list[Any], memory: Tensor, beams: int) -> None:
-        """Project the memory ``(B, S, d_model)`` once per source into every layer's cross-attention
-        cache, for ``beams`` consecutive rows each (beam search): ``cross_attentions[i]`` is layer i's
-        ``MultiHeadAttention`` (its ``keys_values``)."""
+        """Project the memory ``(B, S, d_model)`` once per source into every layer's
+        cross-attention cache, for ``beams`` consecutive rows each (beam search):
+        ``cross_attentions[i]`` is layer i's ``MultiHeadAttention`` (its
+        ``keys_values``)."""
         for layer, attention in zip(self.layers, cross_attentions, strict=True):
-            key, value = attention.keys_values(memory, memory)  # (B, H, S, d_k), (B, H, S, d_v)
+            # (B, H, S, d_k), (B, H, S, d_v)
+            key, value = attention.keys_values(memory, memory)
             layer.cross_attn.share(key, value, beams)
 
     def reorder(self, index: Tensor, memory: bool = True) -> None:
-        """Keep the batch rows ``index`` in every cache (beam search). ``memory=False`` leaves the
-        cross-attention caches as they are: right when the rows move only among the beams of a source,
-        which hold the same keys and values of its memory (``share``)."""
+        """Keep the batch rows ``index`` in every cache (beam search). ``memory=False``
+        leaves the cross-attention caches as they are: right when the rows move only
+        among the beams of a source, which hold the same keys and values of its memory
+        (``share``)."""
         for layer in self.layers:
             layer.self_attn.reorder(index)
             if memory:
@@ -188,39 +236,49 @@ class DecoderCache(GenerationCache):
 
     # chapters/fixed_shapes.md: A cache of fixed shape
     def seek(self, position: Tensor) -> None:
-        """Write the next target positions from ``position`` (a 0-d tensor) on, in every ``FixedKVCache``."""
+        """Write the next target positions from ``position`` (a 0-d tensor) on, in every
+        ``FixedKVCache``."""
         for layer in self.layers:
             cast(FixedKVCache, layer.self_attn).position = position
 
 
 # chapters/fixed_shapes.md: A cache of fixed shape
 class FixedKVCache(KVCache):
-    """A self-attention cache of fixed shape, for compiled decoding. Its buffers ``(B, H, C, d_k)`` are
-    given, zero, and every call returns all C of their positions (``length`` is C); the tensor
-    ``position``, which the caller sets (``DecoderCache.seek``), is where the next call writes, in
-    place. ``causal_mask`` masks the keys after each query, the unwritten ones with them. Nothing is
-    read back to Python, so the shapes and the Python are the same at every step. For the paper's
-    attention only: ``attend`` is not told the queries' positions (``static_cache`` refuses others)."""
+    """A self-attention cache of fixed shape, for compiled decoding. Its buffers
+    ``(B, H, C, d_k)`` are given, zero, and every call returns all C of their positions
+    (``length`` is C); the tensor ``position``, which the caller sets
+    (``DecoderCache.seek``), is where the next call writes, in place. ``causal_mask``
+    masks the keys after each query, the unwritten ones with them. Nothing is read back
+    to Python, so the shapes and the Python are the same at every step. For the paper's
+    attention only: ``attend`` is not told the queries' positions (``static_cache``
+    refuses others)."""
 
     def __init__(self, key: Tensor, value: Tensor):
         super().__init__(capacity=key.shape[2])
-        self._key, self._value, self.length = key, value, key.shape[2]  # (B, H, C, d_k), (B, H, C, d_v)
-        self.position = torch.zeros((), dtype=torch.long, device=key.device)  # a 0-d tensor
+        # (B, H, C, d_k), (B, H, C, d_v)
+        self._key, self._value, self.length = key, value, key.shape[2]
+        # a 0-d tensor
+        self.position = torch.zeros((), dtype=torch.long, device=key.device)
 
     @property
     def next_position(self) -> Tensor:
-        """Where the next call writes: ``position``, a 0-d tensor (``length`` is C, the whole buffer)."""
+        """Where the next call writes: ``position``, a 0-d tensor (``length`` is C, the
+        whole buffer)."""
         return self.position
 
     def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-        """Write the new keys and values (B, H, T, d_k) at ``position, position + 1, ...``; return all C."""
+        """Write the new keys and values (B, H, T, d_k) at
+        ``position, position + 1, ...``; return all C."""
         keys, values = cast(Tensor, self._key), cast(Tensor, self._value)
         at = self.position + torch.arange(key.shape[2], device=key.device)  # (T,)
-        keys.index_copy_(2, at, key)  # in place, at a position the graph does not bake in
+        # in place, at a position the graph does not bake in
+        keys.index_copy_(2, at, key)
         values.index_copy_(2, at, value)
         return keys, values  # (B, H, C, d_k)
 
     def causal_mask(self, new: int, device: torch.device | None = None) -> Tensor:
-        """(new, C): query i, at ``position + i``, may not attend the keys after it, written or not."""
+        """(new, C): query i, at ``position + i``, may not attend the keys after it,
+        written or not."""
         keys = torch.arange(self.length, device=device)  # (C,)
-        return keys > (self.position + torch.arange(new, device=device))[:, None]  # (new, C)
+        # (new, C)
+        return keys > (self.position + torch.arange(new, device=device))[:, None]

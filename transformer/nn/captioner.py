@@ -22,26 +22,39 @@ from transformer.nn.vision import PatchEmbedding
 
 # chapters/captioning.md: One encoder–decoder, another front-end
 class PatchFrontEnd(nn.Module):
-    """The captioner's source front-end: grey-level tokens -> projected patches + learned positions.
+    """The captioner's source front-end: grey-level tokens -> projected patches +
+    learned positions.
 
     Args:
         image_size: the height and width of the (square, one-channel) images.
         patch_size, d_model: as for ``PatchEmbedding``.
         dropout: on the patches with their positions.
-        pixel_levels: the grey levels 0 .. pixel_levels - 1 a pixel token may take (the scenes' 17).
+        pixel_levels: the grey levels 0 .. pixel_levels - 1 a pixel token may take (the
+        scenes' 17).
 
     Attributes:
-        vocab_size: ``pixel_levels``, the ids the front-end reads; patch_embed; pos_embed (S, d_model).
+        vocab_size: ``pixel_levels``, the ids the front-end reads; patch_embed;
+        pos_embed (S, d_model).
 
     Shape:
-        ids (B, image_size ** 2), grey levels row by row -> (B, S, d_model), S = (image_size / P) ** 2 patches.
+        ids (B, image_size ** 2), grey levels row by row -> (B, S, d_model), S =
+        (image_size / P) ** 2 patches.
     """
 
-    def __init__(self, image_size: int, patch_size: int, d_model: int, dropout: float = 0.1, *,
-                 pixel_levels: int = 17):
+    def __init__(
+        self,
+        image_size: int,
+        patch_size: int,
+        d_model: int,
+        dropout: float = 0.1,
+        *,
+        pixel_levels: int = 17,
+    ):
         super().__init__()
         if check_positive_int("pixel_levels", pixel_levels) < 2:
-            raise ValueError(f"pixel_levels must be at least 2 (black and white), got {pixel_levels}")
+            raise ValueError(
+                f"pixel_levels must be at least 2 (black and white), got {pixel_levels}"
+            )
         self.vocab_size, self.image_size = pixel_levels, image_size
         self.patch_embed = PatchEmbedding(image_size, patch_size, 1, d_model)
         self.num_patches = self.patch_embed.num_patches
@@ -50,35 +63,73 @@ class PatchFrontEnd(nn.Module):
 
     def forward(self, ids: Tensor) -> Tensor:
         if isinstance(ids, Tensor) and ids.is_floating_point():
-            raise TypeError(f"src must be an image's grey levels as token ids (pixel_tokens), got a "
-                            f"floating-point tensor of shape {tuple(ids.shape)}")
+            raise TypeError(
+                f"src must be an image's grey levels as token ids (pixel_tokens), got a "
+                f"floating-point tensor of shape {tuple(ids.shape)}"
+            )
         ids = check_token_batch("src", ids, self.vocab_size)
-        if ids.shape[1] != self.image_size ** 2:
-            raise ValueError(f"src must hold {self.image_size}x{self.image_size} = {self.image_size ** 2} "
-                             f"pixel tokens per image, got shape {tuple(ids.shape)}")
-        images = ids.float().div(self.vocab_size - 1).view(-1, 1, self.image_size, self.image_size)  # (B, 1, H, W)
-        return self.dropout(self.patch_embed(images) + self.pos_embed)  # (B, S, d_model)
+        if ids.shape[1] != self.image_size**2:
+            raise ValueError(
+                f"src must hold {self.image_size}x{self.image_size} = {self.image_size**2} "
+                f"pixel tokens per image, got shape {tuple(ids.shape)}"
+            )
+        # (B, 1, H, W)
+        images = (
+            ids.float()
+            .div(self.vocab_size - 1)
+            .view(-1, 1, self.image_size, self.image_size)
+        )
+        # (B, S, d_model)
+        return self.dropout(self.patch_embed(images) + self.pos_embed)
 
 
 # chapters/captioning.md: One encoder–decoder, another front-end
 class ImageCaptioner(Transformer):
-    """``Transformer`` over a patch front-end: grey-level tokens of an image in, caption logits out.
+    """``Transformer`` over a patch front-end: grey-level tokens of an image in, caption
+    logits out.
 
     Args:
-        vocab_size: the caption vocabulary's size. image_size, patch_size: the images and patches
-            (the scenes' 16x16 canvas by default).
-        d_model, num_heads, num_layers, d_ff, dropout, pad_id: as for ``Transformer`` (pre-LN).
+        vocab_size: the caption vocabulary's size. image_size, patch_size: the images
+            and patches (the scenes' 16x16 canvas by default).
+        d_model, num_heads, num_layers, d_ff, dropout, pad_id: as for ``Transformer``
+        (pre-LN).
         max_len: the longest caption, ``<bos>`` and ``<eos>`` included.
         pixel_levels: keyword only, as for ``PatchFrontEnd``.
 
     Shape:
-        src (B, image_size ** 2) grey levels, tgt (B, T) -> logits (B, T, vocab_size); the memory
-        has one vector per patch, so a ``src_mask`` broadcasts to (B, H, T, S).
+        src (B, image_size ** 2) grey levels, tgt (B, T) -> logits (B, T, vocab_size);
+        the memory has one vector per patch, so a ``src_mask`` broadcasts to (B, H, T,
+        S).
     """
 
-    def __init__(self, vocab_size: int, image_size: int = 16, patch_size: int = 4, d_model: int = 64,
-                 num_heads: int = 4, num_layers: int = 2, d_ff: int = 128, dropout: float = 0.1,
-                 max_len: int = 8, pad_id: int = 0, *, pixel_levels: int = 17):
-        front_end = PatchFrontEnd(image_size, patch_size, d_model, dropout, pixel_levels=pixel_levels)
-        super().__init__(pixel_levels, vocab_size, d_model, num_heads, num_layers, d_ff, dropout, max_len=max_len,
-                         pad_id=pad_id, options=LayerOptions(norm_first=True), src_embed=front_end)
+    def __init__(
+        self,
+        vocab_size: int,
+        image_size: int = 16,
+        patch_size: int = 4,
+        d_model: int = 64,
+        num_heads: int = 4,
+        num_layers: int = 2,
+        d_ff: int = 128,
+        dropout: float = 0.1,
+        max_len: int = 8,
+        pad_id: int = 0,
+        *,
+        pixel_levels: int = 17,
+    ):
+        front_end = PatchFrontEnd(
+            image_size, patch_size, d_model, dropout, pixel_levels=pixel_levels
+        )
+        super().__init__(
+            pixel_levels,
+            vocab_size,
+            d_model,
+            num_heads,
+            num_layers,
+            d_ff,
+            dropout,
+            max_len=max_len,
+            pad_id=pad_id,
+            options=LayerOptions(norm_first=True),
+            src_embed=front_end,
+        )

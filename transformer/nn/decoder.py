@@ -26,10 +26,17 @@ from transformer.nn.residual import add_and_norm
 
 
 # chapters/decoder.md: One decoder layer
-def _check_decoder_inputs(x: Tensor, memory: Tensor | None, memory_mask: Tensor | None, d_model: int,
-                          num_heads: int, cross_attention: bool = True, memory_mask_name: str = "memory_mask") -> None:
-    """Check x (B, T, d_model), memory (B, S, d_model) and the cross-attention's mask (named
-    ``memory_mask_name`` in the messages, e.g. a model's ``"src_mask"``).
+def _check_decoder_inputs(
+    x: Tensor,
+    memory: Tensor | None,
+    memory_mask: Tensor | None,
+    d_model: int,
+    num_heads: int,
+    cross_attention: bool = True,
+    memory_mask_name: str = "memory_mask",
+) -> None:
+    """Check x (B, T, d_model), memory (B, S, d_model) and the cross-attention's mask
+    (named ``memory_mask_name`` in the messages, e.g. a model's ``"src_mask"``).
 
     A layer without cross-attention takes no memory and no memory mask.
     """
@@ -38,8 +45,10 @@ def _check_decoder_inputs(x: Tensor, memory: Tensor | None, memory_mask: Tensor 
     if not cross_attention:
         for name, value in (("memory", memory), (memory_mask_name, memory_mask)):
             if value is not None:
-                raise ValueError(f"{name} must be None for a layer built with cross_attention=False, "
-                                 f"got a {type(value).__name__}")
+                raise ValueError(
+                    f"{name} must be None for a layer built with cross_attention=False, "
+                    f"got a {type(value).__name__}"
+                )
         return
     memory = check_features("memory", memory, d_model)
     S = memory.shape[1]
@@ -52,9 +61,11 @@ def _check_decoder_inputs(x: Tensor, memory: Tensor | None, memory_mask: Tensor 
 
 
 # chapters/decoder.md: Always causal
-def _self_attention_mask(tgt_mask: Tensor | None, causal: Tensor | None) -> Tensor | None:
-    """The causal mask, e.g. ``causal_mask(T)``, ``|``-ed with ``tgt_mask`` if one is given; ``tgt_mask``
-    alone for a layer that is not causal (``causal`` None)."""
+def _self_attention_mask(
+    tgt_mask: Tensor | None, causal: Tensor | None
+) -> Tensor | None:
+    """The causal mask, e.g. ``causal_mask(T)``, ``|``-ed with ``tgt_mask`` if one is
+    given; ``tgt_mask`` alone for a layer that is not causal (``causal`` None)."""
     if causal is None:
         return tgt_mask
     if tgt_mask is None:
@@ -64,12 +75,13 @@ def _self_attention_mask(tgt_mask: Tensor | None, causal: Tensor | None) -> Tens
 
 # chapters/decoder.md: Always causal
 class LayerCache(ABC):
-    """What ``DecoderLayer`` asks of the caches of one layer (the hook of generation): the book's
-    chapter "Fast generation" builds one, ``DecoderLayerCache``.
+    """What ``DecoderLayer`` asks of the caches of one layer (the hook of generation):
+    the book's chapter "Fast generation" builds one, ``DecoderLayerCache``.
 
     Attributes:
         self_attn: the ``AttentionCache`` of the self-attention.
-        cross_attn: the ``AttentionCache`` of the cross-attention (unused by a layer without one).
+        cross_attn: the ``AttentionCache`` of the cross-attention (unused by a layer
+        without one).
     """
 
     self_attn: AttentionCache
@@ -77,8 +89,9 @@ class LayerCache(ABC):
 
     @abstractmethod
     def causal_mask(self, new: int, device: torch.device | None = None) -> Tensor:
-        """The causal mask of ``new`` queries after the held positions, ``(new, held + new)``: True
-        where a key comes after the query (may not attend)."""
+        """The causal mask of ``new`` queries after the held positions,
+        ``(new, held + new)``: True where a key comes after the query (may not
+        attend)."""
 
 
 # chapters/decoder.md: Always causal
@@ -109,49 +122,87 @@ class DecoderLayer(nn.Module):
         torch.Size([2, 4, 8])
     """
 
-    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1, *,
-                 cross_attention: bool = True, causal: bool = True, options: LayerOptions = LayerOptions()):
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        dropout: float = 0.1,
+        *,
+        cross_attention: bool = True,
+        causal: bool = True,
+        options: LayerOptions = LayerOptions(),
+    ):
         super().__init__()
         options = check_layer_options(options)
         check_bool("norm_first", options.norm_first)
         check_bool("cross_attention", cross_attention)
         self.causal = check_bool("causal", causal)
         if not callable(options.self_attention):
-            raise TypeError(f"self_attention must be callable (a class), got {type(options.self_attention).__name__}")
-        # MultiHeadAttention checks d_model, num_heads (and that it divides d_model) and its dropout.
+            raise TypeError(
+                f"self_attention must be callable (a class), got {type(options.self_attention).__name__}"
+            )
+        # MultiHeadAttention checks d_model, num_heads (and that it divides d_model) and
+        # its dropout.
         dropout = check_fraction("dropout", dropout)
-        self.self_attn = options.self_attention(d_model, num_heads, dropout=options.attention_dropout,
-                                                **options.bias_argument())
+        self.self_attn = options.self_attention(
+            d_model,
+            num_heads,
+            dropout=options.attention_dropout,
+            **options.bias_argument(),
+        )
         self.cross_attn: MultiHeadAttention | None = None
         self.norm2: nn.Module | None = None
         self.dropout2: nn.Dropout | None = None
         if cross_attention:
-            self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout=options.attention_dropout,
-                                                 **options.bias_argument())
+            self.cross_attn = MultiHeadAttention(
+                d_model,
+                num_heads,
+                dropout=options.attention_dropout,
+                **options.bias_argument(),
+            )
             self.norm2, self.dropout2 = options.norm(d_model), nn.Dropout(dropout)
-        self.feed_forward = options.feed_forward(d_model, d_ff, dropout=options.activation_dropout,
-                                                 activation=options.activation, **options.bias_argument())
+        self.feed_forward = options.feed_forward(
+            d_model,
+            d_ff,
+            dropout=options.activation_dropout,
+            activation=options.activation,
+            **options.bias_argument(),
+        )
         self.norm1, self.norm3 = options.norm(d_model), options.norm(d_model)
         self.dropout1, self.dropout3 = nn.Dropout(dropout), nn.Dropout(dropout)
-        self.d_model, self.num_heads, self.norm_first = d_model, num_heads, options.norm_first
+        self.d_model, self.num_heads, self.norm_first = (
+            d_model,
+            num_heads,
+            options.norm_first,
+        )
 
-    def forward(self, x: Tensor, memory: Tensor | None = None, tgt_mask: Tensor | None = None,
-                memory_mask: Tensor | None = None, cache: LayerCache | None = None, *,
-                checked: bool = False) -> Tensor:
-        """Causal self-attention over ``x``, attention from ``x`` to ``memory``, feed-forward.
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        cache: LayerCache | None = None,
+        *,
+        checked: bool = False,
+    ) -> Tensor:
+        """Causal self-attention over ``x``, attention from ``x`` to ``memory``,
+        feed-forward.
 
         Args:
             x: the target vectors, ``(B, T, d_model)``.
-            memory: the encoder's output, ``(B, S, d_model)``; None (and no ``memory_mask``)
-                for a layer built with ``cross_attention=False``.
-            tgt_mask: optional bool mask, True = may not attend, added to the causal mask of the
-                self-attention; broadcastable to ``(B, num_heads, T, T)``, e.g. the target's
-                padding ``(B, 1, 1, T)``. The causal mask is applied whether or not it is given.
+            memory: the encoder's output, ``(B, S, d_model)``; None (and no
+                ``memory_mask``) for a layer built with ``cross_attention=False``.
+            tgt_mask: optional bool mask, True = may not attend, added to the causal
+                mask of the self-attention; broadcastable to ``(B, num_heads, T, T)``,
+                e.g. the target's padding ``(B, 1, 1, T)``. The causal mask is applied
+                whether or not it is given.
             memory_mask: optional bool mask for the cross-attention, broadcastable to
                 ``(B, num_heads, T, S)``, e.g. the source's padding ``(B, 1, 1, S)``.
-            cache: optional ``LayerCache`` (generation, the book's chapter "Fast generation").
-                ``x`` is then only the new positions, after the ``p`` cached ones; a ``tgt_mask``
-                broadcasts to ``(B, num_heads, T, p + T)``.
+            cache: optional ``LayerCache`` (generation, the book's chapter "Fast
+                generation"). ``x`` is then only the new positions, after the ``p``
+                cached ones; a ``tgt_mask`` broadcasts to ``(B, num_heads, T, p + T)``.
             checked: True when the caller (a stack) has checked the arguments, with
                 ``check_inputs``: the layer and its sublayers check nothing again.
 
@@ -163,44 +214,98 @@ class DecoderLayer(nn.Module):
         """
         if not checked:
             self.check_inputs(x, memory, tgt_mask, memory_mask, cache)
-        self_cache, cross_cache = (None, None) if cache is None else (cache.self_attn, cache.cross_attn)
+        self_cache, cross_cache = (
+            (None, None) if cache is None else (cache.self_attn, cache.cross_attn)
+        )
         T = x.shape[1]
-        causal = causal_mask(T, device=x.device) if cache is None else cache.causal_mask(T, x.device)  # (T, p + T)
-        self_mask = _self_attention_mask(tgt_mask, causal if self.causal else None)  # to (B, H, T, p + T)
-        x = add_and_norm(x, lambda y: self.self_attn(y, y, y, mask=self_mask, cache=self_cache, checked=True),
-                         self.norm1, self.dropout1, self.norm_first, checked=True)  # (B, T, d_model)
+        # (T, p + T)
+        causal = (
+            causal_mask(T, device=x.device)
+            if cache is None
+            else cache.causal_mask(T, x.device)
+        )
+        # to (B, H, T, p + T)
+        self_mask = _self_attention_mask(tgt_mask, causal if self.causal else None)
+        x = add_and_norm(
+            x,
+            lambda y: self.self_attn(
+                y, y, y, mask=self_mask, cache=self_cache, checked=True
+            ),
+            # (B, T, d_model)
+            self.norm1,
+            self.dropout1,
+            self.norm_first,
+            checked=True,
+        )
         cross_attn = self.cross_attn
         if cross_attn is not None:
             # memory was checked; norm2 and dropout2 are built with cross_attn
-            assert memory is not None and self.norm2 is not None and self.dropout2 is not None
-            x = add_and_norm(x, lambda y: cross_attn(y, memory, memory, mask=memory_mask, cache=cross_cache,
-                                                     checked=True),
-                             self.norm2, self.dropout2, self.norm_first, checked=True)  # (B, T, d_model)
-        return add_and_norm(x, lambda y: self.feed_forward(y, checked=True), self.norm3, self.dropout3,
-                            self.norm_first, checked=True)
+            assert (
+                memory is not None
+                and self.norm2 is not None
+                and self.dropout2 is not None
+            )
+            x = add_and_norm(
+                x,
+                lambda y: cross_attn(
+                    y, memory, memory, mask=memory_mask, cache=cross_cache, checked=True
+                ),
+                # (B, T, d_model)
+                self.norm2,
+                self.dropout2,
+                self.norm_first,
+                checked=True,
+            )
+        return add_and_norm(
+            x,
+            lambda y: self.feed_forward(y, checked=True),
+            self.norm3,
+            self.dropout3,
+            self.norm_first,
+            checked=True,
+        )
 
-    def check_inputs(self, x: Tensor, memory: Tensor | None, tgt_mask: Tensor | None, memory_mask: Tensor | None,
-                     cache: LayerCache | None = None, memory_mask_name: str = "memory_mask") -> None:
-        """Check the arguments of ``forward``: ``x`` and ``memory`` in the dtype of the layer, both masks
-        (``memory_mask`` named ``memory_mask_name`` in the messages, e.g. a model's ``"src_mask"``) and
-        the cache's type."""
+    def check_inputs(
+        self,
+        x: Tensor,
+        memory: Tensor | None,
+        tgt_mask: Tensor | None,
+        memory_mask: Tensor | None,
+        cache: LayerCache | None = None,
+        memory_mask_name: str = "memory_mask",
+    ) -> None:
+        """Check the arguments of ``forward``: ``x`` and ``memory`` in the dtype of the
+        layer, both masks (``memory_mask`` named ``memory_mask_name`` in the messages,
+        e.g. a model's ``"src_mask"``) and the cache's type."""
         if cache is not None and not isinstance(cache, LayerCache):
-            raise TypeError(f"cache must be a LayerCache or None, got {type(cache).__name__}")
-        _check_decoder_inputs(x, memory, memory_mask, self.d_model, self.num_heads,
-                              cross_attention=self.cross_attn is not None, memory_mask_name=memory_mask_name)
+            raise TypeError(
+                f"cache must be a LayerCache or None, got {type(cache).__name__}"
+            )
+        _check_decoder_inputs(
+            x,
+            memory,
+            memory_mask,
+            self.d_model,
+            self.num_heads,
+            cross_attention=self.cross_attn is not None,
+            memory_mask_name=memory_mask_name,
+        )
         B, T, _ = x.shape
         if tgt_mask is not None:  # keys: the T new positions, after the p a cache holds
             keys = T if cache is None else cache.causal_mask(T, x.device).shape[1]
-            check_attention_mask(tgt_mask, (B, self.num_heads, T, keys), name="tgt_mask")
+            check_attention_mask(
+                tgt_mask, (B, self.num_heads, T, keys), name="tgt_mask"
+            )
         for name, value in (("x", x), ("memory", memory)):
             if value is not None:
-                check_dtype(name, value, input_dtype(self.norm1))  # before any LayerNorm or projection
+                # before any LayerNorm or projection
+                check_dtype(name, value, input_dtype(self.norm1))
 
 
 # chapters/decoder.md: A stack of layers
 class StackCache(ABC):
-    """What ``Decoder`` asks of the caches of a stack (the hook of generation): the book's chapter
-    "Fast generation" builds one, ``DecoderCache``.
+    """What ``Decoder`` asks of the caches of a stack (the hook of generation): the
+    book's chapter "Fast generation" builds one, ``DecoderCache``.
 
     Attributes:
         layers: a ``LayerCache`` per layer of the stack, in order.
@@ -211,8 +316,8 @@ class StackCache(ABC):
     @property
     @abstractmethod
     def length(self) -> int | Tensor:
-        """The target positions held: the position of the next call's first target (a 0-d tensor
-        when the caller keeps it on the device)."""
+        """The target positions held: the position of the next call's first target (a
+        0-d tensor when the caller keeps it on the device)."""
 
 
 # chapters/decoder.md: A stack of layers
@@ -236,71 +341,118 @@ class Decoder(nn.Module):
         torch.Size([2, 4, 8])
     """
 
-    def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1, *,
-                 cross_attention: bool = True, causal: bool = True, options: LayerOptions = LayerOptions()):
+    def __init__(
+        self,
+        num_layers: int,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        dropout: float = 0.1,
+        *,
+        cross_attention: bool = True,
+        causal: bool = True,
+        options: LayerOptions = LayerOptions(),
+    ):
         super().__init__()
         check_positive_int("num_layers", num_layers)
-        self.layers = nn.ModuleList([DecoderLayer(d_model, num_heads, d_ff, dropout, cross_attention=cross_attention,
-                                                  causal=causal, options=options)
-                                     for _ in range(num_layers)])
+        self.layers = nn.ModuleList(
+            [
+                DecoderLayer(
+                    d_model,
+                    num_heads,
+                    d_ff,
+                    dropout,
+                    cross_attention=cross_attention,
+                    causal=causal,
+                    options=options,
+                )
+                for _ in range(num_layers)
+            ]
+        )
         self.norm = options.norm(d_model) if options.norm_first else None
 
-    def forward(self, x: Tensor, memory: Tensor | None = None, tgt_mask: Tensor | None = None,
-                memory_mask: Tensor | None = None, cache: StackCache | None = None, *,
-                checked: bool = False) -> Tensor:
-        """Run the target ``x`` through every layer in turn, each attending to ``memory``.
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        cache: StackCache | None = None,
+        *,
+        checked: bool = False,
+    ) -> Tensor:
+        """Run the target ``x`` through every layer in turn, each attending to
+        ``memory``.
 
         Args:
-            x: the target vectors (embedded, shifted-right target tokens with positions),
-                ``(B, T, d_model)``.
-            memory: the encoder's output, ``(B, S, d_model)``; None for a stack built with
-                ``cross_attention=False``.
-            tgt_mask: optional bool mask added to the causal mask of every self-attention,
-                broadcastable to ``(B, num_heads, T, T)``; the causal mask is always applied.
+            x: the target vectors (embedded, shifted-right target tokens with
+                positions), ``(B, T, d_model)``.
+            memory: the encoder's output, ``(B, S, d_model)``; None for a stack built
+                with ``cross_attention=False``.
+            tgt_mask: optional bool mask added to the causal mask of every
+                self-attention, broadcastable to ``(B, num_heads, T, T)``; the causal
+                mask is always applied.
             memory_mask: optional bool mask for every cross-attention, broadcastable to
                 ``(B, num_heads, T, S)``, e.g. the source's padding ``(B, 1, 1, S)``.
-            cache: optional ``StackCache`` with one ``LayerCache`` per layer (generation);
-                ``x`` is then only the target positions after the cached ones.
-            checked: True when the caller (a model) has checked the arguments; otherwise they are
-                checked here, once for all the layers, which are told so.
+            cache: optional ``StackCache`` with one ``LayerCache`` per layer
+                (generation); ``x`` is then only the target positions after the cached
+                ones.
+            checked: True when the caller (a model) has checked the arguments; otherwise
+                they are checked here, once for all the layers, which are told so.
 
         Returns:
-            The decoder's output, ``(B, T, d_model)``: row t depends on target rows 0..t only.
+            The decoder's output, ``(B, T, d_model)``: row t depends on target rows 0..t
+            only.
 
         Shape:
             x ``(B, T, d_model)``, memory ``(B, S, d_model)`` -> ``(B, T, d_model)``.
         """
         caches = self._layer_caches(cache)
-        if not checked:  # every layer takes the same arguments: the first one's check is every layer's
-            cast(DecoderLayer, self.layers[0]).check_inputs(x, memory, tgt_mask, memory_mask, caches[0])
+        # every layer takes the same arguments: the first one's check is every layer's
+        if not checked:
+            cast(DecoderLayer, self.layers[0]).check_inputs(
+                x, memory, tgt_mask, memory_mask, caches[0]
+            )
         for layer, layer_cache in zip(self.layers, caches):
-            x = layer(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask, cache=layer_cache,
-                      checked=True)  # (B, T, d_model)
+            x = layer(
+                x,
+                memory,
+                tgt_mask=tgt_mask,
+                memory_mask=memory_mask,
+                cache=layer_cache,
+                checked=True,
+            )  # (B, T, d_model)
         return x if self.norm is None else self.norm(x, checked=True)
 
     def _layer_caches(self, cache: StackCache | None) -> list[LayerCache | None]:
         """The caches of the layers, one each, or Nones without a cache."""
         if cache is not None and not isinstance(cache, StackCache):
-            raise TypeError(f"cache must be a StackCache or None, got {type(cache).__name__}")
+            raise TypeError(
+                f"cache must be a StackCache or None, got {type(cache).__name__}"
+            )
         if cache is not None and len(cache.layers) != len(self.layers):
-            raise ValueError(f"cache must have one LayerCache per layer, {len(self.layers)}, "
-                             f"got {len(cache.layers)}")
+            raise ValueError(
+                f"cache must have one LayerCache per layer, {len(self.layers)}, "
+                f"got {len(cache.layers)}"
+            )
         return [None] * len(self.layers) if cache is None else list(cache.layers)
 
 
 # chapters/training.md: Reading the answer: greedy decoding
 class GenerationCache(StackCache):
-    """What ``DecoderState`` asks of a decoder's key/value cache (the hook of generation), besides
-    ``StackCache``'s ``layers`` and ``length``. The model names its cache: ``use_cache=True`` builds
-    ``model.new_cache(capacity=max_len)`` (the book's chapter "Fast generation" gives ``Transformer``
-    that method, which builds a ``DecoderCache``)."""
+    """What ``DecoderState`` asks of a decoder's key/value cache (the hook of
+    generation), besides ``StackCache``'s ``layers`` and ``length``. The model names its
+    cache: ``use_cache=True`` builds ``model.new_cache(capacity=max_len)`` (the book's
+    chapter "Fast generation" gives ``Transformer`` that method, which builds a
+    ``DecoderCache``)."""
 
     @abstractmethod
     def share(self, cross_attentions: list[Any], memory: Tensor, beams: int) -> None:
         """Hold the keys and values of the memory ``(B, S, d_model)``, projected by
-        ``cross_attentions[i]`` for layer i, for ``beams`` consecutive rows per source."""
+        ``cross_attentions[i]`` for layer i, for ``beams`` consecutive rows per
+        source."""
 
     @abstractmethod
     def reorder(self, index: Tensor, memory: bool = True) -> None:
-        """Keep the batch rows ``index``, in that order; ``memory=False``: the memory's keys and
-        values stay (the rows move only among the beams of each source)."""
+        """Keep the batch rows ``index``, in that order; ``memory=False``: the memory's
+        keys and values stay (the rows move only among the beams of each source)."""

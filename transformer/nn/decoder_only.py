@@ -25,9 +25,11 @@ from transformer.nn.positional import LearnedPositionalEncoding, SinusoidalPosit
 _POSITIONS = ("learned", "sinusoidal", None)
 
 
-def _positional_encoding(position: str | None, d_model: int,
-                         max_len: int) -> LearnedPositionalEncoding | SinusoidalPositionalEncoding | None:
-    """The absolute positional encoding ``position`` names (no dropout of its own), or None."""
+def _positional_encoding(
+    position: str | None, d_model: int, max_len: int
+) -> LearnedPositionalEncoding | SinusoidalPositionalEncoding | None:
+    """The absolute positional encoding ``position`` names (no dropout of its own), or
+    None."""
     if position not in _POSITIONS:
         raise ValueError(f"position must be one of {_POSITIONS}, got {position!r}")
     if position == "learned":
@@ -41,45 +43,72 @@ def _positional_encoding(position: str | None, d_model: int,
 class DecoderOnlyLM(nn.Module):
     """A decoder-only (GPT-style) language model: token ids in, next-token logits out.
 
-    Token embedding, an optional absolute positional encoding, a stack of decoder layers without
-    cross-attention (always causal), and an output layer tied to the token embedding.
+    Token embedding, an optional absolute positional encoding, a stack of decoder layers
+    without cross-attention (always causal), and an output layer tied to the token
+    embedding.
 
     Args:
         vocab_size: number of token ids V.
-        d_model, num_heads, d_ff, num_layers, dropout: as for ``Decoder``. ``dropout`` also applies to
-            the embeddings (with their positions). Every argument after ``num_layers`` is keyword only.
-        max_len: the longest sequence with an absolute position ("learned" or "sinusoidal");
-            with ``position=None`` it is not a limit.
-        position: "learned" (GPT), "sinusoidal" (the paper), or None for no absolute positions
-            (a ``self_attention`` that puts positions inside attention, or none at all).
-        scale_embedding: multiply the token embeddings by sqrt(d_model) (the paper; GPT-2 does not).
-        options: the ``LayerOptions`` of every layer, as for ``Decoder``; pre-LN by default (GPT-2),
-            with ``self_attention`` (what builds each layer's self-attention) and ``activation``
-            ("relu"; GPT-2: "gelu_tanh"). ``options.bias`` also says whether the output layer has a bias.
-        tie_embeddings: True (the paper, GPT-2) for an output layer whose weight is the embedding's;
-            False gives it weights of its own.
+        d_model, num_heads, d_ff, num_layers, dropout: as for ``Decoder``. ``dropout``
+            also applies to the embeddings (with their positions). Every argument after
+            ``num_layers`` is keyword only.
+        max_len: the longest sequence with an absolute position ("learned" or
+            "sinusoidal"); with ``position=None`` it is not a limit.
+        position: "learned" (GPT), "sinusoidal" (the paper), or None for no absolute
+            positions (a ``self_attention`` that puts positions inside attention, or
+            none at all).
+        scale_embedding: multiply the token embeddings by sqrt(d_model) (the paper;
+        GPT-2 does not).
+        options: the ``LayerOptions`` of every layer, as for ``Decoder``; pre-LN by
+            default (GPT-2), with ``self_attention`` (what builds each layer's
+            self-attention) and ``activation`` ("relu"; GPT-2: "gelu_tanh").
+            ``options.bias`` also says whether the output layer has a bias.
+        tie_embeddings: True (the paper, GPT-2) for an output layer whose weight is the
+            embedding's; False gives it weights of its own.
 
     Attributes:
-        embed, positional_encoding (None when ``position`` is None), decoder, output (its
-        ``weight`` is ``embed.weight`` when tied; its bias None when ``options.bias`` is False),
-        max_len, position.
+        embed, positional_encoding (None when ``position`` is None), decoder, output
+        (its ``weight`` is ``embed.weight`` when tied; its bias None when
+        ``options.bias`` is False), max_len, position.
 
     Shape:
-        tokens (B, T) integer ids -> logits (B, T, V); row t scores the token after tokens[:, :t + 1].
+        tokens (B, T) integer ids -> logits (B, T, V); row t scores the token after
+        tokens[:, :t + 1].
     """
 
-    def __init__(self, vocab_size: int, d_model: int = 128, num_heads: int = 4, d_ff: int = 512,
-                 num_layers: int = 4, *, max_len: int = 256, dropout: float = 0.1,
-                 position: str | None = "learned", scale_embedding: bool = True,
-                 options: LayerOptions = LayerOptions(norm_first=True), tie_embeddings: bool = True):
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int = 128,
+        num_heads: int = 4,
+        d_ff: int = 512,
+        num_layers: int = 4,
+        *,
+        max_len: int = 256,
+        dropout: float = 0.1,
+        position: str | None = "learned",
+        scale_embedding: bool = True,
+        options: LayerOptions = LayerOptions(norm_first=True),
+        tie_embeddings: bool = True,
+    ):
         super().__init__()
         self.max_len = check_positive_int("max_len", max_len)
         self.position = position
-        self.embed = TokenEmbedding(vocab_size, d_model, scale=scale_embedding)  # checks its arguments
+        # checks its arguments
+        self.embed = TokenEmbedding(vocab_size, d_model, scale=scale_embedding)
         self.positional_encoding = _positional_encoding(position, d_model, max_len)
         self.dropout = nn.Dropout(check_fraction("dropout", dropout))
-        self.decoder = Decoder(num_layers, d_model, num_heads, d_ff, dropout, cross_attention=False, options=options)
-        self.output = nn.Linear(d_model, vocab_size, **options.bias_argument())  # logits = h E^T + b
+        self.decoder = Decoder(
+            num_layers,
+            d_model,
+            num_heads,
+            d_ff,
+            dropout,
+            cross_attention=False,
+            options=options,
+        )
+        # logits = h E^T + b
+        self.output = nn.Linear(d_model, vocab_size, **options.bias_argument())
         if self.output.bias is not None:
             nn.init.zeros_(self.output.bias)
         if check_bool("tie_embeddings", tie_embeddings):
@@ -90,32 +119,40 @@ class DecoderOnlyLM(nn.Module):
         return self.embed.vocab_size
 
     def new_cache(self) -> DecoderCache:
-        """An empty key/value cache for generation, one ``DecoderLayerCache`` per layer."""
+        """An empty key/value cache for generation, one ``DecoderLayerCache`` per
+        layer."""
         return DecoderCache(len(self.decoder.layers))
 
     def forward(self, tokens: Tensor, cache: DecoderCache | None = None) -> Tensor:
         """Logits of the next token at every position.
 
         Args:
-            tokens: integer ids ``(B, T)``, T >= 1. With a cache, only the tokens after the
-                ``cache.length`` cached ones; they get the positions that follow.
-            cache: optional ``DecoderCache`` of ``new_cache()``; it grows by T positions.
+            tokens: integer ids ``(B, T)``, T >= 1. With a cache, only the tokens after
+                the ``cache.length`` cached ones; they get the positions that follow.
+            cache: optional ``DecoderCache`` of ``new_cache()``; it grows by T
+            positions.
 
         Returns:
             Logits ``(B, T, V)``; row t depends on the tokens up to position t only.
         """
         check_token_batch("tokens", tokens, self.vocab_size)
         if tokens.shape[1] == 0:
-            raise ValueError(f"tokens must hold at least one position, got {tuple(tokens.shape)}")
+            raise ValueError(
+                f"tokens must hold at least one position, got {tuple(tokens.shape)}"
+            )
         if cache is not None and not isinstance(cache, DecoderCache):
-            raise TypeError(f"cache must be a DecoderCache or None, got {type(cache).__name__}")
+            raise TypeError(
+                f"cache must be a DecoderCache or None, got {type(cache).__name__}"
+            )
         start = 0 if cache is None else cache.length  # the position of tokens[:, 0]
         x = self.embed(tokens)  # (B, T) -> (B, T, d_model)
         if self.positional_encoding is not None:
             end = start + tokens.shape[1]
             if end > self.max_len:
-                raise ValueError(f"tokens reach position {end - 1}, past the {self.position} positions "
-                                 f"0..{self.max_len - 1} (max_len={self.max_len})")
+                raise ValueError(
+                    f"tokens reach position {end - 1}, past the {self.position} positions "
+                    f"0..{self.max_len - 1} (max_len={self.max_len})"
+                )
             x = add_positions(self.positional_encoding, x, start)  # (B, T, d_model)
         h = self.decoder(self.dropout(x), cache=cache)  # (B, T, d_model)
         return self.output(h)  # (B, T, d_model) @ E^T -> (B, T, V)

@@ -22,39 +22,83 @@ from transformer.nn.vision import PatchEmbedding
 
 # chapters/detection.md: The detector
 class DigitDetector(nn.Module):
-    """DETR (Carion et al., 2020) from the book's parts: patches, ``Encoder``, object queries, ``Decoder``.
+    """DETR (Carion et al., 2020) from the book's parts: patches, ``Encoder``, object
+    queries, ``Decoder``.
 
-    Args: image_size, patch_size as for ``PatchEmbedding``; num_classes (the class head adds "no
-    object"); num_queries T, the most objects an image may hold; d_model, num_heads, d_ff, dropout as for
-    ``Encoder`` and ``Decoder`` (pre-LN; the decoder without its causal mask, ``causal=False``: the
-    queries are a set); encoder_layers, decoder_layers, the N of each stack.
+    Args: image_size, patch_size as for ``PatchEmbedding``; num_classes (the class head
+    adds "no object"); num_queries T, the most objects an image may hold; d_model,
+    num_heads, d_ff, dropout as for ``Encoder`` and ``Decoder`` (pre-LN; the decoder
+    without its causal mask, ``causal=False``: the queries are a set); encoder_layers,
+    decoder_layers, the N of each stack.
 
-    Shape: images (B, 1, H, W) -> logits (B, T, num_classes + 1) and boxes (B, T, 4), (cx, cy, w, h) in (0, 1).
+    Shape: images (B, 1, H, W) -> logits (B, T, num_classes + 1) and boxes (B, T, 4),
+    (cx, cy, w, h) in (0, 1).
     """
 
-    def __init__(self, image_size: int = 32, patch_size: int = 4, num_classes: int = 10, num_queries: int = 8,
-                 d_model: int = 64, num_heads: int = 4, d_ff: int = 128, encoder_layers: int = 2,
-                 decoder_layers: int = 2, dropout: float = 0.0):
+    def __init__(
+        self,
+        image_size: int = 32,
+        patch_size: int = 4,
+        num_classes: int = 10,
+        num_queries: int = 8,
+        d_model: int = 64,
+        num_heads: int = 4,
+        d_ff: int = 128,
+        encoder_layers: int = 2,
+        decoder_layers: int = 2,
+        dropout: float = 0.0,
+    ):
         super().__init__()
         self.patch_embed = PatchEmbedding(image_size, patch_size, 1, d_model)
-        self.pos_embed = nn.Parameter(torch.randn(self.patch_embed.num_patches, d_model) * 0.02)
-        self.encoder = Encoder(encoder_layers, d_model, num_heads, d_ff, dropout, options=LayerOptions(norm_first=True))
-        self.queries = nn.Parameter(torch.randn(check_positive_int("num_queries", num_queries), d_model))
-        self.decoder = Decoder(decoder_layers, d_model, num_heads, d_ff, dropout, causal=False,
-                               options=LayerOptions(norm_first=True))
-        self.class_head = nn.Linear(d_model, check_positive_int("num_classes", num_classes) + 1)
-        self.box_head = nn.Sequential(nn.Linear(d_model, d_model), nn.ReLU(), nn.Linear(d_model, d_model),
-                                      nn.ReLU(), nn.Linear(d_model, 4))  # the paper's 3-layer perceptron
+        self.pos_embed = nn.Parameter(
+            torch.randn(self.patch_embed.num_patches, d_model) * 0.02
+        )
+        self.encoder = Encoder(
+            encoder_layers,
+            d_model,
+            num_heads,
+            d_ff,
+            dropout,
+            options=LayerOptions(norm_first=True),
+        )
+        self.queries = nn.Parameter(
+            torch.randn(check_positive_int("num_queries", num_queries), d_model)
+        )
+        self.decoder = Decoder(
+            decoder_layers,
+            d_model,
+            num_heads,
+            d_ff,
+            dropout,
+            causal=False,
+            options=LayerOptions(norm_first=True),
+        )
+        self.class_head = nn.Linear(
+            d_model, check_positive_int("num_classes", num_classes) + 1
+        )
+        self.box_head = nn.Sequential(
+            nn.Linear(d_model, d_model),
+            nn.ReLU(),
+            nn.Linear(d_model, d_model),
+            # the paper's 3-layer perceptron
+            nn.ReLU(),
+            nn.Linear(d_model, 4),
+        )
         self.num_queries = num_queries
 
     def encode(self, images: Tensor) -> Tensor:
         """The memory: one vector per patch, (B, 1, H, W) -> (B, S, d_model)."""
-        return self.encoder(self.patch_embed(check_tensor("images", images)) + self.pos_embed)  # (B, S, d_model)
+        # (B, S, d_model)
+        return self.encoder(
+            self.patch_embed(check_tensor("images", images)) + self.pos_embed
+        )
 
     def decode_layers(self, memory: Tensor) -> list[Tensor]:
-        """The queries after each decoder layer, each through the stack's final LayerNorm: N x (B, T, d_model).
-        The last is ``self.decoder(queries, memory)``."""
-        x = self.queries.expand(memory.shape[0], -1, -1)  # (T, d_model) -> (B, T, d_model)
+        """The queries after each decoder layer, each through the stack's final
+        LayerNorm: N x (B, T, d_model). The last is
+        ``self.decoder(queries, memory)``."""
+        # (T, d_model) -> (B, T, d_model)
+        x = self.queries.expand(memory.shape[0], -1, -1)
         outputs = []
         for layer in self.decoder.layers:
             x = layer(x, memory)  # (B, T, d_model)
@@ -62,9 +106,11 @@ class DigitDetector(nn.Module):
         return outputs
 
     def heads(self, h: Tensor) -> tuple[Tensor, Tensor]:
-        """Class logits (..., num_classes + 1) and boxes (..., 4) in (0, 1) of decoder outputs (..., d_model)."""
+        """Class logits (..., num_classes + 1) and boxes (..., 4) in (0, 1) of decoder
+        outputs (..., d_model)."""
         return self.class_head(h), self.box_head(h).sigmoid()
 
     def forward(self, images: Tensor) -> tuple[Tensor, Tensor]:
-        """The set of T predictions for each image: logits (B, T, num_classes + 1) and boxes (B, T, 4)."""
+        """The set of T predictions for each image: logits (B, T, num_classes + 1) and
+        boxes (B, T, 4)."""
         return self.heads(self.decode_layers(self.encode(images))[-1])

@@ -31,24 +31,38 @@ class TokenEmbedding(nn.Module):
         vocab_size: number of token ids V; every id must lie in [0, V).
         d_model: width of each vector.
         padding_idx: optional id whose vector is zero and receives no gradient.
-        scale: multiply by sqrt(d_model) (the paper); False returns the rows of E as they are,
-            as GPT-2 does.
+        scale: multiply by sqrt(d_model) (the paper); False returns the rows of E as
+            they are, as GPT-2 does.
 
     Shape:
-        tokens (B, S) integer ids -> (B, S, d_model). Any leading shape works: (*) -> (*, d_model).
+        tokens (B, S) integer ids -> (B, S, d_model). Any leading shape works: (*) ->
+        (*, d_model).
     """
 
-    def __init__(self, vocab_size: int, d_model: int, padding_idx: int | None = None, scale: bool = True):
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        padding_idx: int | None = None,
+        scale: bool = True,
+    ):
         super().__init__()
         self.scale = check_bool("scale", scale)
         self.vocab_size = check_positive_int("vocab_size", vocab_size)
         self.d_model = check_positive_int("d_model", d_model)
         if padding_idx is not None:
-            if isinstance(padding_idx, bool) or not isinstance(padding_idx, numbers.Integral):
-                raise TypeError(f"padding_idx must be None or an int, got {type(padding_idx).__name__}")
-            padding_idx = int(padding_idx)  # a NumPy integer, say, read from a configuration file
+            if isinstance(padding_idx, bool) or not isinstance(
+                padding_idx, numbers.Integral
+            ):
+                raise TypeError(
+                    f"padding_idx must be None or an int, got {type(padding_idx).__name__}"
+                )
+            # a NumPy integer, say, read from a configuration file
+            padding_idx = int(padding_idx)
             if not 0 <= padding_idx < vocab_size:
-                raise ValueError(f"padding_idx must lie in [0, vocab_size={vocab_size}), got {padding_idx}")
+                raise ValueError(
+                    f"padding_idx must lie in [0, vocab_size={vocab_size}), got {padding_idx}"
+                )
         self.padding_idx = padding_idx
         self.weight = nn.Parameter(torch.empty(vocab_size, d_model))  # E, (V, d_model)
         self.reset_parameters()
@@ -70,7 +84,8 @@ class TokenEmbedding(nn.Module):
             The embeddings, (B, S, d_model), in the dtype of ``weight``.
         """
         tokens = check_token_ids("tokens", tokens, self.vocab_size)
-        x = F.embedding(tokens, self.weight, self.padding_idx)  # (B, S) -> (B, S, d_model)
+        # (B, S) -> (B, S, d_model)
+        x = F.embedding(tokens, self.weight, self.padding_idx)
         return x * math.sqrt(self.d_model) if self.scale else x
 
     def extra_repr(self) -> str:

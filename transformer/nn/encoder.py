@@ -72,13 +72,14 @@ class LayerOptions:
     bias: bool = True
 
     def bias_argument(self) -> dict[str, bool]:
-        """The keyword arguments that ``bias`` adds to the calls that build a sublayer: ``{}`` (the
-        callable's own default, biases) or ``{"bias": False}``."""
+        """The keyword arguments that ``bias`` adds to the calls that build a sublayer:
+        ``{}`` (the callable's own default, biases) or ``{"bias": False}``."""
         return {} if check_bool("bias", self.bias) else {"bias": False}
 
 
 def check_layer_options(options: object) -> LayerOptions:
-    """Return ``options`` if it is a ``LayerOptions``, else raise TypeError naming the argument."""
+    """Return ``options`` if it is a ``LayerOptions``, else raise TypeError naming the
+    argument."""
     if not isinstance(options, LayerOptions):
         raise TypeError(f"options must be a LayerOptions, got {type(options).__name__}")
     return options
@@ -104,30 +105,52 @@ class EncoderLayer(nn.Module):
         torch.Size([2, 5, 8])
     """
 
-    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1, *,
-                 options: LayerOptions = LayerOptions()):
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        dropout: float = 0.1,
+        *,
+        options: LayerOptions = LayerOptions(),
+    ):
         super().__init__()
         options = check_layer_options(options)
         check_bool("norm_first", options.norm_first)
         if not callable(options.self_attention):
-            raise TypeError(f"self_attention must be callable (a class), got {type(options.self_attention).__name__}")
-        # MultiHeadAttention checks d_model, num_heads (and that it divides d_model) and its dropout.
-        self.self_attn = options.self_attention(d_model, num_heads, dropout=options.attention_dropout,
-                                                **options.bias_argument())
-        self.feed_forward = options.feed_forward(d_model, d_ff, dropout=options.activation_dropout,
-                                                 activation=options.activation, **options.bias_argument())
+            raise TypeError(
+                f"self_attention must be callable (a class), got {type(options.self_attention).__name__}"
+            )
+        # MultiHeadAttention checks d_model, num_heads (and that it divides d_model) and
+        # its dropout.
+        self.self_attn = options.self_attention(
+            d_model,
+            num_heads,
+            dropout=options.attention_dropout,
+            **options.bias_argument(),
+        )
+        self.feed_forward = options.feed_forward(
+            d_model,
+            d_ff,
+            dropout=options.activation_dropout,
+            activation=options.activation,
+            **options.bias_argument(),
+        )
         self.norm1, self.norm2 = options.norm(d_model), options.norm(d_model)
         dropout = check_fraction("dropout", dropout)
         self.dropout1, self.dropout2 = nn.Dropout(dropout), nn.Dropout(dropout)
         self.d_model, self.norm_first = self.self_attn.d_model, options.norm_first
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, *, checked: bool = False) -> Tensor:
+    def forward(
+        self, x: Tensor, mask: Tensor | None = None, *, checked: bool = False
+    ) -> Tensor:
         """Self-attention over all positions of ``x``, then the feed-forward network.
 
         Args:
             x: the input vectors, ``(B, S, d_model)``.
-            mask: optional bool mask, True where a position may not be attended to, broadcastable
-                to ``(B, num_heads, S, S)``; typically a padding mask ``(B, 1, 1, S)``.
+            mask: optional bool mask, True where a position may not be attended to,
+                broadcastable to ``(B, num_heads, S, S)``; typically a padding mask
+                ``(B, 1, 1, S)``.
             checked: True when the caller (a stack) has checked ``x`` and ``mask``, with
                 ``check_inputs``: the layer and its sublayers check nothing again.
 
@@ -139,16 +162,32 @@ class EncoderLayer(nn.Module):
         """
         if not checked:
             self.check_inputs(x, mask)
-        x = add_and_norm(x, lambda y: self.self_attn(y, y, y, mask=mask, checked=True), self.norm1, self.dropout1,
-                         self.norm_first, checked=True)  # (B, S, d_model)
-        return add_and_norm(x, lambda y: self.feed_forward(y, checked=True), self.norm2, self.dropout2,
-                            self.norm_first, checked=True)
+        x = add_and_norm(
+            x,
+            lambda y: self.self_attn(y, y, y, mask=mask, checked=True),
+            self.norm1,
+            self.dropout1,
+            self.norm_first,
+            checked=True,
+        )  # (B, S, d_model)
+        return add_and_norm(
+            x,
+            lambda y: self.feed_forward(y, checked=True),
+            self.norm2,
+            self.dropout2,
+            self.norm_first,
+            checked=True,
+        )
 
-    def check_inputs(self, x: Tensor, mask: Tensor | None, mask_name: str | None = None) -> None:
-        """Check ``x`` ``(B, S, d_model)``, in the dtype of the layer, and ``mask`` (named ``mask_name``
-        in the messages, e.g. a model's ``"src_mask"``), which must broadcast to ``(B, num_heads, S, S)``."""
+    def check_inputs(
+        self, x: Tensor, mask: Tensor | None, mask_name: str | None = None
+    ) -> None:
+        """Check ``x`` ``(B, S, d_model)``, in the dtype of the layer, and ``mask``
+        (named ``mask_name`` in the messages, e.g. a model's ``"src_mask"``), which must
+        broadcast to ``(B, num_heads, S, S)``."""
         check_features("x", x, self.d_model)
-        check_dtype("x", x, input_dtype(self.norm1))  # before the first LayerNorm or projection
+        # before the first LayerNorm or projection
+        check_dtype("x", x, input_dtype(self.norm1))
         B, S, _ = x.shape
         check_attention_mask(mask, (B, self.self_attn.num_heads, S, S), name=mask_name)
 
@@ -175,31 +214,50 @@ class Encoder(nn.Module):
         torch.Size([2, 5, 8])
     """
 
-    def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1, *,
-                 options: LayerOptions = LayerOptions()):
+    def __init__(
+        self,
+        num_layers: int,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        dropout: float = 0.1,
+        *,
+        options: LayerOptions = LayerOptions(),
+    ):
         super().__init__()
         check_positive_int("num_layers", num_layers)
-        self.layers = nn.ModuleList([EncoderLayer(d_model, num_heads, d_ff, dropout, options=options)
-                                     for _ in range(num_layers)])
+        self.layers = nn.ModuleList(
+            [
+                EncoderLayer(d_model, num_heads, d_ff, dropout, options=options)
+                for _ in range(num_layers)
+            ]
+        )
         self.norm = options.norm(d_model) if options.norm_first else None
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, *, checked: bool = False) -> Tensor:
+    def forward(
+        self, x: Tensor, mask: Tensor | None = None, *, checked: bool = False
+    ) -> Tensor:
         """Run ``x`` through every layer in turn, with the same mask.
 
         Args:
-            x: the input vectors (embedded source tokens with positions), ``(B, S, d_model)``.
-            mask: optional bool mask, True where a position may not be attended to, broadcastable
-                to ``(B, num_heads, S, S)``; typically a padding mask ``(B, 1, 1, S)``.
-            checked: True when the caller (a model) has checked ``x`` and ``mask``; otherwise they
-                are checked here, once for all the layers, which are told so.
+            x: the input vectors (embedded source tokens with positions),
+            ``(B, S, d_model)``.
+            mask: optional bool mask, True where a position may not be attended to,
+                broadcastable to ``(B, num_heads, S, S)``; typically a padding mask
+                ``(B, 1, 1, S)``.
+            checked: True when the caller (a model) has checked ``x`` and ``mask``;
+                otherwise they are checked here, once for all the layers, which are told
+                so.
 
         Returns:
-            The encoder's output, the *memory* the decoder attends to, ``(B, S, d_model)``.
+            The encoder's output, the *memory* the decoder attends to,
+            ``(B, S, d_model)``.
 
         Shape:
             ``(B, S, d_model) -> (B, S, d_model)``.
         """
-        if not checked:  # every layer takes the same x and mask: the first one's check is every layer's
+        # every layer takes the same x and mask: the first one's check is every layer's
+        if not checked:
             cast(EncoderLayer, self.layers[0]).check_inputs(x, mask)
         for layer in self.layers:
             x = layer(x, mask=mask, checked=True)  # (B, S, d_model) -> (B, S, d_model)

@@ -28,46 +28,76 @@ from transformer.nn.positional import SinusoidalPositionalEncoding
 
 # chapters/encoder_only.md: The classifier
 class SequenceClassifier(nn.Module):
-    """An encoder-only classifier: embeddings, sinusoidal positions, ``Encoder``, pooling, linear head.
+    """An encoder-only classifier: embeddings, sinusoidal positions, ``Encoder``,
+    pooling, linear head.
 
     Args:
         vocab_size: number of token ids V (the padding id included).
         num_classes: number of classes C.
-        d_model, num_heads, d_ff, num_layers, dropout: as for ``Encoder``; the arguments after
-            ``dropout`` are keyword only.
+        d_model, num_heads, d_ff, num_layers, dropout: as for ``Encoder``; the arguments
+            after ``dropout`` are keyword only.
         max_len: the longest input accepted, the class token included.
-        pad_id: the padding id: its embedding is zero, no position attends to it, and the mean
-            pooling leaves it out.
-        pooling: ``"cls"``, the output at a learned class vector put in front of the tokens
-            (BERT's [CLS]), or ``"mean"``, the mean of the outputs at the non-padding positions.
+        pad_id: the padding id: its embedding is zero, no position attends to it, and
+            the mean pooling leaves it out.
+        pooling: ``"cls"``, the output at a learned class vector put in front of the
+            tokens (BERT's [CLS]), or ``"mean"``, the mean of the outputs at the
+            non-padding positions.
         options: the ``LayerOptions`` of every encoder layer; pre-LN by default.
 
     Shape:
         tokens (B, S) integer ids -> logits (B, num_classes).
     """
 
-    def __init__(self, vocab_size: int, num_classes: int, d_model: int = 64, num_heads: int = 4,
-                 d_ff: int = 256, num_layers: int = 2, dropout: float = 0.1, *, max_len: int = 512,
-                 pad_id: int = 0, pooling: str = "cls", options: LayerOptions = LayerOptions(norm_first=True)):
+    def __init__(
+        self,
+        vocab_size: int,
+        num_classes: int,
+        d_model: int = 64,
+        num_heads: int = 4,
+        d_ff: int = 256,
+        num_layers: int = 2,
+        dropout: float = 0.1,
+        *,
+        max_len: int = 512,
+        pad_id: int = 0,
+        pooling: str = "cls",
+        options: LayerOptions = LayerOptions(norm_first=True),
+    ):
         super().__init__()
         check_positive_int("vocab_size", vocab_size)
         check_positive_int("num_classes", num_classes)
         if isinstance(pad_id, bool) or not isinstance(pad_id, int):
-            raise TypeError(f"pad_id must be an int, got {type(pad_id).__name__} {pad_id!r}")
+            raise TypeError(
+                f"pad_id must be an int, got {type(pad_id).__name__} {pad_id!r}"
+            )
         if not 0 <= pad_id < vocab_size:
-            raise ValueError(f"pad_id must lie in [0, vocab_size={vocab_size}), got {pad_id}")
+            raise ValueError(
+                f"pad_id must lie in [0, vocab_size={vocab_size}), got {pad_id}"
+            )
         if pooling not in ("cls", "mean"):
             raise ValueError(f"pooling must be 'cls' or 'mean', got {pooling!r}")
         self.embed = TokenEmbedding(vocab_size, d_model, padding_idx=pad_id)
-        self.positional_encoding = SinusoidalPositionalEncoding(d_model, max_len, dropout)
+        self.positional_encoding = SinusoidalPositionalEncoding(
+            d_model, max_len, dropout
+        )
         # the class vector, entries of variance 1 like a scaled token embedding
-        self.cls_token = nn.Parameter(torch.randn(d_model)) if pooling == "cls" else None
-        self.encoder = Encoder(num_layers, d_model, num_heads, d_ff, dropout, options=options)
+        self.cls_token = (
+            nn.Parameter(torch.randn(d_model)) if pooling == "cls" else None
+        )
+        self.encoder = Encoder(
+            num_layers, d_model, num_heads, d_ff, dropout, options=options
+        )
         self.head = nn.Linear(d_model, num_classes)  # logits = h W + b
-        self.d_model, self.max_len, self.pad_id, self.pooling = d_model, max_len, pad_id, pooling
+        self.d_model, self.max_len, self.pad_id, self.pooling = (
+            d_model,
+            max_len,
+            pad_id,
+            pooling,
+        )
 
     def encoder_inputs(self, tokens: Tensor) -> tuple[Tensor, Tensor]:
-        """What the encoder reads: the vectors with positions added, and their padding mask.
+        """What the encoder reads: the vectors with positions added, and their padding
+        mask.
 
         Shape:
             tokens (B, S) -> x (B, S', d_model) and mask (B, 1, 1, S'), True at padding;
@@ -76,30 +106,38 @@ class SequenceClassifier(nn.Module):
         check_token_batch("tokens", tokens, self.embed.vocab_size)
         length = tokens.shape[1] + (self.cls_token is not None)
         if length > self.max_len:
-            raise ValueError(f"tokens has {tokens.shape[1]} positions, {length} with the class token, "
-                             f"more than max_len={self.max_len}")
+            raise ValueError(
+                f"tokens has {tokens.shape[1]} positions, {length} with the class token, "
+                f"more than max_len={self.max_len}"
+            )
         x = self.embed(tokens)  # (B, S) -> (B, S, d_model)
         mask = padding_mask(tokens, self.pad_id)  # (B, 1, 1, S)
         if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(x.shape[0], 1, -1), x], dim=1)  # (B, 1 + S, d_model)
-            mask = F.pad(mask, (1, 0), value=False)  # (B, 1, 1, 1 + S): the class token is never masked
+            # (B, 1 + S, d_model)
+            x = torch.cat([self.cls_token.expand(x.shape[0], 1, -1), x], dim=1)
+            # (B, 1, 1, 1 + S): the class token is never masked
+            mask = F.pad(mask, (1, 0), value=False)
         return self.positional_encoding(x), mask
 
     def pool(self, h: Tensor, mask: Tensor) -> Tensor:
-        """One vector per sequence from the encoder's output ``h`` (B, S', d_model): (B, d_model)."""
+        """One vector per sequence from the encoder's output ``h`` (B, S', d_model): (B,
+        d_model)."""
         if self.cls_token is not None:
             return h[:, 0]  # the output at the class token
         keep = (~mask[:, 0, 0]).unsqueeze(-1).to(h.dtype)  # (B, S, 1): 1 at real tokens
-        return (h * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1)  # (B, d_model); no real token: 0
+        # (B, d_model); no real token: 0
+        return (h * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1)
 
     def forward(self, tokens: Tensor) -> Tensor:
         """Scores of the classes for each sequence.
 
         Args:
-            tokens: integer ids ``(B, S)``, padded with ``pad_id`` (anywhere, usually at the end).
+            tokens: integer ids ``(B, S)``, padded with ``pad_id`` (anywhere, usually at
+            the end).
 
         Returns:
-            The logits ``(B, num_classes)``; a softmax over the last dimension gives probabilities.
+            The logits ``(B, num_classes)``; a softmax over the last dimension gives
+            probabilities.
         """
         x, mask = self.encoder_inputs(tokens)  # (B, S', d_model), (B, 1, 1, S')
         h = self.encoder(x, mask=mask)  # (B, S', d_model)
@@ -108,53 +146,85 @@ class SequenceClassifier(nn.Module):
 
 # chapters/pretraining.md: The model
 class MaskedLanguageModel(nn.Module):
-    """An encoder with a head that scores the vocabulary at every position (BERT's masked LM).
+    """An encoder with a head that scores the vocabulary at every position (BERT's
+    masked LM).
 
-    Args: as ``SequenceClassifier``'s, whose ``embed``, ``positional_encoding`` and ``encoder`` it has.
+    Args: as ``SequenceClassifier``'s, whose ``embed``, ``positional_encoding`` and
+    ``encoder`` it has.
 
     Attributes:
-        settings: the arguments, as plain values a checkpoint can hold: the ``LayerOptions`` fields
-            flat among the others (all but the modules' builders: ``self_attention``, ``norm``,
-            ``feed_forward``, which a weights-only file cannot hold); ``from_settings`` builds the model again.
+        settings: the arguments, as plain values a checkpoint can hold: the
+            ``LayerOptions`` fields flat among the others (all but the modules'
+            builders: ``self_attention``, ``norm``, ``feed_forward``, which a
+            weights-only file cannot hold); ``from_settings`` builds the model again.
 
     Shape:
         tokens (B, S) -> logits (B, S, vocab_size).
     """
 
-    def __init__(self, vocab_size: int, d_model: int = 64, num_heads: int = 4, d_ff: int = 256,
-                 num_layers: int = 2, dropout: float = 0.1, *, max_len: int = 512, pad_id: int = 0,
-                 options: LayerOptions = LayerOptions(norm_first=True)):
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int = 64,
+        num_heads: int = 4,
+        d_ff: int = 256,
+        num_layers: int = 2,
+        dropout: float = 0.1,
+        *,
+        max_len: int = 512,
+        pad_id: int = 0,
+        options: LayerOptions = LayerOptions(norm_first=True),
+    ):
         super().__init__()
         self.embed = TokenEmbedding(vocab_size, d_model, padding_idx=pad_id)
-        self.positional_encoding = SinusoidalPositionalEncoding(d_model, max_len, dropout)
-        self.encoder = Encoder(num_layers, d_model, num_heads, d_ff, dropout, options=options)
+        self.positional_encoding = SinusoidalPositionalEncoding(
+            d_model, max_len, dropout
+        )
+        self.encoder = Encoder(
+            num_layers, d_model, num_heads, d_ff, dropout, options=options
+        )
         self.head = nn.Linear(d_model, vocab_size)
         self.max_len, self.pad_id = max_len, pad_id
-        self.settings: dict[str, Any] = dict(vocab_size=vocab_size, d_model=d_model, num_heads=num_heads, d_ff=d_ff,
-                             num_layers=num_layers, dropout=dropout, max_len=max_len, pad_id=pad_id,
-                             **{field.name: getattr(options, field.name) for field in fields(options)
-                                if not callable(getattr(options, field.name))})  # plain values only
+        self.settings: dict[str, Any] = dict(
+            vocab_size=vocab_size,
+            d_model=d_model,
+            num_heads=num_heads,
+            d_ff=d_ff,
+            num_layers=num_layers,
+            dropout=dropout,
+            max_len=max_len,
+            pad_id=pad_id,
+            **{
+                field.name: getattr(options, field.name)
+                for field in fields(options)
+                # plain values only
+                if not callable(getattr(options, field.name))
+            },
+        )
 
     def encode(self, tokens: Tensor) -> Tensor:
-        """The encoder's output vectors, (B, S) -> (B, S, d_model); padding is attended to by no position."""
+        """The encoder's output vectors, (B, S) -> (B, S, d_model); padding is attended
+        to by no position."""
         check_token_batch("tokens", tokens, self.embed.vocab_size, self.max_len)
         x = self.positional_encoding(self.embed(tokens))  # (B, S, d_model)
-        return self.encoder(x, mask=padding_mask(tokens, self.pad_id))  # (B, S, d_model)
+        # (B, S, d_model)
+        return self.encoder(x, mask=padding_mask(tokens, self.pad_id))
 
     def forward(self, tokens: Tensor) -> Tensor:
-        """Scores of every token of the vocabulary at every position: (B, S) -> (B, S, vocab_size)."""
+        """Scores of every token of the vocabulary at every position: (B, S) -> (B, S,
+        vocab_size)."""
         return self.head(self.encode(tokens))
 
 
 # chapters/tagging.md: The tagger
 class TokenClassifier(SequenceClassifier):
-    """An encoder-only tagger: ``SequenceClassifier``'s embeddings, positions and encoder, and its
-    linear head applied at every position (no pooling, no class token).
+    """An encoder-only tagger: ``SequenceClassifier``'s embeddings, positions and
+    encoder, and its linear head applied at every position (no pooling, no class token).
 
     Args:
         vocab_size, num_classes: as for ``SequenceClassifier``.
-        **kwargs: ``SequenceClassifier``'s other arguments (d_model, num_heads, d_ff, num_layers,
-            dropout, max_len, pad_id, options).
+        **kwargs: ``SequenceClassifier``'s other arguments (d_model, num_heads, d_ff,
+            num_layers, dropout, max_len, pad_id, options).
 
     Shape:
         tokens (B, S) integer ids -> logits (B, S, num_classes).
@@ -163,7 +233,8 @@ class TokenClassifier(SequenceClassifier):
     def __init__(self, vocab_size: int, num_classes: int, **kwargs: Any):
         if "pooling" in kwargs:
             raise TypeError("TokenClassifier has no pooling: it labels every position")
-        super().__init__(vocab_size, num_classes, pooling="mean", **kwargs)  # "mean": no class token
+        # "mean": no class token
+        super().__init__(vocab_size, num_classes, pooling="mean", **kwargs)
 
     def forward(self, tokens: Tensor) -> Tensor:
         """Scores of the labels at each position.
@@ -175,4 +246,5 @@ class TokenClassifier(SequenceClassifier):
             The logits ``(B, S, num_classes)``; those at padding positions mean nothing.
         """
         x, mask = self.encoder_inputs(tokens)  # (B, S, d_model), (B, 1, 1, S)
-        return self.head(self.encoder(x, mask=mask))  # (B, S, d_model) -> (B, S, num_classes)
+        # (B, S, d_model) -> (B, S, num_classes)
+        return self.head(self.encoder(x, mask=mask))

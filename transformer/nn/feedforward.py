@@ -25,24 +25,31 @@ from transformer.checks import (check_bool, check_fraction, check_dtype, input_d
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": torch.relu_,  # the paper; in place, see forward
     "gelu": F.gelu,  # x Phi(x), exact
-    "gelu_tanh": partial(F.gelu, approximate="tanh"),  # GPT-2's approximation of x Phi(x)
+    # GPT-2's approximation of x Phi(x)
+    "gelu_tanh": partial(F.gelu, approximate="tanh"),
     "silu": F.silu,  # x sigmoid(x), also called swish
     "swish": F.silu,
 }
 
 
 def _check_activation(activation: object) -> str:
-    """Return ``activation`` if it names one of ``_ACTIVATIONS``, else raise naming the argument."""
+    """Return ``activation`` if it names one of ``_ACTIVATIONS``, else raise naming the
+    argument."""
     if not isinstance(activation, str):
-        raise TypeError(f"activation must be a str, one of {sorted(_ACTIVATIONS)}, got {type(activation).__name__}")
+        raise TypeError(
+            f"activation must be a str, one of {sorted(_ACTIVATIONS)}, got {type(activation).__name__}"
+        )
     if activation not in _ACTIVATIONS:
-        raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+        raise ValueError(
+            f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}"
+        )
     return activation
 
 
 def activation_function(activation: object) -> Callable[[Tensor], Tensor]:
-    """The function that the name ``activation`` stands for, checked: "relu" (in place: give it a
-    fresh tensor), "gelu", "gelu_tanh", "silu" or "swish". For other networks that take these names."""
+    """The function that the name ``activation`` stands for, checked: "relu" (in place:
+    give it a fresh tensor), "gelu", "gelu_tanh", "silu" or "swish". For other networks
+    that take these names."""
     return _ACTIVATIONS[_check_activation(activation)]
 
 
@@ -69,15 +76,23 @@ class PositionwiseFeedForward(nn.Module):
         torch.Size([2, 5, 8])
     """
 
-    def __init__(self, d_model: int, d_ff: int = 2048, dropout: float = 0.0, activation: str = "relu",
-                 bias: bool = True):
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int = 2048,
+        dropout: float = 0.0,
+        activation: str = "relu",
+        bias: bool = True,
+    ):
         super().__init__()
         self.d_model = check_positive_int("d_model", d_model)
         self.d_ff = check_positive_int("d_ff", d_ff)
         self.activation = _check_activation(activation)
         bias = check_bool("bias", bias)
-        self.w_1 = nn.Linear(d_model, d_ff, bias=bias)  # W_1 = w_1.weight.T, (d_model, d_ff); b_1 = w_1.bias
-        self.w_2 = nn.Linear(d_ff, d_model, bias=bias)  # W_2 = w_2.weight.T, (d_ff, d_model); b_2 = w_2.bias
+        # W_1 = w_1.weight.T, (d_model, d_ff); b_1 = w_1.bias
+        self.w_1 = nn.Linear(d_model, d_ff, bias=bias)
+        # W_2 = w_2.weight.T, (d_ff, d_model); b_2 = w_2.bias
+        self.w_2 = nn.Linear(d_ff, d_model, bias=bias)
         self.dropout = nn.Dropout(check_fraction("dropout", dropout))
 
     def forward(self, x: Tensor, *, checked: bool = False) -> Tensor:
@@ -85,23 +100,27 @@ class PositionwiseFeedForward(nn.Module):
 
         Args:
             x: a floating-point tensor whose last dimension is ``d_model``: usually
-                ``(B, S, d_model)``, but any leading dimensions are accepted, since every vector
-                is transformed on its own.
-            checked: True when the caller has checked ``x`` (a layer of a stack, which checks its
-                input once for all its layers): it is not checked again.
+                ``(B, S, d_model)``, but any leading dimensions are accepted, since
+                every vector is transformed on its own.
+            checked: True when the caller has checked ``x`` (a layer of a stack, which
+                checks its input once for all its layers): it is not checked again.
 
         Returns:
             FFN(x), a tensor of the same shape as ``x``.
 
         Shape:
-            ``(B, S, d_model)`` -> ``(B, S, d_model)``; in general ``(..., d_model)`` -> ``(..., d_model)``.
+            ``(B, S, d_model)`` -> ``(B, S, d_model)``; in general ``(..., d_model)`` ->
+            ``(..., d_model)``.
         """
         if not checked:
             check_tensor("x", x)
-            check_features("x", x, self.d_model, ndim=max(x.dim(), 1))  # any leading dims, last d_model
-            check_dtype("x", x, input_dtype(self.w_1))  # float64 into a float32 network: say so, not mat1/mat2
-        # ReLU works in place: the (B, S, d_ff) product is fresh, so it may overwrite it instead of
-        # allocating another tensor of the largest size in the layer (autograd allows it: ReLU's
-        # backward needs only its output).
-        hidden = _ACTIVATIONS[self.activation](self.w_1(x))  # (B, S, d_model) @ W_1 -> (B, S, d_ff)
+            # any leading dims, last d_model
+            check_features("x", x, self.d_model, ndim=max(x.dim(), 1))
+            # float64 into a float32 network: say so, not mat1/mat2
+            check_dtype("x", x, input_dtype(self.w_1))
+        # ReLU works in place: the (B, S, d_ff) product is fresh, so it may overwrite it
+        # instead of allocating another tensor of the largest size in the layer
+        # (autograd allows it: ReLU's backward needs only its output).
+        # (B, S, d_model) @ W_1 -> (B, S, d_ff)
+        hidden = _ACTIVATIONS[self.activation](self.w_1(x))
         return self.w_2(self.dropout(hidden))  # (B, S, d_ff) @ W_2 -> (B, S, d_model)

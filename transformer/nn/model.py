@@ -27,33 +27,51 @@ class Transformer(nn.Module):
 
     Args:
         src_vocab_size, tgt_vocab_size: sizes of the two vocabularies.
-        d_model, num_heads, num_layers, d_ff, dropout: as in the paper (base model defaults);
-            ``dropout`` is the paper's P_drop, on the embeddings with positions and on every
-            sublayer's output.
+        d_model, num_heads, num_layers, d_ff, dropout: as in the paper (base model
+            defaults); ``dropout`` is the paper's P_drop, on the embeddings with
+            positions and on every sublayer's output.
         max_len: the longest source or target sequence accepted.
         pad_id: optional padding id; its embedding is zero and gets no gradient.
-        share_embeddings: use one embedding table for source and target (one vocabulary).
-        tie_output: share the output layer's weight with the target embedding (the paper).
+        share_embeddings: use one embedding table for source and target (one
+        vocabulary).
+        tie_output: share the output layer's weight with the target embedding (the
+        paper).
         scale_embedding: multiply the embeddings by sqrt(d_model) (the paper).
-        options: the ``LayerOptions`` of every encoder and decoder layer, beyond the paper:
-            pre-LN (``norm_first``), dropout on the attention weights and on the feed-forward hidden
-            units (0 by default), the feed-forward ``activation``. Every argument after ``dropout``
-            is keyword only.
-        src_embed: the source front-end. None (the paper): a ``TokenEmbedding`` of ``src_vocab_size``
-            ids, whose output gets ``positional_encoding``; any other module maps ``src`` to vectors
-            with their positions, (B, S, d_model), and checks its own input.
+        options: the ``LayerOptions`` of every encoder and decoder layer, beyond the
+            paper: pre-LN (``norm_first``), dropout on the attention weights and on the
+            feed-forward hidden units (0 by default), the feed-forward ``activation``.
+            Every argument after ``dropout`` is keyword only.
+        src_embed: the source front-end. None (the paper): a ``TokenEmbedding`` of
+            ``src_vocab_size`` ids, whose output gets ``positional_encoding``; any other
+            module maps ``src`` to vectors with their positions, (B, S, d_model), and
+            checks its own input.
 
     Shape:
         src (B, S), tgt (B, T) integer ids -> logits (B, T, tgt_vocab_size).
-        src_mask: bool, True = may not attend, broadcastable to (B, H, S, S), e.g. (B, 1, 1, S).
-        tgt_mask: bool, extra masking on top of the causal mask, broadcastable to (B, H, T, T).
+        src_mask: bool, True = may not attend, broadcastable to (B, H, S, S), e.g. (B,
+        1, 1, S).
+        tgt_mask: bool, extra masking on top of the causal mask, broadcastable to (B, H,
+        T, T).
     """
 
-    def __init__(self, src_vocab_size: int, tgt_vocab_size: int, d_model: int = 512, num_heads: int = 8,
-                 num_layers: int = 6, d_ff: int = 2048, dropout: float = 0.1, *, max_len: int = 5000,
-                 pad_id: int | None = None, share_embeddings: bool = False, tie_output: bool = True,
-                 scale_embedding: bool = True, options: LayerOptions = LayerOptions(),
-                 src_embed: nn.Module | None = None):
+    def __init__(
+        self,
+        src_vocab_size: int,
+        tgt_vocab_size: int,
+        d_model: int = 512,
+        num_heads: int = 8,
+        num_layers: int = 6,
+        d_ff: int = 2048,
+        dropout: float = 0.1,
+        *,
+        max_len: int = 5000,
+        pad_id: int | None = None,
+        share_embeddings: bool = False,
+        tie_output: bool = True,
+        scale_embedding: bool = True,
+        options: LayerOptions = LayerOptions(),
+        src_embed: nn.Module | None = None,
+    ):
         super().__init__()
         check_positive_int("src_vocab_size", src_vocab_size)
         check_positive_int("tgt_vocab_size", tgt_vocab_size)
@@ -64,44 +82,83 @@ class Transformer(nn.Module):
                 "share_embeddings needs one vocabulary, got "
                 f"src_vocab_size={src_vocab_size} and tgt_vocab_size={tgt_vocab_size}"
             )
-        if src_embed is None:  # the paper's front-end: token ids, then positions (added in encode)
-            src_embed = TokenEmbedding(src_vocab_size, d_model, padding_idx=pad_id, scale=scale_embedding)
-        if not isinstance(src_embed, nn.Module) or (share_embeddings and not isinstance(src_embed, TokenEmbedding)):
-            raise TypeError(f"src_embed must be an nn.Module, and a TokenEmbedding to share it, got "
-                            f"{type(src_embed).__name__} with share_embeddings={share_embeddings}")
+        # the paper's front-end: token ids, then positions (added in encode)
+        if src_embed is None:
+            src_embed = TokenEmbedding(
+                src_vocab_size, d_model, padding_idx=pad_id, scale=scale_embedding
+            )
+        if not isinstance(src_embed, nn.Module) or (
+            share_embeddings and not isinstance(src_embed, TokenEmbedding)
+        ):
+            raise TypeError(
+                f"src_embed must be an nn.Module, and a TokenEmbedding to share it, got "
+                f"{type(src_embed).__name__} with share_embeddings={share_embeddings}"
+            )
         self.d_model = d_model
         self.src_embed = src_embed
-        self.tgt_embed = (src_embed if share_embeddings and isinstance(src_embed, TokenEmbedding)
-                          else TokenEmbedding(tgt_vocab_size, d_model, padding_idx=pad_id, scale=scale_embedding))
-        self.positional_encoding = SinusoidalPositionalEncoding(d_model, max_len, dropout)
-        self.encoder = Encoder(num_layers, d_model, num_heads, d_ff, dropout, options=options)
-        self.decoder = Decoder(num_layers, d_model, num_heads, d_ff, dropout, options=options)
+        self.tgt_embed = (
+            src_embed
+            if share_embeddings and isinstance(src_embed, TokenEmbedding)
+            else TokenEmbedding(
+                tgt_vocab_size, d_model, padding_idx=pad_id, scale=scale_embedding
+            )
+        )
+        self.positional_encoding = SinusoidalPositionalEncoding(
+            d_model, max_len, dropout
+        )
+        self.encoder = Encoder(
+            num_layers, d_model, num_heads, d_ff, dropout, options=options
+        )
+        self.decoder = Decoder(
+            num_layers, d_model, num_heads, d_ff, dropout, options=options
+        )
         self.output = nn.Linear(d_model, tgt_vocab_size)  # logits = h E^T + b
         nn.init.zeros_(self.output.bias)
         if tie_output:
-            self.output.weight = self.tgt_embed.weight  # (V, d_model): the same Parameter
+            # (V, d_model): the same Parameter
+            self.output.weight = self.tgt_embed.weight
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
-        """Read the source through the front-end: ids (B, S) -> memory (B, S, d_model)."""
-        if isinstance(self.src_embed, TokenEmbedding):  # the paper's: ids, embedded, then positions
-            src = check_token_batch("src", src, self.src_embed.vocab_size, self.positional_encoding.max_len)
-            x = self.positional_encoding(self.src_embed(src))  # (B, S) -> (B, S, d_model)
+        """Read the source through the front-end: ids (B, S) -> memory (B, S,
+        d_model)."""
+        # the paper's: ids, embedded, then positions
+        if isinstance(self.src_embed, TokenEmbedding):
+            src = check_token_batch(
+                "src", src, self.src_embed.vocab_size, self.positional_encoding.max_len
+            )
+            # (B, S) -> (B, S, d_model)
+            x = self.positional_encoding(self.src_embed(src))
         else:
-            x = self.src_embed(src)  # its own front-end: src -> (B, S, d_model), positions included
-        # Checked once, here, the source mask under its own name (inside, the encoder's mask); the stack trusts it.
-        cast(EncoderLayer, self.encoder.layers[0]).check_inputs(x, src_mask, mask_name="src_mask")
+            # its own front-end: src -> (B, S, d_model), positions included
+            x = self.src_embed(src)
+        # Checked once, here, the source mask under its own name (inside, the encoder's
+        # mask); the stack trusts it.
+        cast(EncoderLayer, self.encoder.layers[0]).check_inputs(
+            x, src_mask, mask_name="src_mask"
+        )
         return self.encoder(x, mask=src_mask, checked=True)  # (B, S, d_model)
 
-    def decode(self, tgt: Tensor, memory: Tensor, src_mask: Tensor | None = None,
-               tgt_mask: Tensor | None = None, cache: StackCache | None = None) -> Tensor:
-        """Read the target prefix against the memory: ids (B, T) -> vectors (B, T, d_model).
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+        cache: StackCache | None = None,
+    ) -> Tensor:
+        """Read the target prefix against the memory: ids (B, T) -> vectors (B, T,
+        d_model).
 
-        With a ``StackCache`` (generation, the book's chapter "Fast generation"), ``tgt`` holds only
-        the tokens after the ``cache.length`` cached ones, and gets the positions that follow them.
+        With a ``StackCache`` (generation, the book's chapter "Fast generation"),
+        ``tgt`` holds only the tokens after the ``cache.length`` cached ones, and gets
+        the positions that follow them.
         """
-        start = cache.length if isinstance(cache, StackCache) else 0  # the position of tgt[:, 0], maybe a tensor
-        first = isinstance(start, int) and start == 0  # positions from 0: checked against max_len here
-        max_len = self.positional_encoding.max_len if first else None  # later ones: by add_positions
+        # the position of tgt[:, 0], maybe a tensor
+        start = cache.length if isinstance(cache, StackCache) else 0
+        # positions from 0: checked against max_len here
+        first = isinstance(start, int) and start == 0
+        # later ones: by add_positions
+        max_len = self.positional_encoding.max_len if first else None
         tgt = check_token_batch("tgt", tgt, self.tgt_embed.vocab_size, max_len)
         check_features("memory", memory, self.d_model)
         if memory.shape[0] != tgt.shape[0]:
@@ -110,21 +167,51 @@ class Transformer(nn.Module):
                 f"and tgt {tuple(tgt.shape)}"
             )
         y = self.tgt_embed(tgt)  # (B, T) -> (B, T, d_model)
-        y = self.positional_encoding(y) if cache is None else add_positions(self.positional_encoding, y, start)
-        layer_cache = cache.layers[0] if isinstance(cache, StackCache) else None  # the decoder checks the cache's type
-        cast(DecoderLayer, self.decoder.layers[0]).check_inputs(y, memory, tgt_mask, src_mask, layer_cache,
-                                                                memory_mask_name="src_mask")  # once, as in encode
-        return self.decoder(y, memory, tgt_mask=tgt_mask, memory_mask=src_mask, cache=cache, checked=True)
+        y = (
+            self.positional_encoding(y)
+            if cache is None
+            else add_positions(self.positional_encoding, y, start)
+        )
+        # the decoder checks the cache's type
+        layer_cache = cache.layers[0] if isinstance(cache, StackCache) else None
+        cast(DecoderLayer, self.decoder.layers[0]).check_inputs(
+            y,
+            memory,
+            tgt_mask,
+            src_mask,
+            layer_cache,
+            # once, as in encode
+            memory_mask_name="src_mask",
+        )
+        return self.decoder(
+            y,
+            memory,
+            tgt_mask=tgt_mask,
+            memory_mask=src_mask,
+            cache=cache,
+            checked=True,
+        )
 
-    def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None,
-                tgt_mask: Tensor | None = None) -> Tensor:
-        """Logits for every target position: src (B, S), tgt (B, T) -> (B, T, tgt_vocab_size).
+    def forward(
+        self,
+        src: Tensor,
+        tgt: Tensor,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Logits for every target position: src (B, S), tgt (B, T) -> (B, T,
+        tgt_vocab_size).
 
-        Position t of the result scores the token that follows tgt[:, :t + 1]; a softmax over
-        the last dimension gives probabilities.
+        Position t of the result scores the token that follows tgt[:, :t + 1]; a softmax
+        over the last dimension gives probabilities.
         """
-        both_batches = isinstance(src, Tensor) and isinstance(tgt, Tensor) and src.dim() == tgt.dim() == 2
-        if both_batches and src.shape[0] != tgt.shape[0]:  # other errors: in encode and decode
+        both_batches = (
+            isinstance(src, Tensor)
+            and isinstance(tgt, Tensor)
+            and src.dim() == tgt.dim() == 2
+        )
+        # other errors: in encode and decode
+        if both_batches and src.shape[0] != tgt.shape[0]:
             raise ValueError(
                 f"src and tgt must have the same batch size, got src {tuple(src.shape)} "
                 f"and tgt {tuple(tgt.shape)}"
@@ -134,6 +221,7 @@ class Transformer(nn.Module):
 
     # chapters/fast_generation.md: Every layer of the decoder
     def new_cache(self, capacity: int | None = None) -> DecoderCache:
-        """An empty key/value cache for ``decode``, one ``DecoderLayerCache`` per decoder layer, with room
-        for ``capacity`` target positions (or None: it grows); ``use_cache=True`` in generation builds it."""
+        """An empty key/value cache for ``decode``, one ``DecoderLayerCache`` per decoder
+        layer, with room for ``capacity`` target positions (or None: it grows);
+        ``use_cache=True`` in generation builds it."""
         return DecoderCache(len(self.decoder.layers), capacity=capacity)

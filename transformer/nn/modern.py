@@ -50,11 +50,14 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(self.d_model))  # the gain g
 
     def forward(self, x: Tensor, *, checked: bool = False) -> Tensor:
-        """Normalise every vector along the last dimension: ``(..., d_model) -> (..., d_model)``.
+        """Normalise every vector along the last dimension:
+        ``(..., d_model) -> (..., d_model)``.
 
-        ``checked`` is what a layer passes to the norm it was given (chapter "The encoder"); this norm
-        checks nothing itself (``F.rms_norm`` refuses a last dimension of another width)."""
-        return F.rms_norm(x, (self.d_model,), self.weight, self.eps)  # (..., d_model), one fused kernel
+        ``checked`` is what a layer passes to the norm it was given (chapter "The
+        encoder"); this norm checks nothing itself (``F.rms_norm`` refuses a last
+        dimension of another width)."""
+        # (..., d_model), one fused kernel
+        return F.rms_norm(x, (self.d_model,), self.weight, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.d_model}, eps={self.eps}"
@@ -78,121 +81,211 @@ class GatedFeedForward(nn.Module):
         torch.Size([2, 5, 8])
     """
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "silu", bias: bool = True):
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        dropout: float = 0.0,
+        activation: str = "silu",
+        bias: bool = True,
+    ):
         super().__init__()
-        self.d_model, self.d_ff = check_positive_int("d_model", d_model), check_positive_int("d_ff", d_ff)
+        self.d_model, self.d_ff = (
+            check_positive_int("d_model", d_model),
+            check_positive_int("d_ff", d_ff),
+        )
         self.activation = activation
         self.function = activation_function(activation)  # checks the name
-        self.w = nn.Linear(d_model, d_ff, bias=bias)  # W = w.weight.T, (d_model, d_ff): the gate
-        self.v = nn.Linear(d_model, d_ff, bias=bias)  # V, (d_model, d_ff): what the gate lets through
+        # W = w.weight.T, (d_model, d_ff): the gate
+        self.w = nn.Linear(d_model, d_ff, bias=bias)
+        # V, (d_model, d_ff): what the gate lets through
+        self.v = nn.Linear(d_model, d_ff, bias=bias)
         self.w_2 = nn.Linear(d_ff, d_model, bias=bias)  # W_2, (d_ff, d_model)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, *, checked: bool = False) -> Tensor:
-        """``(..., d_model) -> (..., d_model)``, every position on its own. ``checked``, which a layer
-        passes to the network it was given, changes nothing: this network checks nothing itself."""
+        """``(..., d_model) -> (..., d_model)``, every position on its own. ``checked``,
+        which a layer passes to the network it was given, changes nothing: this network
+        checks nothing itself."""
         gate = self.function(self.w(x))  # (..., d_model) @ W -> (..., d_ff)
-        return self.w_2(self.dropout(gate * self.v(x)))  # (..., d_ff) @ W_2 -> (..., d_model)
+        # (..., d_ff) @ W_2 -> (..., d_model)
+        return self.w_2(self.dropout(gate * self.v(x)))
 
 
 # chapters/modern_decoder.md: Grouped-query attention
 class GroupedQueryAttention(MultiHeadAttention):
-    """Grouped-query attention (Ainslie et al. 2023): ``num_heads`` query heads share ``num_kv_heads``
-    key/value heads, query head i reading group ``i * num_kv_heads // num_heads``.
+    """Grouped-query attention (Ainslie et al. 2023): ``num_heads`` query heads share
+    ``num_kv_heads`` key/value heads, query head i reading group
+    ``i * num_kv_heads // num_heads``.
 
     Args:
         d_model, num_heads, dropout, bias: as for ``MultiHeadAttention``.
-        num_kv_heads: the key/value heads g, dividing ``num_heads`` (None: ``num_heads``, multi-head
-            attention; 1: multi-query attention).
-        **kwargs: passed on to the next class of the method resolution order (``base`` of
-            ``RotaryMultiHeadAttention`` in ``RotaryGroupedQueryAttention``).
+        num_kv_heads: the key/value heads g, dividing ``num_heads`` (None:
+            ``num_heads``, multi-head attention; 1: multi-query attention).
+        **kwargs: passed on to the next class of the method resolution order (``base``
+            of ``RotaryMultiHeadAttention`` in ``RotaryGroupedQueryAttention``).
 
     Attributes:
-        w_k, w_v: ``nn.Linear(d_model, num_kv_heads * d_k)``: W^K and W^V of the g heads side by side.
+        w_k, w_v: ``nn.Linear(d_model, num_kv_heads * d_k)``: W^K and W^V of the g heads
+        side by side.
 
     Shape:
-        as ``MultiHeadAttention``; ``keys_values`` (what a cache holds) gives ``(B, g, S, d_k)``.
+        as ``MultiHeadAttention``; ``keys_values`` (what a cache holds) gives
+        ``(B, g, S, d_k)``.
     """
 
-    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
-                 num_kv_heads: int | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        num_kv_heads: int | None = None,
+        **kwargs: Any,
+    ):
         super().__init__(d_model, num_heads, dropout=dropout, bias=bias, **kwargs)
-        self.num_kv_heads = num_heads if num_kv_heads is None else check_positive_int("num_kv_heads", num_kv_heads)
+        self.num_kv_heads = (
+            num_heads
+            if num_kv_heads is None
+            else check_positive_int("num_kv_heads", num_kv_heads)
+        )
         if num_heads % self.num_kv_heads != 0:
-            raise ValueError(f"num_kv_heads must divide num_heads={num_heads}, got {self.num_kv_heads}")
-        self.w_k = nn.Linear(d_model, self.num_kv_heads * self.d_k, bias=bias)  # W^K, (g * d_k, d_model)
+            raise ValueError(
+                f"num_kv_heads must divide num_heads={num_heads}, got {self.num_kv_heads}"
+            )
+        # W^K, (g * d_k, d_model)
+        self.w_k = nn.Linear(d_model, self.num_kv_heads * self.d_k, bias=bias)
         self.w_v = nn.Linear(d_model, self.num_kv_heads * self.d_k, bias=bias)  # W^V
         self.reset_parameters()
 
     def keys_values(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-        """The keys and values of the g heads: ``(B, S, d_model)`` -> ``(B, g, S, d_k)`` each."""
-        k = self.w_k(key).unflatten(-1, (self.num_kv_heads, self.d_k)).transpose(1, 2)  # (B, S, g * d_k) -> (B, g, S, d_k)
-        v = self.w_v(value).unflatten(-1, (self.num_kv_heads, self.d_k)).transpose(1, 2)  # (B, g, S, d_v)
+        """The keys and values of the g heads: ``(B, S, d_model)`` -> ``(B, g, S, d_k)``
+        each."""
+        # (B, S, g * d_k) -> (B, g, S, d_k)
+        k = self.w_k(key).unflatten(-1, (self.num_kv_heads, self.d_k)).transpose(1, 2)
+        # (B, g, S, d_v)
+        v = self.w_v(value).unflatten(-1, (self.num_kv_heads, self.d_k)).transpose(1, 2)
         return k, v
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float,
-               need_weights: bool, query_start: int = 0) -> tuple[Tensor, Tensor | None]:
-        """Give every query head its group's keys and values, then attend as the next class does."""
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        dropout_p: float,
+        need_weights: bool,
+        query_start: int = 0,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Give every query head its group's keys and values, then attend as the next
+        class does."""
         group = self.num_heads // self.num_kv_heads
-        k = k.repeat_interleave(group, dim=1)  # (B, g, S, d_k) -> (B, H, S, d_k): head i reads i // group
+        # (B, g, S, d_k) -> (B, H, S, d_k): head i reads i // group
+        k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)  # (B, g, S, d_v) -> (B, H, S, d_v)
         return super().attend(q, k, v, mask, dropout_p, need_weights, query_start)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, num_kv_heads={self.num_kv_heads}".removeprefix(", ")
+        return f"{super().extra_repr()}, num_kv_heads={self.num_kv_heads}".removeprefix(
+            ", "
+        )
 
 
 class RotaryGroupedQueryAttention(GroupedQueryAttention, RotaryMultiHeadAttention):
-    """Grouped-query attention with rotary positions (Llama's attention): ``GroupedQueryAttention``'s
-    projections and groups, then ``RotaryMultiHeadAttention``'s rotation of the queries and keys.
+    """Grouped-query attention with rotary positions (Llama's attention):
+    ``GroupedQueryAttention``'s projections and groups, then
+    ``RotaryMultiHeadAttention``'s rotation of the queries and keys.
 
     Args:
-        d_model, num_heads, dropout, bias, num_kv_heads: as for ``GroupedQueryAttention``.
-        base: the base of the rotary frequencies, as for ``RotaryMultiHeadAttention`` (keyword only).
+        d_model, num_heads, dropout, bias, num_kv_heads: as for
+        ``GroupedQueryAttention``.
+        base: the base of the rotary frequencies, as for ``RotaryMultiHeadAttention``
+        (keyword only).
     """
 
 
 # chapters/modern_decoder.md: Llama's layout: `LlamaLM`
-def llama_options(num_kv_heads: int, rope_base: float = 10000.0, eps: float = 1e-5, bias: bool = False,
-                  activation: str = "silu") -> LayerOptions:
-    """The ``LayerOptions`` of a Llama layer: pre-LN with RMSNorm, grouped-query attention with rotary
-    positions (``rope_base``), a gated feed-forward network (SwiGLU with "silu") and no biases."""
-    return LayerOptions(norm_first=True, activation=activation, bias=bias,
-                        norm=functools.partial(RMSNorm, eps=eps), feed_forward=GatedFeedForward,
-                        self_attention=functools.partial(RotaryGroupedQueryAttention, num_kv_heads=num_kv_heads,
-                                                         base=rope_base))
+def llama_options(
+    num_kv_heads: int,
+    rope_base: float = 10000.0,
+    eps: float = 1e-5,
+    bias: bool = False,
+    activation: str = "silu",
+) -> LayerOptions:
+    """The ``LayerOptions`` of a Llama layer: pre-LN with RMSNorm, grouped-query
+    attention with rotary positions (``rope_base``), a gated feed-forward network
+    (SwiGLU with "silu") and no biases."""
+    return LayerOptions(
+        norm_first=True,
+        activation=activation,
+        bias=bias,
+        norm=functools.partial(RMSNorm, eps=eps),
+        feed_forward=GatedFeedForward,
+        self_attention=functools.partial(
+            RotaryGroupedQueryAttention, num_kv_heads=num_kv_heads, base=rope_base
+        ),
+    )
 
 
 class LlamaLM(DecoderOnlyLM):
-    """A decoder-only model of Llama's layout: a ``DecoderOnlyLM`` with ``llama_options``, unscaled
-    embeddings, no absolute positions, no dropout, and a context of ``context_length`` positions.
+    """A decoder-only model of Llama's layout: a ``DecoderOnlyLM`` with
+    ``llama_options``, unscaled embeddings, no absolute positions, no dropout, and a
+    context of ``context_length`` positions.
 
     Args:
         vocab_size, d_model, num_heads, d_ff, num_layers: as for ``DecoderOnlyLM``.
-        num_kv_heads, rope_base, eps, bias, activation: as for ``llama_options`` (keyword only).
-        context_length: the positions the model was trained on; ``forward`` refuses tokens past it.
+        num_kv_heads, rope_base, eps, bias, activation: as for ``llama_options``
+        (keyword only).
+        context_length: the positions the model was trained on; ``forward`` refuses
+        tokens past it.
         tie_embeddings: as for ``DecoderOnlyLM``.
 
     Shape:
         tokens (B, T) integer ids -> logits (B, T, V).
     """
 
-    def __init__(self, vocab_size: int, d_model: int, num_heads: int, d_ff: int, num_layers: int, *,
-                 num_kv_heads: int, context_length: int, rope_base: float = 10000.0, eps: float = 1e-5,
-                 bias: bool = False, activation: str = "silu", tie_embeddings: bool = True):
-        super().__init__(vocab_size, d_model, num_heads, d_ff, num_layers, max_len=context_length, dropout=0.0,
-                         position=None, scale_embedding=False, tie_embeddings=tie_embeddings,
-                         options=llama_options(num_kv_heads, rope_base, eps, bias, activation))
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        num_layers: int,
+        *,
+        num_kv_heads: int,
+        context_length: int,
+        rope_base: float = 10000.0,
+        eps: float = 1e-5,
+        bias: bool = False,
+        activation: str = "silu",
+        tie_embeddings: bool = True,
+    ):
+        super().__init__(
+            vocab_size,
+            d_model,
+            num_heads,
+            d_ff,
+            num_layers,
+            max_len=context_length,
+            dropout=0.0,
+            position=None,
+            scale_embedding=False,
+            tie_embeddings=tie_embeddings,
+            options=llama_options(num_kv_heads, rope_base, eps, bias, activation),
+        )
 
     @property
     def context_length(self) -> int:
         return self.max_len
 
     def forward(self, tokens: Tensor, cache: DecoderCache | None = None) -> Tensor:
-        """``DecoderOnlyLM.forward``, after checking that the tokens end inside the context."""
+        """``DecoderOnlyLM.forward``, after checking that the tokens end inside the
+        context."""
         check_token_batch("tokens", tokens, self.vocab_size)
         end = (0 if cache is None else int(cache.length)) + tokens.shape[1]
         if end > self.context_length:
-            raise ValueError(f"tokens reach position {end - 1}, past the model's context of {self.context_length} "
-                             f"positions (0..{self.context_length - 1})")
+            raise ValueError(
+                f"tokens reach position {end - 1}, past the model's context of {self.context_length} "
+                f"positions (0..{self.context_length - 1})"
+            )
         return super().forward(tokens, cache=cache)

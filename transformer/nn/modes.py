@@ -20,8 +20,8 @@ from torch import nn
 # chapters/training.md: Reading the answer: greedy decoding
 @contextlib.contextmanager
 def evaluating(model: nn.Module) -> Iterator[None]:
-    """Eval mode and no gradients inside the block; the model's mode is restored after it, also
-    when the block raises."""
+    """Eval mode and no gradients inside the block; the model's mode is restored after
+    it, also when the block raises."""
     was_training = model.training
     model.eval()
     try:

@@ -37,48 +37,68 @@ def _merge_heads(x: Tensor) -> Tensor:
 
 
 # chapters/multihead_attention.md: Two ways to run the heads
-def _fused_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
-                     dropout_p: float = 0.0) -> Tensor:
-    """Scaled dot-product attention through torch's fused kernels; returns the output only.
+def _fused_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """Scaled dot-product attention through torch's fused kernels; returns the output
+    only.
 
-    Same arguments and mask convention (True = may not attend) as ``scaled_dot_product_attention``,
-    and the same arithmetic for a query that is not finite: its output is nan (below).
+    Same arguments and mask convention (True = may not attend) as
+    ``scaled_dot_product_attention``, and the same arithmetic for a query that is not
+    finite: its output is nan (below).
     """
-    broken = ~torch.isfinite(query).all(dim=-1, keepdim=True)  # (..., L, 1): queries holding nan or inf
+    # (..., L, 1): queries holding nan or inf
+    broken = ~torch.isfinite(query).all(dim=-1, keepdim=True)
     if mask is None:
         output = F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p)
         return output.masked_fill(broken, math.nan)  # (B, H, L, d_v)
-    empty = mask.all(dim=-1, keepdim=True)  # (..., L, 1): rows that may attend to nothing
-    # F.scaled_dot_product_attention's bool mask is True where a query MAY attend: the opposite of
-    # ours, so invert it here. Empty rows attend everywhere, then their output is zeroed.
+    # (..., L, 1): rows that may attend to nothing
+    empty = mask.all(dim=-1, keepdim=True)
+    # F.scaled_dot_product_attention's bool mask is True where a query MAY attend: the
+    # opposite of ours, so invert it here. Empty rows attend everywhere, then their
+    # output is zeroed.
     allowed = ~mask | empty  # (..., L, S)
-    output = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, dropout_p=dropout_p)
-    return output.masked_fill(broken, math.nan).masked_fill(empty, 0.0)  # (B, H, L, d_v)
+    output = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=allowed, dropout_p=dropout_p
+    )
+    # (B, H, L, d_v)
+    return output.masked_fill(broken, math.nan).masked_fill(empty, 0.0)
 
 
 # chapters/multihead_attention.md: The module
 class AttentionCache(ABC):
-    """What ``MultiHeadAttention`` asks of a cache of keys and values (the hook of generation): the
-    book's chapter "Fast generation" builds one, ``KVCache``."""
+    """What ``MultiHeadAttention`` asks of a cache of keys and values (the hook of
+    generation): the book's chapter "Fast generation" builds one, ``KVCache``."""
 
     @abstractmethod
-    def keys_values(self, attention: Any, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-        """The keys and values ``attention`` (a ``MultiHeadAttention``) attends to at this call,
-        ``(B, H, S, d_k)`` and ``(B, H, S, d_v)``: the held ones and those of ``key`` and ``value``,
-        which ``attention.keys_values(key, value)`` projects."""
+    def keys_values(
+        self, attention: Any, key: Tensor, value: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """The keys and values ``attention`` (a ``MultiHeadAttention``) attends to at
+        this call, ``(B, H, S, d_k)`` and ``(B, H, S, d_v)``: the held ones and those of
+        ``key`` and ``value``, which ``attention.keys_values(key, value)`` projects."""
 
     @property
     @abstractmethod
     def query_start(self) -> int:
-        """The position of the next call's first query: how many earlier positions precede it."""
+        """The position of the next call's first query: how many earlier positions
+        precede it."""
 
 
 # chapters/multihead_attention.md: The module
-def _check_inputs(query: Tensor, key: Tensor, value: Tensor, d_model: int, cache: object = None) -> None:
-    """Check query (B, L, d_model), key and value (B, S, d_model), and that a cache is an
-    ``AttentionCache``."""
+def _check_inputs(
+    query: Tensor, key: Tensor, value: Tensor, d_model: int, cache: object = None
+) -> None:
+    """Check query (B, L, d_model), key and value (B, S, d_model), and that a cache is
+    an ``AttentionCache``."""
     if cache is not None and not isinstance(cache, AttentionCache):
-        raise TypeError(f"cache must be an AttentionCache or None, got {type(cache).__name__}")
+        raise TypeError(
+            f"cache must be an AttentionCache or None, got {type(cache).__name__}"
+        )
     for name, x in (("query", query), ("key", key), ("value", value)):
         check_features(name, x, d_model, ndim=3)
     if key.shape[0] != query.shape[0]:
@@ -111,7 +131,9 @@ class MultiHeadAttention(nn.Module):
         torch.Size([2, 5, 8])
     """
 
-    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True):
+    def __init__(
+        self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True
+    ):
         super().__init__()
         check_positive_int("d_model", d_model)
         check_positive_int("num_heads", num_heads)
@@ -119,45 +141,61 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(
                 f"d_model must be divisible by num_heads, got d_model={d_model} and num_heads={num_heads}"
             )
-        self.d_model, self.num_heads, self.d_k = d_model, num_heads, d_model // num_heads
+        self.d_model, self.num_heads, self.d_k = (
+            d_model,
+            num_heads,
+            d_model // num_heads,
+        )
         self.dropout = check_fraction("dropout", dropout)
         bias = check_bool("bias", bias)
-        self.w_q = nn.Linear(d_model, d_model, bias=bias)  # W^Q = w_q.weight.T: the W_i^Q side by side
+        # W^Q = w_q.weight.T: the W_i^Q side by side
+        self.w_q = nn.Linear(d_model, d_model, bias=bias)
         self.w_k = nn.Linear(d_model, d_model, bias=bias)  # W^K
         self.w_v = nn.Linear(d_model, d_model, bias=bias)  # W^V
         self.w_o = nn.Linear(d_model, d_model, bias=bias)  # W^O, (h * d_v, d_model)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Xavier-uniform weights and zero biases, in the spirit of ``nn.MultiheadAttention``."""
+        """Xavier-uniform weights and zero biases, in the spirit of
+        ``nn.MultiheadAttention``."""
         for linear in (self.w_q, self.w_k, self.w_v, self.w_o):
             nn.init.xavier_uniform_(linear.weight)
             if linear.bias is not None:
                 nn.init.zeros_(linear.bias)
 
-    def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
-                need_weights: bool = False, cache: AttentionCache | None = None, *,
-                checked: bool = False) -> Tensor | tuple[Tensor, Tensor | None]:
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+        cache: AttentionCache | None = None,
+        *,
+        checked: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor | None]:
         """Attend from each query position to the key positions, with every head.
 
         Args:
             query: the positions that ask, ``(B, L, d_model)``.
             key: the positions that are compared with the queries, ``(B, S, d_model)``.
             value: what each key position returns, ``(B, S, d_model)``.
-            mask: optional bool mask, True where a query may not attend, broadcastable to
-                ``(B, num_heads, L, S)``: a causal ``(L, S)``, a padding ``(B, 1, 1, S)``, or both ``|``-ed.
-            need_weights: also return the attention weights (explicit path); otherwise the fused
-                kernel runs and keeps no ``(L, S)`` matrix for backward.
-            cache: optional ``AttentionCache`` (generation, the book's chapter "Fast generation"): the
-                keys and values of earlier calls are attended to as well, S counts them, and the mask
-                must broadcast to that longer S.
-            checked: True when the caller has checked these arguments (a layer of a stack that
-                checked them once for all its layers): nothing is checked again.
+            mask: optional bool mask, True where a query may not attend, broadcastable
+                to ``(B, num_heads, L, S)``: a causal ``(L, S)``, a padding
+                ``(B, 1, 1, S)``, or both ``|``-ed.
+            need_weights: also return the attention weights (explicit path); otherwise
+                the fused kernel runs and keeps no ``(L, S)`` matrix for backward.
+            cache: optional ``AttentionCache`` (generation, the book's chapter "Fast
+                generation"): the keys and values of earlier calls are attended to as
+                well, S counts them, and the mask must broadcast to that longer S.
+            checked: True when the caller has checked these arguments (a layer of a
+                stack that checked them once for all its layers): nothing is checked
+                again.
 
         Returns:
-            The output, or ``(output, weights)`` when ``need_weights`` is True (the weights after
-            dropout, in training mode). A query that may attend to nothing gets zero weights,
-            and its heads' outputs are zero.
+            The output, or ``(output, weights)`` when ``need_weights`` is True (the
+            weights after dropout, in training mode). A query that may attend to nothing
+            gets zero weights, and its heads' outputs are zero.
 
         Shape:
             query ``(B, L, d_model)``, key and value ``(B, S, d_model)`` -> output
@@ -168,31 +206,53 @@ class MultiHeadAttention(nn.Module):
             check_dtype("query", query, input_dtype(self.w_q))  # an int8 layer's too
             check_bool("need_weights", need_weights)
         B, L = query.shape[:2]
-        query_start = 0 if cache is None else cache.query_start  # the positions held before query[:, 0]
-        q = _split_heads(self.w_q(query), self.num_heads)  # (B, L, d_model) -> (B, H, L, d_k)
-        k, v = self.keys_values(key, value) if cache is None else cache.keys_values(self, key, value)  # the hook
+        # the positions held before query[:, 0]
+        query_start = 0 if cache is None else cache.query_start
+        # (B, L, d_model) -> (B, H, L, d_k)
+        q = _split_heads(self.w_q(query), self.num_heads)
+        # the hook
+        k, v = (
+            self.keys_values(key, value)
+            if cache is None
+            else cache.keys_values(self, key, value)
+        )
         if not checked:  # k is (B, H, S, d_k): S counts the cached positions
             check_attention_mask(mask, (B, self.num_heads, L, k.shape[2]))
         dropout_p = self.dropout if self.training else 0.0
-        heads, weights = self.attend(q, k, v, mask, dropout_p, need_weights, query_start)  # (B, H, L, d_v)
-        output = self.w_o(_merge_heads(heads))  # (B, L, H * d_v) @ W^O -> (B, L, d_model)
+        # (B, H, L, d_v)
+        heads, weights = self.attend(
+            q, k, v, mask, dropout_p, need_weights, query_start
+        )
+        # (B, L, H * d_v) @ W^O -> (B, L, d_model)
+        output = self.w_o(_merge_heads(heads))
         return (output, weights) if need_weights else output
 
     def keys_values(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-        """The keys and values of every head, ``key W^K`` and ``value W^V`` split into heads:
-        ``(B, S, d_model)`` -> ``(B, H, S, d_k)`` and ``(B, H, S, d_v)``."""
-        k = _split_heads(self.w_k(key), self.num_heads)  # (B, S, d_model) -> (B, H, S, d_k)
-        v = _split_heads(self.w_v(value), self.num_heads)  # (B, S, d_model) -> (B, H, S, d_v)
+        """The keys and values of every head, ``key W^K`` and ``value W^V`` split into
+        heads: ``(B, S, d_model)`` -> ``(B, H, S, d_k)`` and ``(B, H, S, d_v)``."""
+        # (B, S, d_model) -> (B, H, S, d_k)
+        k = _split_heads(self.w_k(key), self.num_heads)
+        # (B, S, d_model) -> (B, H, S, d_v)
+        v = _split_heads(self.w_v(value), self.num_heads)
         return k, v
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float,
-               need_weights: bool, query_start: int = 0) -> tuple[Tensor, Tensor | None]:
-        """Scaled dot-product attention of every head at once; the weights only when asked for.
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        dropout_p: float,
+        need_weights: bool,
+        query_start: int = 0,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Scaled dot-product attention of every head at once; the weights only when
+        asked for.
 
-        The one step a subclass replaces to put positions inside attention (the book's chapter
-        "Positional encodings compared"): key j is position j, and query i is position
-        ``query_start + i`` (0 + i, unless the queries follow keys seen at earlier calls, as in
-        cached generation).
+        The one step a subclass replaces to put positions inside attention (the book's
+        chapter "Positional encodings compared"): key j is position j, and query i is
+        position ``query_start + i`` (0 + i, unless the queries follow keys seen at
+        earlier calls, as in cached generation).
 
         Shape:
             q ``(B, H, L, d_k)``, k ``(B, H, S, d_k)``, v ``(B, H, S, d_v)`` -> heads
@@ -200,4 +260,5 @@ class MultiHeadAttention(nn.Module):
         """
         if need_weights:
             return scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=dropout_p)
-        return _fused_attention(q, k, v, mask=mask, dropout_p=dropout_p), None  # no (L, S) matrix kept
+        # no (L, S) matrix kept
+        return _fused_attention(q, k, v, mask=mask, dropout_p=dropout_p), None

@@ -16,7 +16,9 @@ from transformer.checks import check_fits_in_memory, check_fraction, check_featu
 
 
 # chapters/positional_encoding.md: The sinusoidal encoding
-def sinusoidal_encoding(num_positions: int, d_model: int, base: float = 10000.0) -> Tensor:
+def sinusoidal_encoding(
+    num_positions: int, d_model: int, base: float = 10000.0
+) -> Tensor:
     """The paper's table of sines and cosines (section 3.5).
 
     Column 2i is sin(pos / base**(2i/d_model)) and column 2i+1 the matching cos.
@@ -34,24 +36,29 @@ def sinusoidal_encoding(num_positions: int, d_model: int, base: float = 10000.0)
     check_positive_int("num_positions", num_positions)
     check_positive_int("d_model", d_model)
     if d_model % 2 != 0:
-        raise ValueError(f"d_model must be even (sines and cosines come in pairs), got {d_model}")
+        raise ValueError(
+            f"d_model must be even (sines and cosines come in pairs), got {d_model}"
+        )
     if isinstance(base, bool) or not isinstance(base, (int, float)):
         raise TypeError(f"base must be a number, got {type(base).__name__}")
     if not base > 1:
         raise ValueError(f"base must be a number greater than 1, got {base!r}")
     pos = torch.arange(num_positions, dtype=torch.float64).unsqueeze(1)  # (P, 1)
-    omega = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (d_model/2,)
+    # (d_model/2,)
+    omega = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
     angle = pos * omega  # (P, 1) * (d_model/2,) -> (P, d_model/2)
-    table = torch.stack([torch.sin(angle), torch.cos(angle)], dim=-1)  # (P, d_model/2, 2)
-    return table.flatten(1).to(torch.get_default_dtype())  # (P, d_model): sin, cos, sin, cos, ...
+    # (P, d_model/2, 2)
+    table = torch.stack([torch.sin(angle), torch.cos(angle)], dim=-1)
+    # (P, d_model): sin, cos, sin, cos, ...
+    return table.flatten(1).to(torch.get_default_dtype())
 
 
 # chapters/positional_encoding.md: The layer: add, then dropout
 class _AddPositionTable(nn.Module):
     """Shared forward of the positional encodings: x + table[:S], then dropout.
 
-    Subclasses set ``d_model``, ``max_len``, ``table`` (max_len, d_model), a buffer or a parameter,
-    and ``dropout``.
+    Subclasses set ``d_model``, ``max_len``, ``table`` (max_len, d_model), a buffer or a
+    parameter, and ``dropout``.
     """
 
     d_model: int
@@ -71,14 +78,17 @@ class _AddPositionTable(nn.Module):
         check_features("x", x, self.d_model)
         n = x.shape[1]
         if n > self.max_len:
-            raise ValueError(f"x has sequence length {n}, longer than max_len={self.max_len}")
+            raise ValueError(
+                f"x has sequence length {n}, longer than max_len={self.max_len}"
+            )
         positions = self.table[:n].to(dtype=x.dtype)  # (S, d_model), broadcast over B
         return self.dropout(x + positions)  # (B, S, d_model)
 
 
 # chapters/positional_encoding.md: The layer: add, then dropout
 class SinusoidalPositionalEncoding(_AddPositionTable):
-    """Adds the paper's fixed sinusoidal table to token embeddings, then applies dropout.
+    """Adds the paper's fixed sinusoidal table to token embeddings, then applies
+    dropout.
 
     Args:
         d_model: width of the embeddings, even.
@@ -93,13 +103,19 @@ class SinusoidalPositionalEncoding(_AddPositionTable):
         super().__init__()
         self.d_model = check_positive_int("d_model", d_model)
         self.max_len = check_positive_int("max_len", max_len)
-        check_fits_in_memory("max_len", max_len, 4 * max_len * d_model, "its (max_len, d_model) table")
+        check_fits_in_memory(
+            "max_len", max_len, 4 * max_len * d_model, "its (max_len, d_model) table"
+        )
         self.dropout = nn.Dropout(check_fraction("dropout", dropout))
-        self.register_buffer("table", sinusoidal_encoding(max_len, d_model), persistent=False)
-        self.register_load_state_dict_post_hook(_refill_table)  # the table is not in a state dict
+        self.register_buffer(
+            "table", sinusoidal_encoding(max_len, d_model), persistent=False
+        )
+        # the table is not in a state dict
+        self.register_load_state_dict_post_hook(_refill_table)
 
     def reset_parameters(self) -> None:
-        """Compute the table again, in place: after ``to_empty()`` it holds whatever was in memory."""
+        """Compute the table again, in place: after ``to_empty()`` it holds whatever was
+        in memory."""
         if self.table.device.type != "meta":
             with torch.no_grad():
                 self.table.copy_(sinusoidal_encoding(self.max_len, self.d_model))
@@ -108,17 +124,21 @@ class SinusoidalPositionalEncoding(_AddPositionTable):
         return f"d_model={self.d_model}, max_len={self.max_len}"
 
 
-def _refill_table(module: SinusoidalPositionalEncoding, incompatible_keys: object) -> None:
-    """After ``load_state_dict``: a model built on the meta device gets its table only here."""
+def _refill_table(
+    module: SinusoidalPositionalEncoding, incompatible_keys: object
+) -> None:
+    """After ``load_state_dict``: a model built on the meta device gets its table only
+    here."""
     module.reset_parameters()
 
 
 # chapters/positional_encoding.md: The layer: add, then dropout
 class LearnedPositionalEncoding(_AddPositionTable):
-    """Adds a learned table of position vectors to token embeddings, then applies dropout.
+    """Adds a learned table of position vectors to token embeddings, then applies
+    dropout.
 
-    The table is a parameter drawn from the normal distribution N(0, 0.02**2), as Hugging Face's
-    BERT and GPT-2 models initialise theirs. Unlike the
+    The table is a parameter drawn from the normal distribution N(0, 0.02**2), as
+    Hugging Face's BERT and GPT-2 models initialise theirs. Unlike the
     sinusoidal table it has no rows beyond ``max_len``: longer inputs are refused.
 
     Args:
@@ -134,7 +154,9 @@ class LearnedPositionalEncoding(_AddPositionTable):
         super().__init__()
         self.max_len = check_positive_int("max_len", max_len)
         self.d_model = check_positive_int("d_model", d_model)
-        check_fits_in_memory("max_len", max_len, 4 * max_len * d_model, "its (max_len, d_model) table")
+        check_fits_in_memory(
+            "max_len", max_len, 4 * max_len * d_model, "its (max_len, d_model) table"
+        )
         self.dropout = nn.Dropout(check_fraction("dropout", dropout))
         self.table = nn.Parameter(torch.empty(max_len, d_model))  # (max_len, d_model)
         nn.init.normal_(self.table, mean=0.0, std=0.02)
@@ -144,14 +166,23 @@ class LearnedPositionalEncoding(_AddPositionTable):
 
 
 # chapters/model.md: The model
-def add_positions(encoding: _AddPositionTable, x: Tensor, start: int | Tensor) -> Tensor:
-    """``encoding(x)`` for positions ``start .. start + S - 1`` (generation with a cache); a 0-d tensor
-    ``start`` (compiled decoding) picks the rows on the device, unchecked."""
+def add_positions(
+    encoding: _AddPositionTable, x: Tensor, start: int | Tensor
+) -> Tensor:
+    """``encoding(x)`` for positions ``start .. start + S - 1`` (generation with a
+    cache); a 0-d tensor ``start`` (compiled decoding) picks the rows on the device,
+    unchecked."""
     if isinstance(start, Tensor):
-        rows = encoding.table.index_select(0, start + torch.arange(x.shape[1], device=x.device))  # (S, d_model)
+        # (S, d_model)
+        rows = encoding.table.index_select(
+            0, start + torch.arange(x.shape[1], device=x.device)
+        )
         return encoding.dropout(x + rows.to(x.dtype))  # (B, S, d_model)
     if start == 0:
         return encoding(x)  # (B, S, d_model)
     if start + x.shape[1] > encoding.max_len:
-        raise ValueError(f"positions up to {start + x.shape[1]} exceed max_len={encoding.max_len}")
-    return encoding.dropout(x + encoding.table[start:start + x.shape[1]].to(x.dtype))  # (B, S, d_model)
+        raise ValueError(
+            f"positions up to {start + x.shape[1]} exceed max_len={encoding.max_len}"
+        )
+    # (B, S, d_model)
+    return encoding.dropout(x + encoding.table[start : start + x.shape[1]].to(x.dtype))

@@ -25,20 +25,27 @@ from transformer.nn.multihead import MultiHeadAttention
 
 
 # chapters/positions_compared.md: Distances as indices
-def relative_positions(query_len: int, key_len: int, query_start: int = 0, max_distance: int = 16,
-                       device: torch.device | str | None = None) -> Tensor:
-    """Row of the distance table for every (query, key) pair: clip(j - (query_start + i), k) + k.
+def relative_positions(
+    query_len: int,
+    key_len: int,
+    query_start: int = 0,
+    max_distance: int = 16,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """Row of the distance table for every (query, key) pair: clip(j - (query_start +
+    i), k) + k.
 
     Args:
         query_len: number of queries L; query i stands for position ``query_start + i``.
         key_len: number of keys S; key j stands for position j.
         query_start: the position of the first query (the positions already in a cache).
-        max_distance: k, the largest distance told apart; farther keys share the end rows.
+        max_distance: k, the largest distance told apart; farther keys share the end
+        rows.
         device: where to create the result (the device of the queries).
 
     Returns:
-        A LongTensor of indices in ``0 .. 2 * max_distance``: ``max_distance`` on the diagonal,
-        smaller for keys before the query, larger for keys after it.
+        A LongTensor of indices in ``0 .. 2 * max_distance``: ``max_distance`` on the
+        diagonal, smaller for keys before the query, larger for keys after it.
 
     Shape:
         (L, S).
@@ -47,66 +54,96 @@ def relative_positions(query_len: int, key_len: int, query_start: int = 0, max_d
     check_positive_int("key_len", key_len)
     check_non_negative_int("query_start", query_start)
     check_positive_int("max_distance", max_distance)
-    i = torch.arange(query_start, query_start + query_len, device=device).unsqueeze(1)  # (L, 1)
+    # (L, 1)
+    i = torch.arange(query_start, query_start + query_len, device=device).unsqueeze(1)
     j = torch.arange(key_len, device=device).unsqueeze(0)  # (1, S)
     return (j - i).clamp(-max_distance, max_distance) + max_distance  # (L, S)
 
 
 # chapters/positions_compared.md: The layer
 class RelativeMultiHeadAttention(MultiHeadAttention):
-    """Multi-head self-attention with relative position representations (Shaw et al., 2018).
+    """Multi-head self-attention with relative position representations (Shaw et al.,
+    2018).
 
-    Scores and outputs get a learned vector for each distance j - i between query and key,
-    clipped to +-max_distance: e_ij = q_i (k_j + a^K_ij)^T / sqrt(d_k), z_i = sum_j
-    alpha_ij (v_j + a^V_ij). The two tables are shared by the heads. Meant for self-attention,
-    where query and key positions count along the same sequence; use it with no absolute
-    positional encoding.
+    Scores and outputs get a learned vector for each distance j - i between query and
+    key, clipped to +-max_distance: e_ij = q_i (k_j + a^K_ij)^T / sqrt(d_k), z_i = sum_j
+    alpha_ij (v_j + a^V_ij). The two tables are shared by the heads. Meant for
+    self-attention, where query and key positions count along the same sequence; use it
+    with no absolute positional encoding.
 
     Args:
         d_model, num_heads, dropout, bias: as for ``MultiHeadAttention``.
         max_distance: k; distances beyond it are clipped to it.
 
     Attributes:
-        rel_k, rel_v: ``nn.Embedding(2 * max_distance + 1, d_k)``; row r is distance r - k.
+        rel_k, rel_v: ``nn.Embedding(2 * max_distance + 1, d_k)``; row r is distance r -
+        k.
 
     Subclasses that relate positions in another way (in two dimensions, say) override
-    ``num_relations`` (the rows of the tables) and ``relation_index`` (the row of each pair).
+    ``num_relations`` (the rows of the tables) and ``relation_index`` (the row of each
+    pair).
 
     Shape:
         as ``MultiHeadAttention``: query, key, value (B, S, d_model) -> (B, S, d_model).
     """
 
-    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
-                 max_distance: int = 16):
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        max_distance: int = 16,
+    ):
         super().__init__(d_model, num_heads, dropout=dropout, bias=bias)
         self.max_distance = check_positive_int("max_distance", max_distance)
         self.rel_k = nn.Embedding(self.num_relations(), self.d_k)  # w^K_{-k} .. w^K_k
         self.rel_v = nn.Embedding(self.num_relations(), self.d_k)  # w^V_{-k} .. w^V_k
         for table in (self.rel_k, self.rel_v):
-            nn.init.xavier_uniform_(table.weight)  # like the projections (nn.Embedding's N(0, 1) is larger)
+            # like the projections (nn.Embedding's N(0, 1) is larger)
+            nn.init.xavier_uniform_(table.weight)
 
     def num_relations(self) -> int:
         """The number of rows of each table: one per clipped distance, 2k + 1."""
         return 2 * self.max_distance + 1
 
-    def relation_index(self, query_len: int, key_len: int, query_start: int, device: torch.device) -> Tensor:
-        """The row of the tables for every (query, key) pair, ``(L, S)``: ``relative_positions``."""
-        return relative_positions(query_len, key_len, query_start, self.max_distance, device=device)
+    def relation_index(
+        self, query_len: int, key_len: int, query_start: int, device: torch.device
+    ) -> Tensor:
+        """The row of the tables for every (query, key) pair, ``(L, S)``:
+        ``relative_positions``."""
+        return relative_positions(
+            query_len, key_len, query_start, self.max_distance, device=device
+        )
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float,
-               need_weights: bool, query_start: int = 0) -> tuple[Tensor, Tensor | None]:
-        """Attention with relative positions; query i is position ``query_start + i``, key j is j."""
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        dropout_p: float,
+        need_weights: bool,
+        query_start: int = 0,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attention with relative positions; query i is position ``query_start + i``,
+        key j is j."""
         B, H, L, d_k = q.shape
         index = self.relation_index(L, k.shape[2], query_start, q.device)  # (L, S)
         index = index.expand(B, H, L, -1)  # (L, S) -> (B, H, L, S)
-        content = q @ k.transpose(-2, -1)  # (B, H, L, d_k) @ (B, H, d_k, S) -> (B, H, L, S)
-        by_distance = q @ self.rel_k.weight.T  # (B, H, L, d_k) @ (d_k, 2k+1) -> (B, H, L, 2k+1)
-        scores = (content + by_distance.gather(-1, index)) / math.sqrt(d_k)  # (B, H, L, S)
+        # (B, H, L, d_k) @ (B, H, d_k, S) -> (B, H, L, S)
+        content = q @ k.transpose(-2, -1)
+        # (B, H, L, d_k) @ (d_k, 2k+1) -> (B, H, L, 2k+1)
+        by_distance = q @ self.rel_k.weight.T
+        # (B, H, L, S)
+        scores = (content + by_distance.gather(-1, index)) / math.sqrt(d_k)
         weights = masked_softmax(scores, mask)  # (B, H, L, S); empty rows are zeros
         if dropout_p > 0.0:
             weights = F.dropout(weights, p=dropout_p)
-        per_distance = torch.zeros_like(by_distance).scatter_add(-1, index, weights)  # (B, H, L, 2k+1)
-        # (B, H, L, S) @ (B, H, S, d_v) + (B, H, L, 2k+1) @ (2k+1, d_v) -> (B, H, L, d_v)
+        # (B, H, L, 2k+1)
+        per_distance = torch.zeros_like(by_distance).scatter_add(-1, index, weights)
+        # (B, H, L, S) @ (B, H, S, d_v) + (B, H, L, 2k+1) @ (2k+1, d_v) -> (B, H, L,
+        # d_v)
         heads = weights @ v + per_distance @ self.rel_v.weight
         return heads, (weights if need_weights else None)
 
@@ -118,7 +155,9 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
 def _check_base(base: object) -> float:
     """Return ``base`` as a float if it is a number > 1, else raise a clear error."""
     if isinstance(base, bool) or not isinstance(base, numbers.Real):
-        raise TypeError(f"base must be a number greater than 1, got {type(base).__name__} {base!r}")
+        raise TypeError(
+            f"base must be a number greater than 1, got {type(base).__name__} {base!r}"
+        )
     value = float(base)
     if not value > 1:
         raise ValueError(f"base must be a number greater than 1, got {base!r}")
@@ -126,13 +165,15 @@ def _check_base(base: object) -> float:
 
 
 def rotary(x: Tensor, start: int = 0, base: float = 10000.0) -> Tensor:
-    """Rotary position embedding: rotate feature pair (2i, 2i+1) of row n by (start + n) * theta_i.
+    """Rotary position embedding: rotate feature pair (2i, 2i+1) of row n by (start + n)
+    * theta_i.
 
-    theta_i = base ** (-2i / d), as in RoFormer (Su et al.). The angles are computed in float32
-    (float64 for float64 input) and the result has the dtype of ``x``.
+    theta_i = base ** (-2i / d), as in RoFormer (Su et al.). The angles are computed in
+    float32 (float64 for float64 input) and the result has the dtype of ``x``.
 
     Args:
-        x: queries or keys, ``(..., S, d)`` with d even; row n stands for position ``start + n``.
+        x: queries or keys, ``(..., S, d)`` with d even; row n stands for position
+        ``start + n``.
         start: the position of the first row.
         base: the 10000 of the frequencies.
 
@@ -144,50 +185,74 @@ def rotary(x: Tensor, start: int = 0, base: float = 10000.0) -> Tensor:
     """
     check_tensor("x", x)
     if not x.is_floating_point() or x.dim() < 2 or x.shape[-1] % 2 != 0:
-        raise ValueError(f"x must be a float tensor (..., S, d) with d even (feature pairs), "
-                         f"got dtype {x.dtype} and shape {tuple(x.shape)}")
+        raise ValueError(
+            f"x must be a float tensor (..., S, d) with d even (feature pairs), "
+            f"got dtype {x.dtype} and shape {tuple(x.shape)}"
+        )
     start, base = check_non_negative_int("start", start), _check_base(base)
     n, d = x.shape[-2], x.shape[-1]
-    dtype = torch.promote_types(x.dtype, torch.float32)  # angles in at least single precision
+    # angles in at least single precision
+    dtype = torch.promote_types(x.dtype, torch.float32)
     position = torch.arange(start, start + n, device=x.device, dtype=dtype)  # (S,)
     theta = base ** (-torch.arange(0, d, 2, device=x.device, dtype=dtype) / d)  # (d/2,)
     angle = position.unsqueeze(1) * theta  # (S, 1) * (d/2,) -> (S, d/2)
     cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
-    x_even, x_odd = x.unflatten(-1, (d // 2, 2)).unbind(-1)  # (..., S, d) -> 2 x (..., S, d/2)
-    rotated = torch.stack([x_even * cos - x_odd * sin, x_even * sin + x_odd * cos], dim=-1)
-    return rotated.flatten(-2)  # (..., S, d/2, 2) -> (..., S, d): pairs back side by side
+    # (..., S, d) -> 2 x (..., S, d/2)
+    x_even, x_odd = x.unflatten(-1, (d // 2, 2)).unbind(-1)
+    rotated = torch.stack(
+        [x_even * cos - x_odd * sin, x_even * sin + x_odd * cos], dim=-1
+    )
+    # (..., S, d/2, 2) -> (..., S, d): pairs back side by side
+    return rotated.flatten(-2)
 
 
 # chapters/positions_compared.md: The layer
 class RotaryMultiHeadAttention(MultiHeadAttention):
     """Multi-head self-attention with rotary position embeddings (RoPE, Su et al.).
 
-    In every head, query i (position ``query_start + i``) and key j (position j) are rotated
-    pair by pair by angles proportional to their positions (see ``rotary``), so the scores depend
-    on j - i only; then attention runs as in ``MultiHeadAttention`` (fused when no weights are
-    asked for). Keys are rotated at every call, cached ones included. Use it with no absolute
-    positional encoding.
+    In every head, query i (position ``query_start + i``) and key j (position j) are
+    rotated pair by pair by angles proportional to their positions (see ``rotary``), so
+    the scores depend on j - i only; then attention runs as in ``MultiHeadAttention``
+    (fused when no weights are asked for). Keys are rotated at every call, cached ones
+    included. Use it with no absolute positional encoding.
 
     Args:
-        d_model, num_heads, dropout, bias: as for ``MultiHeadAttention``; d_k = d_model // num_heads
-            must be even.
+        d_model, num_heads, dropout, bias: as for ``MultiHeadAttention``; d_k = d_model
+            // num_heads must be even.
         base: the base of the frequencies, theta_i = base ** (-2i / d_k).
 
     Shape:
         as ``MultiHeadAttention``: query, key, value (B, S, d_model) -> (B, S, d_model).
     """
 
-    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
-                 base: float = 10000.0):
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        base: float = 10000.0,
+    ):
         super().__init__(d_model, num_heads, dropout=dropout, bias=bias)
         if self.d_k % 2 != 0:
-            raise ValueError(f"d_k = d_model // num_heads must be even for rotary embeddings (feature "
-                             f"pairs), got d_k={self.d_k} from d_model={d_model}, num_heads={num_heads}")
+            raise ValueError(
+                f"d_k = d_model // num_heads must be even for rotary embeddings (feature "
+                f"pairs), got d_k={self.d_k} from d_model={d_model}, num_heads={num_heads}"
+            )
         self.base = _check_base(base)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float,
-               need_weights: bool, query_start: int = 0) -> tuple[Tensor, Tensor | None]:
-        """Rotate q (positions query_start + i) and k (positions j), then attend as usual."""
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        dropout_p: float,
+        need_weights: bool,
+        query_start: int = 0,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Rotate q (positions query_start + i) and k (positions j), then attend as
+        usual."""
         q = rotary(q, start=query_start, base=self.base)  # (B, H, L, d_k)
         k = rotary(k, start=0, base=self.base)  # (B, H, S, d_k)
         return super().attend(q, k, v, mask, dropout_p, need_weights, query_start)

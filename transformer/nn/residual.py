@@ -25,7 +25,9 @@ from transformer.checks import check_bool, check_features, check_positive_int, c
 def _check_eps(eps: object) -> float:
     """Return ``eps`` as a float if it is a positive finite number, else raise."""
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
-        raise TypeError(f"eps must be a positive float, got {type(eps).__name__} {eps!r}")
+        raise TypeError(
+            f"eps must be a positive float, got {type(eps).__name__} {eps!r}"
+        )
     value = float(eps)
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"eps must be a positive finite float, got {eps}")
@@ -61,8 +63,8 @@ class LayerNorm(nn.Module):
 
         Args:
             x: a floating-point tensor whose last dimension is ``d_model``.
-            checked: True when the caller has checked ``x`` (a layer, through ``add_and_norm``):
-                it is not checked again.
+            checked: True when the caller has checked ``x`` (a layer, through
+                ``add_and_norm``): it is not checked again.
 
         Returns:
             A tensor of the shape and dtype of ``x``.
@@ -73,8 +75,9 @@ class LayerNorm(nn.Module):
         if not checked:
             check_tensor("x", x)
             check_features("x", x, self.d_model, ndim=max(x.dim(), 1))
-        # The equation, in one fused kernel (statistics in float32 for half-precision inputs).
-        return F.layer_norm(x, (self.d_model,), self.weight, self.bias, self.eps)  # (..., d_model)
+        # The equation, in one fused kernel (statistics in float32 for half-precision
+        # inputs). (..., d_model)
+        return F.layer_norm(x, (self.d_model,), self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.d_model}, eps={self.eps}"
@@ -82,12 +85,14 @@ class LayerNorm(nn.Module):
 
 # chapters/add_and_norm.md: Add & Norm, in two orders
 def _check_sublayer_output(output: object, x: Tensor, checked: bool = False) -> Tensor:
-    """The residual sum needs a sublayer output of exactly the shape of its input (unless the caller
-    built the sublayer and ``checked`` its input)."""
+    """The residual sum needs a sublayer output of exactly the shape of its input
+    (unless the caller built the sublayer and ``checked`` its input)."""
     if checked:
         return cast(Tensor, output)  # the caller's own sublayer, on checked input
     if not isinstance(output, Tensor):
-        raise TypeError(f"sublayer must return a torch.Tensor, got {type(output).__name__}")
+        raise TypeError(
+            f"sublayer must return a torch.Tensor, got {type(output).__name__}"
+        )
     if output.shape != x.shape:
         raise ValueError(
             f"sublayer output must have the shape of x, {tuple(x.shape)}, got {tuple(output.shape)}"
@@ -96,21 +101,30 @@ def _check_sublayer_output(output: object, x: Tensor, checked: bool = False) -> 
 
 
 # chapters/add_and_norm.md: Add & Norm, in two orders
-def add_and_norm(x: Tensor, sublayer: Callable[[Tensor], Tensor], norm: nn.Module,
-                 dropout: nn.Module, norm_first: bool, *, checked: bool = False) -> Tensor:
+def add_and_norm(
+    x: Tensor,
+    sublayer: Callable[[Tensor], Tensor],
+    norm: nn.Module,
+    dropout: nn.Module,
+    norm_first: bool,
+    *,
+    checked: bool = False,
+) -> Tensor:
     """Post-LN (the paper): norm(x + dropout(sublayer(x)));
     pre-LN: x + dropout(sublayer(norm(x))).
 
     Args:
         x: the sublayer's input, ``(..., d_model)``; usually ``(B, S, d_model)``.
-        sublayer: a function of one tensor that keeps its shape, such as a feed-forward module
-            or ``lambda y: self_attn(y, y, y, mask=mask)``.
-        norm: the layer normalisation (``LayerNorm(d_model)`` or ``nn.LayerNorm(d_model)``).
-        dropout: applied to the sublayer's output before the sum (``nn.Dropout``: training only).
+        sublayer: a function of one tensor that keeps its shape, such as a feed-forward
+            module or ``lambda y: self_attn(y, y, y, mask=mask)``.
+        norm: the layer normalisation (``LayerNorm(d_model)`` or
+        ``nn.LayerNorm(d_model)``).
+        dropout: applied to the sublayer's output before the sum (``nn.Dropout``:
+        training only).
         norm_first: False for the paper's post-LN order, True for pre-LN.
-        checked: True when the caller, a layer of the package, has checked ``x`` and built
-            ``sublayer`` and ``norm`` (a ``LayerNorm``) itself: nothing is checked, and ``norm`` is
-            told so (``norm(y, checked=True)``).
+        checked: True when the caller, a layer of the package, has checked ``x`` and
+            built ``sublayer`` and ``norm`` (a ``LayerNorm``) itself: nothing is
+            checked, and ``norm`` is told so (``norm(y, checked=True)``).
 
     Returns:
         The new residual stream, of the shape of ``x``.
@@ -124,7 +138,10 @@ def add_and_norm(x: Tensor, sublayer: Callable[[Tensor], Tensor], norm: nn.Modul
             if not callable(fn):
                 raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
         check_bool("norm_first", norm_first)
-    normalise = (lambda y: norm(y, checked=True)) if checked else norm  # a layer's own LayerNorm: x is checked
+    # a layer's own LayerNorm: x is checked
+    normalise = (lambda y: norm(y, checked=True)) if checked else norm
     if norm_first:
-        return x + dropout(_check_sublayer_output(sublayer(normalise(x)), x, checked))  # pre-LN
-    return normalise(x + dropout(_check_sublayer_output(sublayer(x), x, checked)))  # post-LN, the paper
+        # pre-LN
+        return x + dropout(_check_sublayer_output(sublayer(normalise(x)), x, checked))
+    # post-LN, the paper
+    return normalise(x + dropout(_check_sublayer_output(sublayer(x), x, checked)))

@@ -50,61 +50,109 @@ class TextEncoder(nn.Module):
         torch.Size([1, 4, 8])
     """
 
-    def __init__(self, vocab_size: int, d_model: int = 384, num_heads: int = 12, d_ff: int = 1536,
-                 num_layers: int = 6, *, max_len: int = 512, pad_id: int | None = 0, dropout: float = 0.1,
-                 num_token_types: int = 2, embedding_norm: bool = True, norm_eps: float = 1e-12,
-                 options: LayerOptions = LayerOptions(attention_dropout=0.1, activation="gelu")):
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int = 384,
+        num_heads: int = 12,
+        d_ff: int = 1536,
+        num_layers: int = 6,
+        *,
+        max_len: int = 512,
+        pad_id: int | None = 0,
+        dropout: float = 0.1,
+        num_token_types: int = 2,
+        embedding_norm: bool = True,
+        norm_eps: float = 1e-12,
+        options: LayerOptions = LayerOptions(attention_dropout=0.1, activation="gelu"),
+    ):
         super().__init__()
-        self.embed = TokenEmbedding(vocab_size, d_model, padding_idx=pad_id, scale=False)
+        self.embed = TokenEmbedding(
+            vocab_size, d_model, padding_idx=pad_id, scale=False
+        )
         self.positional_encoding = LearnedPositionalEncoding(max_len, d_model)
-        self.num_token_types = check_non_negative_int("num_token_types", num_token_types)
-        self.token_type_embed = nn.Embedding(num_token_types, d_model) if num_token_types else None
+        self.num_token_types = check_non_negative_int(
+            "num_token_types", num_token_types
+        )
+        self.token_type_embed = (
+            nn.Embedding(num_token_types, d_model) if num_token_types else None
+        )
         norm = LayerNorm(d_model, eps=norm_eps)  # checks norm_eps
         self.embed_norm = norm if check_bool("embedding_norm", embedding_norm) else None
-        self.encoder = Encoder(num_layers, d_model, num_heads, d_ff, dropout, options=options)
-        self.dropout = nn.Dropout(dropout)  # on the embeddings; Encoder has checked the rate
-        for module in self.encoder.modules():  # BERT's epsilon in every layer's norms too
+        self.encoder = Encoder(
+            num_layers, d_model, num_heads, d_ff, dropout, options=options
+        )
+        # on the embeddings; Encoder has checked the rate
+        self.dropout = nn.Dropout(dropout)
+        # BERT's epsilon in every layer's norms too
+        for module in self.encoder.modules():
             if isinstance(module, LayerNorm):
                 module.eps = norm.eps
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
-                token_type_ids: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+    ) -> Tensor:
         """The last hidden states, one vector per token.
 
         Args:
             input_ids: token ids ``(B, S)``.
-            attention_mask: ``(B, S)``, 1 at a token and 0 at padding, as Hugging Face's (not the
-                book's bool mask, True = may not attend); None: every position is a token.
-            token_type_ids: the segment of each token ``(B, S)``, in [0, num_token_types); None: all 0.
+            attention_mask: ``(B, S)``, 1 at a token and 0 at padding, as Hugging Face's
+                (not the book's bool mask, True = may not attend); None: every position
+                is a token.
+            token_type_ids: the segment of each token ``(B, S)``, in [0,
+            num_token_types); None: all 0.
 
         Returns:
-            The encoder's output ``(B, S, d_model)``; the vectors at padding are computed, not used.
+            The encoder's output ``(B, S, d_model)``; the vectors at padding are
+            computed, not used.
         """
-        input_ids = check_token_batch("input_ids", input_ids, self.embed.vocab_size, self.positional_encoding.max_len)
+        input_ids = check_token_batch(
+            "input_ids",
+            input_ids,
+            self.embed.vocab_size,
+            self.positional_encoding.max_len,
+        )
         x = self.positional_encoding(self.embed(input_ids))  # (B, S, d_model)
         if token_type_ids is not None or self.token_type_embed is not None:
             x = x + self._token_types(input_ids, token_type_ids)  # (B, S, d_model)
         if self.embed_norm is not None:
             x = self.embed_norm(x)
-        return self.encoder(self.dropout(x), mask=self._padding_mask(input_ids, attention_mask))
+        return self.encoder(
+            self.dropout(x), mask=self._padding_mask(input_ids, attention_mask)
+        )
 
     def _token_types(self, input_ids: Tensor, token_type_ids: Tensor | None) -> Tensor:
-        """The token-type vectors ``(B, S, d_model)`` (those of type 0 where ``token_type_ids`` is None)."""
+        """The token-type vectors ``(B, S, d_model)`` (those of type 0 where
+        ``token_type_ids`` is None)."""
         if self.token_type_embed is None:
-            raise ValueError("token_type_ids given, but the model has no token types (num_token_types=0)")
-        types = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
+            raise ValueError(
+                "token_type_ids given, but the model has no token types (num_token_types=0)"
+            )
+        types = (
+            torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
+        )
         types = check_token_ids("token_type_ids", types, self.num_token_types)
         if types.shape != input_ids.shape:
-            raise ValueError(f"token_type_ids must have the shape of input_ids, {tuple(input_ids.shape)}, "
-                             f"got {tuple(types.shape)}")
+            raise ValueError(
+                f"token_type_ids must have the shape of input_ids, {tuple(input_ids.shape)}, "
+                f"got {tuple(types.shape)}"
+            )
         return self.token_type_embed(types)  # (B, S) -> (B, S, d_model)
 
     @staticmethod
-    def _padding_mask(input_ids: Tensor, attention_mask: Tensor | None) -> Tensor | None:
-        """Hugging Face's (B, S) mask, 1 = token, as the book's (B, 1, 1, S), True = may not attend."""
+    def _padding_mask(
+        input_ids: Tensor, attention_mask: Tensor | None
+    ) -> Tensor | None:
+        """Hugging Face's (B, S) mask, 1 = token, as the book's (B, 1, 1, S), True = may
+        not attend."""
         if attention_mask is None:
             return None
         if attention_mask.shape != input_ids.shape:
-            raise ValueError(f"attention_mask must have the shape of input_ids, {tuple(input_ids.shape)}, "
-                             f"got {tuple(attention_mask.shape)}")
+            raise ValueError(
+                f"attention_mask must have the shape of input_ids, {tuple(input_ids.shape)}, "
+                f"got {tuple(attention_mask.shape)}"
+            )
         return (attention_mask == 0)[:, None, None, :]  # (B, S) -> (B, 1, 1, S)

@@ -27,10 +27,12 @@ from transformer.nn.encoder import Encoder, LayerOptions
 
 # chapters/images.md: An image as a sequence of patches
 def patches(images: Tensor, patch_size: int) -> Tensor:
-    """Cut images into non-overlapping ``patch_size`` x ``patch_size`` patches, each flattened.
+    """Cut images into non-overlapping ``patch_size`` x ``patch_size`` patches, each
+    flattened.
 
-    Patches come in reading order (left to right, then top to bottom); each patch is flattened
-    channel by channel, then row by row, the order of a convolution kernel's weights (C, P, P).
+    Patches come in reading order (left to right, then top to bottom); each patch is
+    flattened channel by channel, then row by row, the order of a convolution kernel's
+    weights (C, P, P).
 
     Shape:
         (B, C, H, W) -> (B, S, C * P * P) with S = (H / P) * (W / P) patches.
@@ -38,19 +40,28 @@ def patches(images: Tensor, patch_size: int) -> Tensor:
     check_tensor("images", images)
     check_positive_int("patch_size", patch_size)
     if images.dim() != 4:
-        raise ValueError(f"images must have shape (B, C, H, W), got {tuple(images.shape)}")
+        raise ValueError(
+            f"images must have shape (B, C, H, W), got {tuple(images.shape)}"
+        )
     B, C, H, W = images.shape
     if H % patch_size or W % patch_size:
-        raise ValueError(f"images of {H}x{W} pixels cannot be cut into patches of "
-                         f"{patch_size}x{patch_size}: patch_size must divide the height and the width")
-    grid = images.unfold(2, patch_size, patch_size).unfold(3, patch_size, patch_size)  # (B, C, H/P, W/P, P, P)
+        raise ValueError(
+            f"images of {H}x{W} pixels cannot be cut into patches of "
+            f"{patch_size}x{patch_size}: patch_size must divide the height and the width"
+        )
+    # (B, C, H/P, W/P, P, P)
+    grid = images.unfold(2, patch_size, patch_size).unfold(3, patch_size, patch_size)
     grid = grid.permute(0, 2, 3, 1, 4, 5)  # (B, H/P, W/P, C, P, P)
-    return grid.reshape(B, (H // patch_size) * (W // patch_size), C * patch_size * patch_size)  # (B, S, C*P*P)
+    # (B, S, C*P*P)
+    return grid.reshape(
+        B, (H // patch_size) * (W // patch_size), C * patch_size * patch_size
+    )
 
 
 # chapters/images.md: The projection is a convolution
 class PatchEmbedding(nn.Module):
-    """Cut images into patches and project each to ``d_model``: x_p E + b (eq. vit-input).
+    """Cut images into patches and project each to ``d_model``: x_p E + b (eq.
+    vit-input).
 
     Args:
         image_size: the height and width of the (square) images.
@@ -66,17 +77,29 @@ class PatchEmbedding(nn.Module):
         images (B, C, H, W) -> tokens (B, S, d_model).
     """
 
-    def __init__(self, image_size: int, patch_size: int, in_channels: int, d_model: int):
+    def __init__(
+        self, image_size: int, patch_size: int, in_channels: int, d_model: int
+    ):
         super().__init__()
-        for name, value in [("image_size", image_size), ("patch_size", patch_size),
-                            ("in_channels", in_channels), ("d_model", d_model)]:
+        for name, value in [
+            ("image_size", image_size),
+            ("patch_size", patch_size),
+            ("in_channels", in_channels),
+            ("d_model", d_model),
+        ]:
             check_positive_int(name, value)
         if image_size % patch_size:
-            raise ValueError(f"patch_size must divide image_size, got patch_size={patch_size} and "
-                             f"image_size={image_size}")
-        self.image_size, self.patch_size, self.in_channels = image_size, patch_size, in_channels
+            raise ValueError(
+                f"patch_size must divide image_size, got patch_size={patch_size} and "
+                f"image_size={image_size}"
+            )
+        self.image_size, self.patch_size, self.in_channels = (
+            image_size,
+            patch_size,
+            in_channels,
+        )
         self.grid_size = image_size // patch_size
-        self.num_patches = self.grid_size ** 2
+        self.num_patches = self.grid_size**2
         self.proj = nn.Linear(in_channels * patch_size * patch_size, d_model)
 
     def forward(self, images: Tensor) -> Tensor:
@@ -84,69 +107,98 @@ class PatchEmbedding(nn.Module):
         check_tensor("images", images)
         expected = (self.in_channels, self.image_size, self.image_size)
         if images.dim() != 4 or tuple(images.shape[1:]) != expected:
-            raise ValueError(f"images must have shape (B, {', '.join(map(str, expected))}) = (B, C, H, W), "
-                             f"got {tuple(images.shape)}")
+            raise ValueError(
+                f"images must have shape (B, {', '.join(map(str, expected))}) = (B, C, H, W), "
+                f"got {tuple(images.shape)}"
+            )
         if not images.is_floating_point():
-            raise TypeError(f"images must be a floating-point tensor, got dtype {images.dtype}")
-        return self.proj(patches(images, self.patch_size))  # (B, S, C*P*P) -> (B, S, d_model)
+            raise TypeError(
+                f"images must be a floating-point tensor, got dtype {images.dtype}"
+            )
+        # (B, S, C*P*P) -> (B, S, d_model)
+        return self.proj(patches(images, self.patch_size))
 
 
 # chapters/images.md: Where is a patch?
-def sinusoidal_encoding_2d(grid_size: int, d_model: int, base: float = 10000.0) -> Tensor:
-    """Sinusoidal positions for a ``grid_size`` x ``grid_size`` grid, in reading order (eq. sinusoidal-2d).
+def sinusoidal_encoding_2d(
+    grid_size: int, d_model: int, base: float = 10000.0
+) -> Tensor:
+    """Sinusoidal positions for a ``grid_size`` x ``grid_size`` grid, in reading order
+    (eq. sinusoidal-2d).
 
-    The first ``d_model / 2`` columns are ``sinusoidal_encoding`` of the row, the others of the column.
+    The first ``d_model / 2`` columns are ``sinusoidal_encoding`` of the row, the others
+    of the column.
 
     Shape:
-        (grid_size ** 2, d_model); ``d_model`` must be a multiple of 4 (two even halves).
+        (grid_size ** 2, d_model); ``d_model`` must be a multiple of 4 (two even
+        halves).
     """
     check_positive_int("grid_size", grid_size)
     check_positive_int("d_model", d_model)
     if d_model % 4:
-        raise ValueError(f"d_model must be a multiple of 4 for 2-D sinusoidal positions, got {d_model}")
+        raise ValueError(
+            f"d_model must be a multiple of 4 for 2-D sinusoidal positions, got {d_model}"
+        )
     table = sinusoidal_encoding(grid_size, d_model // 2, base)  # (grid, d_model / 2)
-    rows = table.repeat_interleave(grid_size, dim=0)  # (grid * grid, d/2): row r for patches r*g .. r*g + g-1
-    columns = table.repeat(grid_size, 1)  # (grid * grid, d/2): columns 0 .. g-1, again and again
+    # (grid * grid, d/2): row r for patches r*g .. r*g + g-1
+    rows = table.repeat_interleave(grid_size, dim=0)
+    # (grid * grid, d/2): columns 0 .. g-1, again and again
+    columns = table.repeat(grid_size, 1)
     return torch.cat([rows, columns], dim=1)  # (grid * grid, d_model)
 
 
 # chapters/images.md: Where is a patch?
-def grid_relations(grid_size: int, max_distance: int, num_prefix: int = 1,
-                   device: torch.device | str | None = None) -> Tensor:
-    """Row of the 2-D relative tables for every (query, key) pair of ``num_prefix`` tokens + a grid.
+def grid_relations(
+    grid_size: int,
+    max_distance: int,
+    num_prefix: int = 1,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """Row of the 2-D relative tables for every (query, key) pair of ``num_prefix``
+    tokens + a grid.
 
-    Tokens ``num_prefix ..`` are the patches of a ``grid_size`` x ``grid_size`` grid in reading order.
-    A pair of patches gets ``(clip(dr, k) + k) * (2k + 1) + clip(dc, k) + k`` (eq. relative-2d), with
-    dr, dc the key's row and column minus the query's; a pair with a prefix token (the class token) in
-    it gets the last row, ``(2k + 1) ** 2``.
+    Tokens ``num_prefix ..`` are the patches of a ``grid_size`` x ``grid_size`` grid in
+    reading order. A pair of patches gets
+    ``(clip(dr, k) + k) * (2k + 1) + clip(dc, k) + k`` (eq. relative-2d), with dr, dc
+    the key's row and column minus the query's; a pair with a prefix token (the class
+    token) in it gets the last row, ``(2k + 1) ** 2``.
 
     Shape:
         (num_prefix + grid_size ** 2, num_prefix + grid_size ** 2).
     """
     check_positive_int("grid_size", grid_size)
     k = check_positive_int("max_distance", max_distance)
-    if isinstance(num_prefix, bool) or not isinstance(num_prefix, numbers.Integral) or num_prefix < 0:
+    if (
+        isinstance(num_prefix, bool)
+        or not isinstance(num_prefix, numbers.Integral)
+        or num_prefix < 0
+    ):
         raise ValueError(f"num_prefix must be an int >= 0, got {num_prefix!r}")
-    n = torch.arange(grid_size ** 2, device=device)
+    n = torch.arange(grid_size**2, device=device)
     row, column = n // grid_size, n % grid_size  # (S,) each, S = grid_size ** 2 patches
-    dr = (row.unsqueeze(0) - row.unsqueeze(1)).clamp(-k, k) + k  # (S, S): key row - query row
+    # (S, S): key row - query row
+    dr = (row.unsqueeze(0) - row.unsqueeze(1)).clamp(-k, k) + k
     dc = (column.unsqueeze(0) - column.unsqueeze(1)).clamp(-k, k) + k  # (S, S)
-    size = num_prefix + grid_size ** 2
-    index = torch.full((size, size), (2 * k + 1) ** 2, dtype=torch.long, device=device)  # prefix pairs
+    size = num_prefix + grid_size**2
+    # prefix pairs
+    index = torch.full((size, size), (2 * k + 1) ** 2, dtype=torch.long, device=device)
     index[num_prefix:, num_prefix:] = dr * (2 * k + 1) + dc  # (S, S)
     return index
 
 
 # chapters/images.md: Where is a patch?
 class GridRelativeMultiHeadAttention(RelativeMultiHeadAttention):
-    """Self-attention over a class token and a grid of patches, with 2-D relative positions.
+    """Self-attention over a class token and a grid of patches, with 2-D relative
+    positions.
 
-    ``RelativeMultiHeadAttention`` (Shaw et al.) with the distance j - i replaced by the offset
-    (dr, dc) between two patches, each part clipped to +-max_distance; pairs with the class token share
-    one more table row (``grid_relations``). Wu et al. (2021) study such encodings for vision.
+    ``RelativeMultiHeadAttention`` (Shaw et al.) with the distance j - i replaced by the
+    offset (dr, dc) between two patches, each part clipped to +-max_distance; pairs with
+    the class token share one more table row (``grid_relations``). Wu et al. (2021)
+    study such encodings for vision.
 
     Args:
-        d_model, num_heads, dropout, bias, max_distance: as for ``RelativeMultiHeadAttention``.
+        d_model, num_heads, dropout, bias, max_distance: as for
+        ``RelativeMultiHeadAttention``.
         grid_size: the patches form a ``grid_size`` x ``grid_size`` grid.
         num_prefix: the tokens in front of the patches (1: the class token).
 
@@ -154,9 +206,19 @@ class GridRelativeMultiHeadAttention(RelativeMultiHeadAttention):
         query, key, value (B, num_prefix + grid_size ** 2, d_model) -> the same.
     """
 
-    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
-                 max_distance: int = 2, grid_size: int = 4, num_prefix: int = 1):
-        super().__init__(d_model, num_heads, dropout=dropout, bias=bias, max_distance=max_distance)
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        max_distance: int = 2,
+        grid_size: int = 4,
+        num_prefix: int = 1,
+    ):
+        super().__init__(
+            d_model, num_heads, dropout=dropout, bias=bias, max_distance=max_distance
+        )
         self.grid_size = check_positive_int("grid_size", grid_size)
         grid_relations(grid_size, max_distance, num_prefix)  # checks num_prefix
         self.num_prefix = num_prefix
@@ -165,14 +227,20 @@ class GridRelativeMultiHeadAttention(RelativeMultiHeadAttention):
         """(2k + 1)^2 patch offsets, and one row for the pairs with the class token."""
         return (2 * self.max_distance + 1) ** 2 + 1
 
-    def relation_index(self, query_len: int, key_len: int, query_start: int, device: torch.device) -> Tensor:
+    def relation_index(
+        self, query_len: int, key_len: int, query_start: int, device: torch.device
+    ) -> Tensor:
         """``grid_relations``, for self-attention over the whole sequence only."""
-        size = self.num_prefix + self.grid_size ** 2
+        size = self.num_prefix + self.grid_size**2
         if query_len != size or key_len != size or query_start != 0:
-            raise ValueError(f"GridRelativeMultiHeadAttention attends over the {self.num_prefix} prefix "
-                             f"token(s) and {self.grid_size}x{self.grid_size} patches, {size} positions, "
-                             f"got {query_len} queries and {key_len} keys (query_start={query_start})")
-        return grid_relations(self.grid_size, self.max_distance, self.num_prefix, device=device)
+            raise ValueError(
+                f"GridRelativeMultiHeadAttention attends over the {self.num_prefix} prefix "
+                f"token(s) and {self.grid_size}x{self.grid_size} patches, {size} positions, "
+                f"got {query_len} queries and {key_len} keys (query_start={query_start})"
+            )
+        return grid_relations(
+            self.grid_size, self.max_distance, self.num_prefix, device=device
+        )
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, grid_size={self.grid_size}"
@@ -180,65 +248,105 @@ class GridRelativeMultiHeadAttention(RelativeMultiHeadAttention):
 
 # chapters/vision.md: The Vision Transformer
 class VisionTransformer(nn.Module):
-    """A Vision Transformer (Dosovitskiy et al., 2021): patches, class token, positions, Encoder, head.
+    """A Vision Transformer (Dosovitskiy et al., 2021): patches, class token, positions,
+    Encoder, head.
 
     Args:
         image_size, patch_size, in_channels: as for ``PatchEmbedding`` (square images).
         num_classes: number of classes.
-        d_model, num_heads, d_ff, num_layers, dropout: as for ``Encoder`` (pre-LN); ``dropout``
-            also acts on the tokens with their positions.
-        positions: ``"learned"`` (one trained vector per token, the ViT's choice), ``"sinusoidal"``
-            (eq. sinusoidal-2d, the class token at zero), ``"relative"`` (no absolute positions;
-            ``GridRelativeMultiHeadAttention`` in every layer) or ``"none"``.
-        max_distance: k of the relative positions, the largest offset told apart along each axis.
+        d_model, num_heads, d_ff, num_layers, dropout: as for ``Encoder`` (pre-LN);
+            ``dropout`` also acts on the tokens with their positions.
+        positions: ``"learned"`` (one trained vector per token, the ViT's choice),
+            ``"sinusoidal"`` (eq. sinusoidal-2d, the class token at zero),
+            ``"relative"`` (no absolute positions; ``GridRelativeMultiHeadAttention`` in
+            every layer) or ``"none"``.
+        max_distance: k of the relative positions, the largest offset told apart along
+        each axis.
 
     Shape:
         images (B, C, H, W) -> logits (B, num_classes).
     """
 
-    def __init__(self, image_size: int = 8, patch_size: int = 2, in_channels: int = 1, num_classes: int = 10,
-                 d_model: int = 32, num_heads: int = 4, d_ff: int = 64, num_layers: int = 3,
-                 dropout: float = 0.1, positions: str = "learned", max_distance: int = 2):
+    def __init__(
+        self,
+        image_size: int = 8,
+        patch_size: int = 2,
+        in_channels: int = 1,
+        num_classes: int = 10,
+        d_model: int = 32,
+        num_heads: int = 4,
+        d_ff: int = 64,
+        num_layers: int = 3,
+        dropout: float = 0.1,
+        positions: str = "learned",
+        max_distance: int = 2,
+    ):
         super().__init__()
         if positions not in ("learned", "sinusoidal", "relative", "none"):
-            raise ValueError(f"positions must be 'learned', 'sinusoidal', 'relative' or 'none', got {positions!r}")
+            raise ValueError(
+                f"positions must be 'learned', 'sinusoidal', 'relative' or 'none', got {positions!r}"
+            )
         check_positive_int("num_classes", num_classes)
         self.patch_embed = PatchEmbedding(image_size, patch_size, in_channels, d_model)
         num_tokens = 1 + self.patch_embed.num_patches
         self.cls_token = nn.Parameter(torch.randn(d_model) * 0.02)  # x_class
-        self.pos_embed = nn.Parameter(torch.randn(num_tokens, d_model) * 0.02) if positions == "learned" else None
+        self.pos_embed = (
+            nn.Parameter(torch.randn(num_tokens, d_model) * 0.02)
+            if positions == "learned"
+            else None
+        )
         if positions == "sinusoidal" and d_model % 4:
-            raise ValueError(f"d_model must be a multiple of 4 for 2-D sinusoidal positions, got {d_model}")
-        # the 2-D relative attention in every layer, or the encoder's own MultiHeadAttention
+            raise ValueError(
+                f"d_model must be a multiple of 4 for 2-D sinusoidal positions, got {d_model}"
+            )
+        # the 2-D relative attention in every layer, or the encoder's own
+        # MultiHeadAttention
         attention: Callable[..., MultiHeadAttention] = MultiHeadAttention
         if positions == "relative":
-            attention = functools.partial(GridRelativeMultiHeadAttention, max_distance=max_distance,
-                                          grid_size=self.patch_embed.grid_size)
+            attention = functools.partial(
+                GridRelativeMultiHeadAttention,
+                max_distance=max_distance,
+                grid_size=self.patch_embed.grid_size,
+            )
         self.dropout = nn.Dropout(check_fraction("dropout", dropout))
-        self.encoder = Encoder(num_layers, d_model, num_heads, d_ff, dropout,
-                               options=LayerOptions(norm_first=True, self_attention=attention))
+        self.encoder = Encoder(
+            num_layers,
+            d_model,
+            num_heads,
+            d_ff,
+            dropout,
+            options=LayerOptions(norm_first=True, self_attention=attention),
+        )
         self.head = nn.Linear(d_model, num_classes)
         self.d_model, self.positions = d_model, positions
 
     def encoder_inputs(self, images: Tensor) -> Tensor:
-        """z_0 of eq. vit-input: the class token and the projected patches, with positions (B, 1 + S, d_model)."""
+        """z_0 of eq. vit-input: the class token and the projected patches, with
+        positions (B, 1 + S, d_model)."""
         z = self.patch_embed(images)  # (B, C, H, W) -> (B, S, d_model), S patches
-        z = torch.cat([self.cls_token.to(z.dtype).expand(z.shape[0], 1, -1), z], dim=1)  # (B, 1 + S, d_model)
+        # (B, 1 + S, d_model)
+        z = torch.cat([self.cls_token.to(z.dtype).expand(z.shape[0], 1, -1), z], dim=1)
         if self.pos_embed is not None:
             z = z + self.pos_embed  # (B, 1 + S, d_model) + (1 + S, d_model)
         elif self.positions == "sinusoidal":
-            table = sinusoidal_encoding_2d(self.patch_embed.grid_size, self.d_model).to(z)  # (S, d_model)
-            z = z + torch.cat([table.new_zeros(1, self.d_model), table])  # the class token gets no position
+            # (S, d_model)
+            table = sinusoidal_encoding_2d(self.patch_embed.grid_size, self.d_model).to(
+                z
+            )
+            # the class token gets no position
+            z = z + torch.cat([table.new_zeros(1, self.d_model), table])
         return self.dropout(z)
 
     def forward(self, images: Tensor) -> Tensor:
         """Class scores for each image.
 
         Args:
-            images: ``(B, C, H, W)`` floats, with C = ``in_channels`` and H = W = ``image_size``.
+            images: ``(B, C, H, W)`` floats, with C = ``in_channels`` and H = W =
+            ``image_size``.
 
         Returns:
             The logits ``(B, num_classes)``.
         """
         h = self.encoder(self.encoder_inputs(images))  # (B, 1 + S, d_model)
-        return self.head(h[:, 0])  # the output at the class token: (B, d_model) -> (B, num_classes)
+        # the output at the class token: (B, d_model) -> (B, num_classes)
+        return self.head(h[:, 0])

@@ -25,15 +25,22 @@ def words(text: str) -> list[str]:
     return re.findall(r"\w+", text.lower())
 
 
-def word_vocabulary(texts: Sequence[str], min_count: int = 2, max_size: int = 20_000) -> dict[str, int]:
-    """The words that occur in at least ``min_count`` of ``texts``, most frequent first: word -> column."""
+def word_vocabulary(
+    texts: Sequence[str], min_count: int = 2, max_size: int = 20_000
+) -> dict[str, int]:
+    """The words that occur in at least ``min_count`` of ``texts``, most frequent first:
+    word -> column."""
     documents = Counter(word for text in texts for word in set(words(text)))
-    kept = sorted((word for word, n in documents.items() if n >= min_count), key=lambda w: (-documents[w], w))
+    kept = sorted(
+        (word for word, n in documents.items() if n >= min_count),
+        key=lambda w: (-documents[w], w),
+    )
     return {word: i for i, word in enumerate(kept[:max_size])}
 
 
 def bag_of_words(texts: Sequence[str], vocabulary: dict[str, int]) -> Tensor:
-    """Features (M, V): 1 where a word of ``vocabulary`` occurs in the text, else 0; unknown words ignored."""
+    """Features (M, V): 1 where a word of ``vocabulary`` occurs in the text, else 0;
+    unknown words ignored."""
     x = torch.zeros(len(texts), len(vocabulary))
     for row, text in enumerate(texts):
         columns = [vocabulary[word] for word in set(words(text)) if word in vocabulary]
@@ -41,19 +48,31 @@ def bag_of_words(texts: Sequence[str], vocabulary: dict[str, int]) -> Tensor:
     return x
 
 
-def fit_logistic_regression(x: Tensor, y: Tensor, num_classes: int = 2, weight_decay: float = 1e-3,
-                            steps: int = 100) -> nn.Linear:
-    """A linear layer fitted to features ``x`` (M, V) and classes ``y`` (M,): the minimum of the mean
-    cross-entropy plus ``weight_decay`` / 2 times the squared weights, found with L-BFGS (no autograd)."""
+def fit_logistic_regression(
+    x: Tensor,
+    y: Tensor,
+    num_classes: int = 2,
+    weight_decay: float = 1e-3,
+    steps: int = 100,
+) -> nn.Linear:
+    """A linear layer fitted to features ``x`` (M, V) and classes ``y`` (M,): the
+    minimum of the mean cross-entropy plus ``weight_decay`` / 2 times the squared
+    weights, found with L-BFGS (no autograd)."""
     model = nn.Linear(x.shape[1], num_classes)
     nn.init.zeros_(model.weight)
     nn.init.zeros_(model.bias)
-    optimizer = torch.optim.LBFGS(model.parameters(), lr=1.0, max_iter=steps, line_search_fn="strong_wolfe")
+    optimizer = torch.optim.LBFGS(
+        model.parameters(), lr=1.0, max_iter=steps, line_search_fn="strong_wolfe"
+    )
 
-    def closure() -> Tensor:  # the loss, with its gradient written out: (softmax - one-hot) / M times x
+    # the loss, with its gradient written out: (softmax - one-hot) / M times x
+    def closure() -> Tensor:
         with torch.no_grad():
             p = torch.softmax(model(x), dim=-1)  # (M, C)
-            loss = nn.functional.cross_entropy(model(x), y) + weight_decay / 2 * model.weight.pow(2).sum()
+            loss = (
+                nn.functional.cross_entropy(model(x), y)
+                + weight_decay / 2 * model.weight.pow(2).sum()
+            )
             p[torch.arange(len(y)), y] -= 1
             model.weight.grad = p.T @ x / len(y) + weight_decay * model.weight  # (C, V)
             model.bias.grad = p.mean(dim=0)  # (C,)

@@ -32,19 +32,27 @@ def _check_brackets(name: str, text: object) -> str:
     if not isinstance(text, str):
         raise TypeError(f"{name} must be a str of brackets, got {type(text).__name__}")
     if set(text) - {"(", ")"}:
-        raise ValueError(f"{name} must hold only '(' and ')', got {sorted(set(text) - {'(', ')'})}")
+        raise ValueError(
+            f"{name} must hold only '(' and ')', got {sorted(set(text) - {'(', ')'})}"
+        )
     return text
 
 
 def is_balanced(text: str) -> bool:
-    """Whether every '(' of ``text`` is closed by a later ')' (the depth never < 0, and ends at 0)."""
-    depths = list(itertools.accumulate(1 if c == "(" else -1 for c in _check_brackets("text", text)))
+    """Whether every '(' of ``text`` is closed by a later ')' (the depth never < 0, and
+    ends at 0)."""
+    depths = list(
+        itertools.accumulate(
+            1 if c == "(" else -1 for c in _check_brackets("text", text)
+        )
+    )
     return all(d >= 0 for d in depths) and (not depths or depths[-1] == 0)
 
 
 # chapters/brackets.md: Balanced brackets
 def encode_brackets(text: str, length: int | None = None) -> Tensor:
-    """Bracket string -> token ids ``(N,)`` (long), padded with 0 at the end up to ``length``."""
+    """Bracket string -> token ids ``(N,)`` (long), padded with 0 at the end up to
+    ``length``."""
     ids = [BRACKET_VOCAB.index(c) for c in _check_brackets("text", text)]
     if length is not None:
         check_positive_int("length", length)
@@ -64,26 +72,31 @@ def decode_brackets(tokens: Tensor) -> str:
 
 # chapters/brackets.md: Drawing balanced sequences
 def random_balanced(n: int, rng: random.Random) -> str:
-    """A balanced sequence of ``n`` pairs, each of the Catalan(n) possible ones equally likely.
+    """A balanced sequence of ``n`` pairs, each of the Catalan(n) possible ones equally
+    likely.
 
-    The cycle lemma: of the rotations of a shuffled walk of n '(' and n + 1 ')', exactly one stays
-    at depth >= 0 before its last step, the one starting just after the first lowest point.
+    The cycle lemma: of the rotations of a shuffled walk of n '(' and n + 1 ')', exactly
+    one stays at depth >= 0 before its last step, the one starting just after the first
+    lowest point.
     """
     check_positive_int("n", n)
     steps = [1] * n + [-1] * (n + 1)
     rng.shuffle(steps)
     depths = list(itertools.accumulate(steps))  # ends at -1
     start = depths.index(min(depths)) + 1  # just after the first lowest point
-    walk = steps[start:] + steps[:start]  # depth >= 0 until the last step, which reaches -1
+    # depth >= 0 until the last step, which reaches -1
+    walk = steps[start:] + steps[:start]
     return "".join("(" if step > 0 else ")" for step in walk[:-1])
 
 
 # chapters/brackets.md: Near misses
 def near_miss(n: int, rng: random.Random) -> str:
-    """An unbalanced sequence of ``n`` '(' and ``n`` ')' (n >= 3) that starts with '(', ends with ')'.
+    """An unbalanced sequence of ``n`` '(' and ``n`` ')' (n >= 3) that starts with '(',
+    ends with ')'.
 
-    A balanced sequence with one '(' and a later ')' exchanged (neither of them the first or the
-    last bracket), drawn again until the exchange makes some prefix close more than it opened.
+    A balanced sequence with one '(' and a later ')' exchanged (neither of them the
+    first or the last bracket), drawn again until the exchange makes some prefix close
+    more than it opened.
     """
     if check_positive_int("n", n) < 3:
         raise ValueError(f"n must be >= 3 (shorter near misses do not exist), got {n}")
@@ -100,24 +113,38 @@ def near_miss(n: int, rng: random.Random) -> str:
 
 # chapters/brackets.md: A data set with disjoint splits
 def bracket_split(text: str, test_fraction: float = 0.2) -> str:
-    """``"test"`` or ``"train"``: a fixed function of the sequence (its CRC-32), so splits never share one."""
+    """``"test"`` or ``"train"``: a fixed function of the sequence (its CRC-32), so
+    splits never share one."""
     _check_brackets("text", text)
-    return "test" if zlib.crc32(text.encode()) % 10_000 < test_fraction * 10_000 else "train"
+    return (
+        "test"
+        if zlib.crc32(text.encode()) % 10_000 < test_fraction * 10_000
+        else "train"
+    )
 
 
 # chapters/brackets.md: A data set with disjoint splits
-def bracket_dataset(num_examples: int, max_len: int = 24, seed: int = 0, split: str = "train",
-                    min_len: int = 12, test_fraction: float = 0.2, distinct: bool = False) -> tuple[Tensor, Tensor]:
-    """Balanced sequences (label 1) and near misses (label 0), half each, in a seeded order.
+def bracket_dataset(
+    num_examples: int,
+    max_len: int = 24,
+    seed: int = 0,
+    split: str = "train",
+    min_len: int = 12,
+    test_fraction: float = 0.2,
+    distinct: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """Balanced sequences (label 1) and near misses (label 0), half each, in a seeded
+    order.
 
-    Each example's length is drawn uniformly from the even numbers in [min_len, max_len], the same
-    way for both classes; sequences whose ``bracket_split`` is not ``split`` are drawn again. With
-    ``distinct=True`` a sequence already drawn is drawn again too, its length included, so that no
-    sequence appears twice (the short lengths, which hold few sequences, then come up less often).
+    Each example's length is drawn uniformly from the even numbers in [min_len,
+    max_len], the same way for both classes; sequences whose ``bracket_split`` is not
+    ``split`` are drawn again. With ``distinct=True`` a sequence already drawn is drawn
+    again too, its length included, so that no sequence appears twice (the short
+    lengths, which hold few sequences, then come up less often).
 
     Returns:
-        tokens ``(num_examples, max_len)``, ids of ``BRACKET_VOCAB`` padded with 0 at the end, and
-        labels ``(num_examples,)``, 1 for balanced; both long.
+        tokens ``(num_examples, max_len)``, ids of ``BRACKET_VOCAB`` padded with 0 at
+        the end, and labels ``(num_examples,)``, 1 for balanced; both long.
     """
     _check_dataset_args(num_examples, max_len, min_len, split, test_fraction)
     check_bool("distinct", distinct)
@@ -127,29 +154,46 @@ def bracket_dataset(num_examples: int, max_len: int = 24, seed: int = 0, split: 
         n = rng.randrange(math.ceil(min_len / 2), max_len // 2 + 1)  # pairs: length 2n
         for _ in range(10_000):
             text = random_balanced(n, rng) if label else near_miss(n, rng)
-            if bracket_split(text, test_fraction) == split and not (distinct and text in seen):
+            if bracket_split(text, test_fraction) == split and not (
+                distinct and text in seen
+            ):
                 break
             if distinct and text in seen:
-                n = rng.randrange(math.ceil(min_len / 2), max_len // 2 + 1)  # this length may be used up
+                # this length may be used up
+                n = rng.randrange(math.ceil(min_len / 2), max_len // 2 + 1)
         else:
-            raise ValueError(f"no {'new ' if distinct else ''}{'balanced' if label else 'near-miss'} sequence of "
-                             f"length {2 * n} found in the {split!r} split; raise min_len={min_len} or change "
-                             "test_fraction")
+            raise ValueError(
+                f"no {'new ' if distinct else ''}{'balanced' if label else 'near-miss'} sequence of "
+                f"length {2 * n} found in the {split!r} split; raise min_len={min_len} or change "
+                "test_fraction"
+            )
         seen.add(text)
         rows.append(encode_brackets(text, max_len))
     order = torch.randperm(num_examples, generator=torch.Generator().manual_seed(seed))
     return torch.stack(rows)[order], torch.tensor(labels)[order]
 
 
-def _check_dataset_args(num_examples: Any, max_len: Any, min_len: Any, split: Any, test_fraction: Any) -> None:
+def _check_dataset_args(
+    num_examples: Any, max_len: Any, min_len: Any, split: Any, test_fraction: Any
+) -> None:
     if check_positive_int("num_examples", num_examples) % 2:
-        raise ValueError(f"num_examples must be even (half balanced, half not), got {num_examples}")
+        raise ValueError(
+            f"num_examples must be even (half balanced, half not), got {num_examples}"
+        )
     check_positive_int("max_len", max_len)
     if check_positive_int("min_len", min_len) < 6 or min_len > max_len or max_len < 6:
-        raise ValueError(f"min_len must be >= 6 (3 pairs) and <= max_len={max_len}, got {min_len}")
+        raise ValueError(
+            f"min_len must be >= 6 (3 pairs) and <= max_len={max_len}, got {min_len}"
+        )
     if math.ceil(min_len / 2) > max_len // 2:
         raise ValueError(f"no even length in [min_len={min_len}, max_len={max_len}]")
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    if isinstance(test_fraction, bool) or not isinstance(test_fraction, (int, float)) or not 0 < test_fraction < 1:
-        raise ValueError(f"test_fraction must be a number in (0, 1), got {test_fraction!r}")
+    if (
+        isinstance(test_fraction, bool)
+        or not isinstance(test_fraction, (int, float))
+        or not 0 < test_fraction < 1
+    ):
+        raise ValueError(
+            f"test_fraction must be a number in (0, 1), got {test_fraction!r}"
+        )

@@ -24,11 +24,19 @@ from transformer.training.batch import Batch
 
 
 # chapters/captioning.md: Training with the one loop
-def caption_batches(src: Tensor, captions: Tensor, batch_size: int, num_patches: int,
-                    seed: int = 0, pad_id: int = 0) -> Iterator[Batch]:
-    """Endless random ``Batch``es of (grey levels (M, H * W), caption ids (M, T)), drawn from ``seed``.
+def caption_batches(
+    src: Tensor,
+    captions: Tensor,
+    batch_size: int,
+    num_patches: int,
+    seed: int = 0,
+    pad_id: int = 0,
+) -> Iterator[Batch]:
+    """Endless random ``Batch``es of (grey levels (M, H * W), caption ids (M, T)), drawn
+    from ``seed``.
 
-    tgt_in is ``captions[:, :-1]``, tgt_out ``captions[:, 1:]``; src_mask (B, 1, 1, num_patches) is all False.
+    tgt_in is ``captions[:, :-1]``, tgt_out ``captions[:, 1:]``; src_mask (B, 1, 1,
+    num_patches) is all False.
     """
     batch_size = check_positive_int("batch_size", batch_size)
     generator = torch.Generator().manual_seed(seed)
@@ -36,16 +44,28 @@ def caption_batches(src: Tensor, captions: Tensor, batch_size: int, num_patches:
     for _ in itertools.count():
         rows = torch.randint(0, len(src), (batch_size,), generator=generator)
         tgt = captions[rows]  # (B, T)
-        yield Batch(src[rows], tgt[:, :-1], tgt[:, 1:], no_padding, padding_mask(tgt[:, :-1], pad_id))
+        yield Batch(
+            src[rows],
+            tgt[:, :-1],
+            tgt[:, 1:],
+            no_padding,
+            padding_mask(tgt[:, :-1], pad_id),
+        )
 
 
-def caption_scores(predicted: Sequence[str], references: Sequence[str]) -> tuple[float, float]:
-    """Exact match and word accuracy: the share of captions right, and of reference words right at
-    their position."""
+def caption_scores(
+    predicted: Sequence[str], references: Sequence[str]
+) -> tuple[float, float]:
+    """Exact match and word accuracy: the share of captions right, and of reference
+    words right at their position."""
     if len(predicted) != len(references) or not references:
-        raise ValueError(f"predicted and references must be equally long and not empty, got "
-                         f"{len(predicted)} and {len(references)}")
+        raise ValueError(
+            f"predicted and references must be equally long and not empty, got "
+            f"{len(predicted)} and {len(references)}"
+        )
     exact = sum(p == r for p, r in zip(predicted, references)) / len(references)
     pairs = [(p.split(), r.split()) for p, r in zip(predicted, references)]
-    words = sum(sum(a == b for a, b in zip(p, r)) for p, r in pairs) / sum(len(r) for _, r in pairs)
+    words = sum(sum(a == b for a, b in zip(p, r)) for p, r in pairs) / sum(
+        len(r) for _, r in pairs
+    )
     return exact, words

@@ -17,31 +17,67 @@ from transformer.training.checkpoint import read_checkpoint
 
 
 # chapters/long_runs.md: A card for a model that is shared
-MULTI30K_TERMS = ("Multi30k (task 1) is distributed under the same terms as Flickr30K: the captions are for research "
-                  "and non-commercial educational use. Cite: D. Elliott, S. Frank, K. Sima'an and L. Specia (2016). "
-                  "Multi30K: Multilingual English-German Image Descriptions. Proceedings of the 5th Workshop on "
-                  "Vision and Language, pages 70–74.")
+MULTI30K_TERMS = (
+    "Multi30k (task 1) is distributed under the same terms as Flickr30K: the captions are for research "
+    "and non-commercial educational use. Cite: D. Elliott, S. Frank, K. Sima'an and L. Specia (2016). "
+    "Multi30K: Multilingual English-German Image Descriptions. Proceedings of the 5th Workshop on "
+    "Vision and Language, pages 70–74."
+)
 
 
 def model_card(checkpoint: str | os.PathLike, folder_name: str = "FOLDER") -> str:
-    """A model card (Markdown) for ``checkpoint``: the record beside it (``README.md``, as in ``models/multi30k``)
-    or a line saying there is none; its checksum and settings; how to load it from a folder ``folder_name``."""
+    """A model card (Markdown) for ``checkpoint``: the record beside it (``README.md``,
+    as in ``models/multi30k``) or a line saying there is none; its checksum and
+    settings; how to load it from a folder ``folder_name``."""
     path = Path(checkpoint)
     saved, record = read_checkpoint(path), path.parent / "README.md"
-    settings = ", ".join(f"{key} {value}" for key, value in (saved.get("config") or {}).items()
-                         if key in ("d_model", "num_heads", "num_layers", "d_ff", "max_len", "vocab_size"))
-    body = record.read_text(encoding="utf-8").strip() if record.is_file() else (
-        "# A Transformer translator\n\nHow it was made, its figures and its terms are not recorded beside the "
-        "checkpoint: the model is derived from its training data, on their terms.")
+    settings = ", ".join(
+        f"{key} {value}"
+        for key, value in (saved.get("config") or {}).items()
+        if key
+        in ("d_model", "num_heads", "num_layers", "d_ff", "max_len", "vocab_size")
+    )
+    body = (
+        record.read_text(encoding="utf-8").strip()
+        if record.is_file()
+        else (
+            "# A Transformer translator\n\nHow it was made, its figures and its terms are not recorded beside the "
+            "checkpoint: the model is derived from its training data, on their terms."
+        )
+    )
     steps = (saved.get("note") or {}).get("averaged_steps")
-    return "\n".join([
-        "---", "library_name: transformers", "pipeline_tag: translation", "tags: [marian, transformer-book]", "---",
-        "", body, "", "## This folder", "", f"Written by `transformer export huggingface` from `{path.name}` "
-        f"(SHA-256 `{hashlib.sha256(path.read_bytes()).hexdigest()}`), step {saved['step']}"
-        + (f", the average of steps {', '.join(map(str, steps))}" if steps else "") + f"; {settings}.",
-        *(["", "## Terms of the data", "", MULTI30K_TERMS] if "Multi30k" in body else []),
-        "", "## How to load it", "", "```python", "from transformers import AutoTokenizer, MarianMTModel", "",
-        f'tokenizer = AutoTokenizer.from_pretrained("{folder_name}")',
-        f'model = MarianMTModel.from_pretrained("{folder_name}")',
-        'batch = tokenizer(["Ein Hund läuft über die Wiese."], return_tensors="pt", padding=True)',
-        "print(tokenizer.batch_decode(model.generate(**batch, num_beams=4), skip_special_tokens=True))", "```", ""])
+    return "\n".join(
+        [
+            "---",
+            "library_name: transformers",
+            "pipeline_tag: translation",
+            "tags: [marian, transformer-book]",
+            "---",
+            "",
+            body,
+            "",
+            "## This folder",
+            "",
+            f"Written by `transformer export huggingface` from `{path.name}` "
+            f"(SHA-256 `{hashlib.sha256(path.read_bytes()).hexdigest()}`), step {saved['step']}"
+            + (f", the average of steps {', '.join(map(str, steps))}" if steps else "")
+            + f"; {settings}.",
+            *(
+                ["", "## Terms of the data", "", MULTI30K_TERMS]
+                if "Multi30k" in body
+                else []
+            ),
+            "",
+            "## How to load it",
+            "",
+            "```python",
+            "from transformers import AutoTokenizer, MarianMTModel",
+            "",
+            f'tokenizer = AutoTokenizer.from_pretrained("{folder_name}")',
+            f'model = MarianMTModel.from_pretrained("{folder_name}")',
+            'batch = tokenizer(["Ein Hund läuft über die Wiese."], return_tensors="pt", padding=True)',
+            "print(tokenizer.batch_decode(model.generate(**batch, num_beams=4), skip_special_tokens=True))",
+            "```",
+            "",
+        ]
+    )

@@ -28,109 +28,187 @@ from transformer.training.loop import Evaluate, Progress, run_settings, run_step
 from transformer.training.schedules import make_adam, warmup_rate
 
 
-# chapters/encoder_only.md: Training
-def accuracy(model: nn.Module, inputs: Tensor, labels: Tensor, batch_size: int = 1000) -> float:
-    """The share of ``inputs`` whose highest logit is their label (eval mode; mode restored).
+# chapters/encoder_only.md: Encoder-only: a sequence classifier
+# the model: nn/encoder_only.py, below
 
-    ``inputs`` holds one example per row: token ids (M, S), or floats of any shape (M, ...), such as
-    images (M, C, H, W); ``labels`` holds their classes (M,).
+
+# chapters/encoder_only.md: Training
+def accuracy(
+    model: nn.Module, inputs: Tensor, labels: Tensor, batch_size: int = 1000
+) -> float:
+    """The share of ``inputs`` whose highest logit is their label (eval mode; mode
+    restored).
+
+    ``inputs`` holds one example per row: token ids (M, S), or floats of any shape (M,
+    ...), such as images (M, C, H, W); ``labels`` holds their classes (M,).
     """
     _check_examples(inputs, labels)
     device = next(model.parameters()).device
     with evaluating(model):
-        right = sum((model(inputs[i:i + batch_size].to(device)).argmax(dim=-1).cpu() == labels[i:i + batch_size]).sum().item()
-                    for i in range(0, len(inputs), batch_size))
+        right = sum(
+            (
+                model(inputs[i : i + batch_size].to(device)).argmax(dim=-1).cpu()
+                == labels[i : i + batch_size]
+            )
+            .sum()
+            .item()
+            for i in range(0, len(inputs), batch_size)
+        )
     return right / len(inputs)
 
 
 def _check_examples(inputs: Any, labels: Any, pad_id: int | None = None) -> None:
-    """Check ``inputs``: token ids (M, S), or (without ``pad_id``) floats (M, ...); ``labels``: (M,) class ids."""
+    """Check ``inputs``: token ids (M, S), or (without ``pad_id``) floats (M, ...);
+    ``labels``: (M,) class ids."""
     check_tensor("inputs", inputs)
     if not inputs.is_floating_point() or pad_id is not None:
         if inputs.is_floating_point():
-            raise TypeError(f"inputs must hold integer token ids when pad_id is set (pad_id={pad_id}), got "
-                            f"dtype {inputs.dtype}; for images or other float inputs pass pad_id=None")
+            raise TypeError(
+                f"inputs must hold integer token ids when pad_id is set (pad_id={pad_id}), got "
+                f"dtype {inputs.dtype}; for images or other float inputs pass pad_id=None"
+            )
         check_token_tensor("inputs", inputs)
-    if not isinstance(labels, Tensor) or labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
-        got = f"dtype {labels.dtype}" if isinstance(labels, Tensor) else type(labels).__name__
+    if (
+        not isinstance(labels, Tensor)
+        or labels.is_floating_point()
+        or labels.is_complex()
+        or labels.dtype == torch.bool
+    ):
+        got = (
+            f"dtype {labels.dtype}"
+            if isinstance(labels, Tensor)
+            else type(labels).__name__
+        )
         raise TypeError(f"labels must be an integer tensor of class ids, got {got}")
     rows_ok = inputs.dim() == 2 or (inputs.is_floating_point() and inputs.dim() >= 1)
     if not rows_ok or labels.shape != inputs.shape[:1]:
         expected = "(M, ...)" if inputs.is_floating_point() else "(M, S) of token ids"
-        raise ValueError(f"inputs must have shape {expected} and labels (M,), got {tuple(inputs.shape)} "
-                         f"and {tuple(labels.shape)}")
+        raise ValueError(
+            f"inputs must have shape {expected} and labels (M,), got {tuple(inputs.shape)} "
+            f"and {tuple(labels.shape)}"
+        )
 
 
 # chapters/encoder_only.md: Training
-def _batches(inputs: Tensor, labels: Tensor, batch_size: int, seed: int,
-             pad_id: int | None) -> Iterator[tuple[Tensor, Tensor]]:
-    """Endless (inputs, labels) batches, epoch by epoch in a seeded order; token batches cut to their longest row."""
+def _batches(
+    inputs: Tensor, labels: Tensor, batch_size: int, seed: int, pad_id: int | None
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """Endless (inputs, labels) batches, epoch by epoch in a seeded order; token batches
+    cut to their longest row."""
     generator = torch.Generator().manual_seed(seed)
     while True:
         order = torch.randperm(len(inputs), generator=generator)
-        for start in range(0, len(order) - batch_size + 1, batch_size):  # full batches only
-            rows = order[start:start + batch_size]
+        # full batches only
+        for start in range(0, len(order) - batch_size + 1, batch_size):
+            rows = order[start : start + batch_size]
             x = inputs[rows]  # (batch_size, S) or (batch_size, ...)
             if pad_id is not None:
-                used = (x != pad_id).any(dim=0).nonzero()  # columns with a real token somewhere
-                x = x[:, :int(used[-1]) + 1] if len(used) else x[:, :1]
+                # columns with a real token somewhere
+                used = (x != pad_id).any(dim=0).nonzero()
+                x = x[:, : int(used[-1]) + 1] if len(used) else x[:, :1]
             yield x, labels[rows]
 
 
 # chapters/encoder_only.md: Training
-def classification_loss(model: nn.Module, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-    """The loss function of a classifier for ``run_steps``: the cross-entropy of a batch (inputs,
-    labels (B,)), with the share of right answers as its metric "accuracy"."""
+def classification_loss(
+    model: nn.Module, batch: tuple[Tensor, Tensor]
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The loss function of a classifier for ``run_steps``: the cross-entropy of a batch
+    (inputs, labels (B,)), with the share of right answers as its metric "accuracy"."""
     x, y = batch  # (B, ...), (B,)
     logits = model(x)  # (B, C)
-    return F.cross_entropy(logits, y), {"accuracy": (logits.detach().argmax(dim=-1) == y).float().mean()}
+    return F.cross_entropy(logits, y), {
+        "accuracy": (logits.detach().argmax(dim=-1) == y).float().mean()
+    }
 
 
-def peak_rate(lr: float, warmup: int, steps: int, cooldown: float) -> Callable[[int], float]:
-    """The rate of the encoder tasks: the paper's shape with d_model = 1, times lr * sqrt(warmup), that is
-    lr * min(s / warmup, sqrt(warmup / s)) at step s, cooling down over the last share ``cooldown``."""
-    return warmup_rate(1, warmup, factor=lr * math.sqrt(warmup), steps=steps, cooldown=cooldown)
+def peak_rate(
+    lr: float, warmup: int, steps: int, cooldown: float
+) -> Callable[[int], float]:
+    """The rate of the encoder tasks: the paper's shape with d_model = 1, times lr *
+    sqrt(warmup), that is lr * min(s / warmup, sqrt(warmup / s)) at step s, cooling down
+    over the last share ``cooldown``."""
+    return warmup_rate(
+        1, warmup, factor=lr * math.sqrt(warmup), steps=steps, cooldown=cooldown
+    )
 
 
-def train_classifier(model: nn.Module, inputs: Tensor, labels: Tensor, steps: int = 600,
-                     batch_size: int = 128, lr: float = 2e-3, warmup: int = 60, seed: int = 0,
-                     valid: tuple[Tensor, Tensor] | None = None, eval_every: int = 50,
-                     clip: float | None = 1.0, pad_id: int | None = 0, num_threads: int | None = 1,
-                     progress: bool = False, cooldown: float = 0.25, *, resume_from: dict | None = None,
-                     save: Callable[[int, torch.optim.Optimizer, Any, dict], None] | None = None,
-                     save_every: int | None = None) -> dict[str, list]:
-    """Train ``model`` in place on (inputs (M, ...), labels (M,)) with cross-entropy; return the history.
+def train_classifier(
+    model: nn.Module,
+    inputs: Tensor,
+    labels: Tensor,
+    steps: int = 600,
+    batch_size: int = 128,
+    lr: float = 2e-3,
+    warmup: int = 60,
+    seed: int = 0,
+    valid: tuple[Tensor, Tensor] | None = None,
+    eval_every: int = 50,
+    clip: float | None = 1.0,
+    pad_id: int | None = 0,
+    num_threads: int | None = 1,
+    progress: bool = False,
+    cooldown: float = 0.25,
+    *,
+    resume_from: dict | None = None,
+    save: Callable[[int, torch.optim.Optimizer, Any, dict], None] | None = None,
+    save_every: int | None = None,
+) -> dict[str, list]:
+    """Train ``model`` in place on (inputs (M, ...), labels (M,)) with cross-entropy;
+    return the history.
 
-    Adam (betas 0.9, 0.98, eps 1e-9); the learning rate rises linearly to ``lr`` in ``warmup`` steps,
-    then falls as 1/sqrt(step) (the paper's schedule, scaled), and over the last share ``cooldown`` of
-    the steps linearly to zero (``cooldown_factor``; 0: no cooldown); gradients clipped to norm ``clip``.
-    ``seed`` fixes the batch order and dropout; ``num_threads`` CPU threads (None: torch's setting).
-    ``inputs`` are token ids (M, S), whose trailing columns that hold only ``pad_id`` in a batch are
+    Adam (betas 0.9, 0.98, eps 1e-9); the learning rate rises linearly to ``lr`` in
+    ``warmup`` steps, then falls as 1/sqrt(step) (the paper's schedule, scaled), and
+    over the last share ``cooldown`` of the steps linearly to zero (``cooldown_factor``;
+    0: no cooldown); gradients clipped to norm ``clip``. ``seed`` fixes the batch order
+    and dropout; ``num_threads`` CPU threads (None: torch's setting). ``inputs`` are
+    token ids (M, S), whose trailing columns that hold only ``pad_id`` in a batch are
     cut off (the model must ignore padding, as ``SequenceClassifier`` does), or, with
-    ``pad_id=None``, anything the model reads, such as images (M, C, H, W). The model is left in
-    eval mode.
+    ``pad_id=None``, anything the model reads, such as images (M, C, H, W). The model is
+    left in eval mode.
 
-    A run can be saved and continued: ``save(step, optimizer, scheduler, history)`` is called every
-    ``save_every`` steps (None: never) and after the last, and ``resume_from``, a checkpoint that
-    ``save`` wrote (as ``read_checkpoint`` returns it), continues that run up to ``steps`` in all: its
-    weights, optimiser, schedule, random state and history (``resume``), the batches it took skipped,
-    so that a run stopped and continued ends as one that ran through.
+    A run can be saved and continued: ``save(step, optimizer, scheduler, history)`` is
+    called every ``save_every`` steps (None: never) and after the last, and
+    ``resume_from``, a checkpoint that ``save`` wrote (as ``read_checkpoint`` returns
+    it), continues that run up to ``steps`` in all: its weights, optimiser, schedule,
+    random state and history (``resume``), the batches it took skipped, so that a run
+    stopped and continued ends as one that ran through.
 
     Returns:
-        History lists: "step", "lr", "loss", "accuracy" and "grad_norm" of each training batch; with ``valid``
-        (inputs, labels), "valid_step" and "valid_accuracy" every ``eval_every`` steps and at the end.
+        History lists: "step", "lr", "loss", "accuracy" and "grad_norm" of each training
+        batch; with ``valid`` (inputs, labels), "valid_step" and "valid_accuracy" every
+        ``eval_every`` steps and at the end.
     """
-    _check_training_args(inputs, labels, steps, batch_size, lr, warmup, eval_every, clip, pad_id)
+    _check_training_args(
+        inputs, labels, steps, batch_size, lr, warmup, eval_every, clip, pad_id
+    )
     _check_labels(model, inputs, labels)
     device = next(model.parameters()).device
-    history: dict[str, list] = {key: [] for key in ("step", "lr", "loss", "accuracy", "grad_norm",
-                                                    "valid_step", "valid_accuracy")}
+    history: dict[str, list] = {
+        key: []
+        for key in (
+            "step",
+            "lr",
+            "loss",
+            "accuracy",
+            "grad_norm",
+            "valid_step",
+            "valid_accuracy",
+        )
+    }
     with run_settings(seed, num_threads):
-        optimizer, scheduler = make_adam(model.parameters(), peak_rate(lr, warmup, steps, cooldown))
+        optimizer, scheduler = make_adam(
+            model.parameters(), peak_rate(lr, warmup, steps, cooldown)
+        )
         step = 0
         if resume_from is not None:
-            step, history = resume(resume_from, "resume_from", model, optimizer, scheduler)
-        done = itertools.islice(_batches(inputs, labels, batch_size, seed, pad_id), step, None)  # from step + 1
+            step, history = resume(
+                resume_from, "resume_from", model, optimizer, scheduler
+            )
+        # from step + 1
+        done = itertools.islice(
+            _batches(inputs, labels, batch_size, seed, pad_id), step, None
+        )
         batches = ((x.to(device), y.to(device)) for x, y in done)
 
         def validate(step: int) -> dict[str, str]:
@@ -144,35 +222,72 @@ def train_classifier(model: nn.Module, inputs: Tensor, labels: Tensor, steps: in
             save(step, optimizer, scheduler, history)
 
         model.train()
-        step = run_steps(model, batches, optimizer, scheduler, classification_loss, steps, history, step, clip=clip,
-                         callbacks=[*([Progress()] if progress else []),
-                                    *([Evaluate(validate, eval_every)] if valid is not None else []),
-                                    *([SaveEvery(save_now, save_every)] if save is not None and save_every else [])])
+        step = run_steps(
+            model,
+            batches,
+            optimizer,
+            scheduler,
+            classification_loss,
+            steps,
+            history,
+            step,
+            clip=clip,
+            callbacks=[
+                *([Progress()] if progress else []),
+                *([Evaluate(validate, eval_every)] if valid is not None else []),
+                *(
+                    [SaveEvery(save_now, save_every)]
+                    if save is not None and save_every
+                    else []
+                ),
+            ],
+        )
         if save is not None:
             save_now(step)
     model.eval()
     return history
 
 
-def _check_training_args(inputs: Tensor, labels: Tensor, steps: Any, batch_size: Any, lr: Any,
-                         warmup: Any, eval_every: Any, clip: Any, pad_id: int | None) -> None:
+def _check_training_args(
+    inputs: Tensor,
+    labels: Tensor,
+    steps: Any,
+    batch_size: Any,
+    lr: Any,
+    warmup: Any,
+    eval_every: Any,
+    clip: Any,
+    pad_id: int | None,
+) -> None:
     _check_examples(inputs, labels, pad_id)
-    for name, value in [("steps", steps), ("batch_size", batch_size), ("warmup", warmup), ("eval_every", eval_every)]:
+    for name, value in [
+        ("steps", steps),
+        ("batch_size", batch_size),
+        ("warmup", warmup),
+        ("eval_every", eval_every),
+    ]:
         check_positive_int(name, value)
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
         raise ValueError(f"lr must be a number > 0, got {lr!r}")
     if clip is not None and not clip > 0:
         raise ValueError(f"clip must be > 0 or None, got {clip!r}")
-    if batch_size > len(inputs):  # last: with few examples, the default batch would hide every other check
-        raise ValueError(f"batch_size must be at most the number of examples, {len(inputs)}, got {batch_size}")
+    # last: with few examples, the default batch would hide every other check
+    if batch_size > len(inputs):
+        raise ValueError(
+            f"batch_size must be at most the number of examples, {len(inputs)}, got {batch_size}"
+        )
 
 
 def _check_labels(model: nn.Module, inputs: Tensor, labels: Tensor) -> None:
-    """Every label is a class of ``model``: 0 <= label < C, where C, the width of its logits, is found by
-    reading one example (in eval mode, so no random numbers are drawn)."""
+    """Every label is a class of ``model``: 0 <= label < C, where C, the width of its
+    logits, is found by reading one example (in eval mode, so no random numbers are
+    drawn)."""
     if len(labels) and int(labels.min()) < 0:
         raise ValueError(f"labels must be class ids >= 0, got {int(labels.min())}")
     with evaluating(model), torch.no_grad():
-        classes = model(inputs[:1].to(next(model.parameters()).device)).shape[-1]  # (1, C)
+        # (1, C)
+        classes = model(inputs[:1].to(next(model.parameters()).device)).shape[-1]
     if len(labels) and int(labels.max()) >= classes:
-        raise ValueError(f"labels must be class ids below the model's {classes} classes, got {int(labels.max())}")
+        raise ValueError(
+            f"labels must be class ids below the model's {classes} classes, got {int(labels.max())}"
+        )

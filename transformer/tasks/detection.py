@@ -31,63 +31,90 @@ from transformer.training.schedules import make_adam, warmup_cosine
 
 # chapters/detection.md: Boxes and their overlap
 def box_cxcywh_to_xyxy(boxes: Tensor) -> Tensor:
-    """(..., 4) boxes as (centre x, centre y, width, height) -> (x0, y0, x1, y1), the corners."""
+    """(..., 4) boxes as (centre x, centre y, width, height) -> (x0, y0, x1, y1), the
+    corners."""
     cx, cy, w, h = boxes.unbind(-1)
     return torch.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], dim=-1)
 
 
 def box_xyxy_to_cxcywh(boxes: Tensor) -> Tensor:
-    """(..., 4) boxes as corners (x0, y0, x1, y1) -> (centre x, centre y, width, height)."""
+    """(..., 4) boxes as corners (x0, y0, x1, y1) -> (centre x, centre y, width,
+    height)."""
     x0, y0, x1, y1 = boxes.unbind(-1)
     return torch.stack([(x0 + x1) / 2, (y0 + y1) / 2, x1 - x0, y1 - y0], dim=-1)
 
 
 def check_boxes(name: str, boxes: object, unit: bool = False) -> Tensor:
-    """``boxes``, if they are finite floating-point corners (n, 4) with x1 >= x0 and y1 >= y0, and,
-    with ``unit``, inside [0, 1]; otherwise a ValueError that says what is wrong."""
+    """``boxes``, if they are finite floating-point corners (n, 4) with x1 >= x0 and y1
+    >= y0, and, with ``unit``, inside [0, 1]; otherwise a ValueError that says what is
+    wrong."""
     boxes = check_tensor(name, boxes)
     if boxes.dim() != 2 or boxes.shape[1] != 4 or not boxes.is_floating_point():
-        raise ValueError(f"{name} must be floating-point boxes (n, 4), got {boxes.dtype} of shape {tuple(boxes.shape)}")
+        raise ValueError(
+            f"{name} must be floating-point boxes (n, 4), got {boxes.dtype} of shape {tuple(boxes.shape)}"
+        )
     if not bool(boxes.isfinite().all()):
         raise ValueError(f"{name} must be finite, got {boxes.tolist()}")
     inverted = (boxes[:, 2:] < boxes[:, :2]).any(dim=1)
     if bool(inverted.any()):
-        raise ValueError(f"{name} must be corners (x0, y0, x1, y1) with x1 >= x0 and y1 >= y0; "
-                         f"{int(inverted.sum())} are inverted, e.g. {boxes[inverted][0].tolist()}")
+        raise ValueError(
+            f"{name} must be corners (x0, y0, x1, y1) with x1 >= x0 and y1 >= y0; "
+            f"{int(inverted.sum())} are inverted, e.g. {boxes[inverted][0].tolist()}"
+        )
     if unit and bool(((boxes < 0) | (boxes > 1)).any()):
-        raise ValueError(f"{name} must lie in [0, 1] (fractions of the image), got values from "
-                         f"{boxes.min().item():.3g} to {boxes.max().item():.3g}")
+        raise ValueError(
+            f"{name} must lie in [0, 1] (fractions of the image), got values from "
+            f"{boxes.min().item():.3g} to {boxes.max().item():.3g}"
+        )
     return boxes
 
 
 def _inter_union(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
-    """Intersections and unions of every pair of corner boxes: (n, 4), (m, 4) -> (n, m) each."""
-    inter = (torch.min(a[:, None, 2:], b[None, :, 2:]) - torch.max(a[:, None, :2], b[None, :, :2])).clamp(min=0).prod(dim=-1)
-    return inter, (a[:, 2:] - a[:, :2]).prod(dim=-1)[:, None] + (b[:, 2:] - b[:, :2]).prod(dim=-1)[None, :] - inter
+    """Intersections and unions of every pair of corner boxes: (n, 4), (m, 4) -> (n, m)
+    each."""
+    inter = (
+        (
+            torch.min(a[:, None, 2:], b[None, :, 2:])
+            - torch.max(a[:, None, :2], b[None, :, :2])
+        )
+        .clamp(min=0)
+        .prod(dim=-1)
+    )
+    return inter, (a[:, 2:] - a[:, :2]).prod(dim=-1)[:, None] + (
+        b[:, 2:] - b[:, :2]
+    ).prod(dim=-1)[None, :] - inter
 
 
 def box_iou(a: Tensor, b: Tensor) -> Tensor:
-    """Intersection over union of every pair of corner boxes: (n, 4), (m, 4) -> (n, m) in [0, 1]."""
+    """Intersection over union of every pair of corner boxes: (n, 4), (m, 4) -> (n, m)
+    in [0, 1]."""
     inter, union = _inter_union(check_boxes("a", a), check_boxes("b", b))  # (n, m) each
     return inter / union
 
 
 def generalized_box_iou(a: Tensor, b: Tensor) -> Tensor:
-    """Generalised IoU (eq. giou) of every pair of corner boxes: (n, 4), (m, 4) -> (n, m) in [-1, 1]."""
+    """Generalised IoU (eq. giou) of every pair of corner boxes: (n, 4), (m, 4) -> (n,
+    m) in [-1, 1]."""
     a, b = check_boxes("a", a), check_boxes("b", b)
     inter, union = _inter_union(a, b)
-    hull = (torch.max(a[:, None, 2:], b[None, :, 2:]) - torch.min(a[:, None, :2], b[None, :, :2])).prod(dim=-1)  # (n, m)
+    # (n, m)
+    hull = (
+        torch.max(a[:, None, 2:], b[None, :, 2:])
+        - torch.min(a[:, None, :2], b[None, :, :2])
+    ).prod(dim=-1)
     return inter / union - (hull - union) / hull
 
 
 # chapters/detection.md: Scenes of digits, with boxes
 CANVAS, MAX_DIGITS = 32, 4  # 32x32 pixels, one to four digits a scene
-DIGIT_SIZES = (7, 12)  # each digit's 8x8 image scaled to a square of 7 to 12 pixels a side
+# each digit's 8x8 image scaled to a square of 7 to 12 pixels a side
+DIGIT_SIZES = (7, 12)
 
 
 class DigitScenes(NamedTuple):
-    """images (M, 1, 32, 32) in [0, 1]; per scene, classes (m,) digits 0..9 and boxes (m, 4), each the tight
-    box of the digit's pixels as (cx, cy, w, h) fractions of the canvas."""
+    """images (M, 1, 32, 32) in [0, 1]; per scene, classes (m,) digits 0..9 and boxes
+    (m, 4), each the tight box of the digit's pixels as (cx, cy, w, h) fractions of the
+    canvas."""
 
     images: Tensor
     classes: list[Tensor]
@@ -95,208 +122,425 @@ class DigitScenes(NamedTuple):
 
 
 def tight_box(pixels: Tensor) -> Tensor:
-    """The tight box (x0, y0, x1, y1) of the non-zero pixels of a (H, W) image, in pixels, ends excluded."""
-    rows, columns = pixels.gt(0).any(dim=1).nonzero().flatten(), pixels.gt(0).any(dim=0).nonzero().flatten()
+    """The tight box (x0, y0, x1, y1) of the non-zero pixels of a (H, W) image, in
+    pixels, ends excluded."""
+    rows, columns = (
+        pixels.gt(0).any(dim=1).nonzero().flatten(),
+        pixels.gt(0).any(dim=0).nonzero().flatten(),
+    )
     if len(rows) == 0:
         raise ValueError("the image has no non-zero pixel, so it has no box")
     return torch.stack([columns[0], rows[0], columns[-1] + 1, rows[-1] + 1]).float()
 
 
 # chapters/detection.md: Scenes of digits, with boxes
-def make_digit_scenes(images: Tensor, labels: Tensor, count: int, seed: int) -> DigitScenes:
-    """``count`` scenes of one to four of ``images`` (M, 1, 8, 8) with their ``labels`` (M,), drawn from
-    ``seed`` (a generator of its own). Each digit is scaled to a square of ``DIGIT_SIZES`` pixels placed
-    where it overlaps no other digit's square, so every pixel belongs to at most one digit."""
+def make_digit_scenes(
+    images: Tensor, labels: Tensor, count: int, seed: int
+) -> DigitScenes:
+    """``count`` scenes of one to four of ``images`` (M, 1, 8, 8) with their ``labels``
+    (M,), drawn from ``seed`` (a generator of its own). Each digit is scaled to a square
+    of ``DIGIT_SIZES`` pixels placed where it overlaps no other digit's square, so every
+    pixel belongs to at most one digit."""
     images, labels = check_tensor("images", images), check_tensor("labels", labels)
-    if images.dim() != 4 or tuple(images.shape[1:]) != (1, 8, 8) or not images.is_floating_point():
-        raise ValueError(f"images must be floats of shape (M, 1, 8, 8), got {images.dtype} {tuple(images.shape)}")
+    if (
+        images.dim() != 4
+        or tuple(images.shape[1:]) != (1, 8, 8)
+        or not images.is_floating_point()
+    ):
+        raise ValueError(
+            f"images must be floats of shape (M, 1, 8, 8), got {images.dtype} {tuple(images.shape)}"
+        )
     if labels.shape != (len(images),) or labels.is_floating_point() or len(images) == 0:
-        raise ValueError(f"labels must be one integer digit per image, got shape {tuple(labels.shape)}")
+        raise ValueError(
+            f"labels must be one integer digit per image, got shape {tuple(labels.shape)}"
+        )
     generator = torch.Generator().manual_seed(seed)
-    canvas, classes, boxes = torch.zeros(check_positive_int("count", count), 1, CANVAS, CANVAS), [], []
+    canvas, classes, boxes = (
+        torch.zeros(check_positive_int("count", count), 1, CANVAS, CANVAS),
+        [],
+        [],
+    )
     for i in range(count):
         k = int(torch.randint(1, MAX_DIGITS + 1, (), generator=generator))
-        squares: list[tuple[int, int, int]] = []  # (x, y, size) of each digit, drawn until k fit
+        # (x, y, size) of each digit, drawn until k fit
+        squares: list[tuple[int, int, int]] = []
         while len(squares) < k:
-            size = int(torch.randint(DIGIT_SIZES[0], DIGIT_SIZES[1] + 1, (), generator=generator))
-            x, y = torch.randint(0, CANVAS - size + 1, (2,), generator=generator).tolist()
-            if all(x + size <= u or u + s <= x or y + size <= v or v + s <= y for u, v, s in squares):
+            size = int(
+                torch.randint(
+                    DIGIT_SIZES[0], DIGIT_SIZES[1] + 1, (), generator=generator
+                )
+            )
+            x, y = torch.randint(
+                0, CANVAS - size + 1, (2,), generator=generator
+            ).tolist()
+            if all(
+                x + size <= u or u + s <= x or y + size <= v or v + s <= y
+                for u, v, s in squares
+            ):
                 squares.append((x, y, size))
-        picks, scene_boxes = torch.randint(0, len(images), (k,), generator=generator), []
+        picks, scene_boxes = (
+            torch.randint(0, len(images), (k,), generator=generator),
+            [],
+        )
         for (x, y, size), pick in zip(squares, picks.tolist()):
-            digit = F.interpolate(images[pick][None], size=(size, size), mode="bilinear")[0, 0]  # (size, size)
-            canvas[i, 0, y:y + size, x:x + size] = digit
-            scene_boxes.append((tight_box(digit) + torch.tensor([x, y, x, y])) / CANVAS)  # (x0, y0, x1, y1)
+            # (size, size)
+            digit = F.interpolate(
+                images[pick][None], size=(size, size), mode="bilinear"
+            )[0, 0]
+            canvas[i, 0, y : y + size, x : x + size] = digit
+            # (x0, y0, x1, y1)
+            scene_boxes.append((tight_box(digit) + torch.tensor([x, y, x, y])) / CANVAS)
         classes.append(labels[picks])
         boxes.append(box_xyxy_to_cxcywh(torch.stack(scene_boxes)))  # (m, 4)
     return DigitScenes(canvas, classes, boxes)
 
 
 # chapters/detection.md: Matching predictions to digits
-NO_OBJECT_WEIGHT = 0.1  # the paper's down-weighting of the "no object" class, by a factor 10
-COST_CLASS, COST_L1, COST_GIOU = 1.0, 5.0, 2.0  # the paper's weights of the three costs (and losses)
+# the paper's down-weighting of the "no object" class, by a factor 10
+NO_OBJECT_WEIGHT = 0.1
+# the paper's weights of the three costs (and losses)
+COST_CLASS, COST_L1, COST_GIOU = 1.0, 5.0, 2.0
 
 
-def match_cost(logits: Tensor, boxes: Tensor, classes: Tensor, target_boxes: Tensor) -> Tensor:
-    """The cost (eq. match-cost) of matching each of T predictions, logits (T, num_classes + 1) with "no object"
-    last and boxes (T, 4), to each of m objects, classes (m,) and boxes (m, 4): (T, m). Boxes as (cx, cy, w, h)."""
-    cost_class = -logits.softmax(dim=-1)[:, classes]  # (T, m): minus the probability of the object's class
-    cost_l1 = torch.cdist(boxes, target_boxes, p=1)  # (T, m): L1 distance of (cx, cy, w, h)
-    cost_giou = -generalized_box_iou(box_cxcywh_to_xyxy(boxes), box_cxcywh_to_xyxy(target_boxes))  # (T, m)
+def match_cost(
+    logits: Tensor, boxes: Tensor, classes: Tensor, target_boxes: Tensor
+) -> Tensor:
+    """The cost (eq. match-cost) of matching each of T predictions, logits (T,
+    num_classes + 1) with "no object" last and boxes (T, 4), to each of m objects,
+    classes (m,) and boxes (m, 4): (T, m). Boxes as (cx, cy, w, h)."""
+    # (T, m): minus the probability of the object's class
+    cost_class = -logits.softmax(dim=-1)[:, classes]
+    # (T, m): L1 distance of (cx, cy, w, h)
+    cost_l1 = torch.cdist(boxes, target_boxes, p=1)
+    # (T, m)
+    cost_giou = -generalized_box_iou(
+        box_cxcywh_to_xyxy(boxes), box_cxcywh_to_xyxy(target_boxes)
+    )
     return COST_CLASS * cost_class + COST_L1 * cost_l1 + COST_GIOU * cost_giou
 
 
 def hungarian_match(cost: Tensor) -> tuple[Tensor, Tensor]:
-    """The one-to-one matching of least total ``cost`` (T, m), m <= T, by scipy's ``linear_sum_assignment``:
-    (rows, columns), long tensors (m,); prediction ``rows[i]`` is matched to object ``columns[i]``."""
-    from scipy.optimize import linear_sum_assignment  # the detection extra: pip install -e ".[detection]"
+    """The one-to-one matching of least total ``cost`` (T, m), m <= T, by scipy's
+    ``linear_sum_assignment``: (rows, columns), long tensors (m,); prediction
+    ``rows[i]`` is matched to object ``columns[i]``."""
+    # the detection extra: pip install -e ".[detection]"
+    from scipy.optimize import linear_sum_assignment
 
     cost = check_tensor("cost", cost)
     if cost.dim() != 2 or not bool(cost.isfinite().all()):
-        raise ValueError(f"cost must be a finite matrix (predictions, objects), got shape {tuple(cost.shape)}")
+        raise ValueError(
+            f"cost must be a finite matrix (predictions, objects), got shape {tuple(cost.shape)}"
+        )
     if cost.shape[1] > cost.shape[0]:
-        raise ValueError(f"a scene has {cost.shape[1]} objects but the model makes only {cost.shape[0]} "
-                         f"predictions: every object needs a prediction of its own")
+        raise ValueError(
+            f"a scene has {cost.shape[1]} objects but the model makes only {cost.shape[0]} "
+            f"predictions: every object needs a prediction of its own"
+        )
     rows, columns = linear_sum_assignment(cost.detach().cpu().double().numpy())
-    return torch.as_tensor(rows, dtype=torch.long), torch.as_tensor(columns, dtype=torch.long)
+    return torch.as_tensor(rows, dtype=torch.long), torch.as_tensor(
+        columns, dtype=torch.long
+    )
 
 
 # chapters/detection.md: The set loss
-def set_loss(logits: Tensor, boxes: Tensor, classes: Sequence[Tensor],
-             target_boxes: Sequence[Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-    """The Hungarian loss (eq. hungarian-loss) of logits (B, T, num_classes + 1) and boxes (B, T, 4)
-    against, per image, classes (m,) and target_boxes (m, 4) (m may be 0): the loss and its parts, the cross-entropy
-    over all predictions ("no object" weighted 0.1) and the L1 and 1 - GIoU means over the objects."""
+def set_loss(
+    logits: Tensor,
+    boxes: Tensor,
+    classes: Sequence[Tensor],
+    target_boxes: Sequence[Tensor],
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The Hungarian loss (eq. hungarian-loss) of logits (B, T, num_classes + 1) and
+    boxes (B, T, 4) against, per image, classes (m,) and target_boxes (m, 4) (m may be
+    0): the loss and its parts, the cross-entropy over all predictions ("no object"
+    weighted 0.1) and the L1 and 1 - GIoU means over the objects."""
     B, T, num_labels = logits.shape
     if len(classes) != B or len(target_boxes) != B:
-        raise ValueError(f"classes and target_boxes must hold one entry per image, {B}, got "
-                         f"{len(classes)} and {len(target_boxes)}")
+        raise ValueError(
+            f"classes and target_boxes must hold one entry per image, {B}, got "
+            f"{len(classes)} and {len(target_boxes)}"
+        )
     sizes = [len(c) for c in classes]
-    all_classes, all_boxes = torch.cat(list(classes)).long(), torch.cat(list(target_boxes)).to(boxes)  # the batch's objects
+    # the batch's objects
+    all_classes, all_boxes = (
+        torch.cat(list(classes)).long(),
+        torch.cat(list(target_boxes)).to(boxes),
+    )
     check_boxes("target_boxes (as corners)", box_cxcywh_to_xyxy(all_boxes), unit=True)
-    if len(all_classes) and not bool(((all_classes >= 0) & (all_classes < num_labels - 1)).all()):
-        raise ValueError(f"classes must lie in 0..{num_labels - 2} (the last label is 'no object')")
+    if len(all_classes) and not bool(
+        ((all_classes >= 0) & (all_classes < num_labels - 1)).all()
+    ):
+        raise ValueError(
+            f"classes must lie in 0..{num_labels - 2} (the last label is 'no object')"
+        )
     with torch.no_grad():  # the matching is a choice, not a function to differentiate
-        cost = match_cost(logits.flatten(0, 1), boxes.flatten(0, 1), all_classes, all_boxes).view(B, T, -1)
-    matches = []  # (image, prediction, object) of each match, the objects numbered across the batch
-    for b, (block, start) in enumerate(zip(cost.split(sizes, dim=-1), itertools.accumulate([0] + sizes))):
-        r, c = hungarian_match(block[b])  # image b's predictions against image b's objects
+        cost = match_cost(
+            logits.flatten(0, 1), boxes.flatten(0, 1), all_classes, all_boxes
+        ).view(B, T, -1)
+    # (image, prediction, object) of each match, the objects numbered across the batch
+    matches = []
+    for b, (block, start) in enumerate(
+        zip(cost.split(sizes, dim=-1), itertools.accumulate([0] + sizes))
+    ):
+        # image b's predictions against image b's objects
+        r, c = hungarian_match(block[b])
         matches.append((torch.full_like(r, b), r, c + start))
     image, row, column = (torch.cat(parts) for parts in zip(*matches))
-    target = torch.full((B, T), num_labels - 1, dtype=torch.long, device=logits.device)  # "no object"
+    # "no object"
+    target = torch.full((B, T), num_labels - 1, dtype=torch.long, device=logits.device)
     target[image, row] = all_classes[column]
-    weight = torch.tensor([1.0] * (num_labels - 1) + [NO_OBJECT_WEIGHT], device=logits.device, dtype=logits.dtype)
-    loss_class = F.cross_entropy(logits.transpose(1, 2), target, weight=weight)  # (B, num_classes + 1, T) against (B, T)
-    matched, wanted, n = boxes[image, row], all_boxes[column], max(len(column), 1)  # (objects, 4) each
+    weight = torch.tensor(
+        [1.0] * (num_labels - 1) + [NO_OBJECT_WEIGHT],
+        device=logits.device,
+        dtype=logits.dtype,
+    )
+    # (B, num_classes + 1, T) against (B, T)
+    loss_class = F.cross_entropy(logits.transpose(1, 2), target, weight=weight)
+    # (objects, 4) each
+    matched, wanted, n = boxes[image, row], all_boxes[column], max(len(column), 1)
     loss_l1 = (matched - wanted).abs().sum() / n
-    loss_giou = (1 - generalized_box_iou(box_cxcywh_to_xyxy(matched), box_cxcywh_to_xyxy(wanted)).diagonal()).sum() / n
+    loss_giou = (
+        1
+        - generalized_box_iou(
+            box_cxcywh_to_xyxy(matched), box_cxcywh_to_xyxy(wanted)
+        ).diagonal()
+    ).sum() / n
     loss = COST_CLASS * loss_class + COST_L1 * loss_l1 + COST_GIOU * loss_giou
-    return loss, {"class": loss_class.detach(), "l1": loss_l1.detach(), "giou": loss_giou.detach()}
+    return loss, {
+        "class": loss_class.detach(),
+        "l1": loss_l1.detach(),
+        "giou": loss_giou.detach(),
+    }
 
 
 # chapters/detection.md: Measuring: average precision
 def detections(logits: Tensor, boxes: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
-    """Per image (scores (T,), classes (T,), boxes (T, 4)): every prediction, with its likeliest object
-    class and that class's probability as its score, as the paper ranks them for average precision."""
-    scores, classes = logits.softmax(dim=-1)[..., :-1].max(dim=-1)  # (B, T) each, over the object classes only
+    """Per image (scores (T,), classes (T,), boxes (T, 4)): every prediction, with its
+    likeliest object class and that class's probability as its score, as the paper ranks
+    them for average precision."""
+    # (B, T) each, over the object classes only
+    scores, classes = logits.softmax(dim=-1)[..., :-1].max(dim=-1)
     return [(scores[b], classes[b], boxes[b]) for b in range(len(boxes))]
 
 
 def predicted_set(logits: Tensor, no_object_weight: float = NO_OBJECT_WEIGHT) -> Tensor:
-    """Which predictions (B, T, num_classes + 1) -> (B, T) report an object: those whose probability of "no object",
-    with the loss's down-weighting undone, is below one half, p < w / (1 + w)."""
+    """Which predictions (B, T, num_classes + 1) -> (B, T) report an object: those whose
+    probability of "no object", with the loss's down-weighting undone, is below one
+    half, p < w / (1 + w)."""
     return logits.softmax(dim=-1)[..., -1] < no_object_weight / (1 + no_object_weight)
 
 
-def coco_average_precision(found: Sequence[tuple[Tensor, Tensor, Tensor]], classes: Sequence[Tensor],
-                           boxes: Sequence[Tensor], image_size: int = CANVAS, num_classes: int = 10) -> dict[str, float]:
-    """COCO's average precision, by pycocotools (Lin et al., 2014), of ``found``, per image (scores (n,),
-    classes (n,), boxes (n, 4)), against the true ``classes`` (m,) and ``boxes`` (m, 4), per image; boxes
-    (cx, cy, w, h) fractions of images ``image_size`` pixels wide. {"AP": averaged over IoU 0.5, 0.55, ..,
-    0.95, "AP50": at IoU 0.5, "AP75": at 0.75}."""
+def coco_average_precision(
+    found: Sequence[tuple[Tensor, Tensor, Tensor]],
+    classes: Sequence[Tensor],
+    boxes: Sequence[Tensor],
+    image_size: int = CANVAS,
+    num_classes: int = 10,
+) -> dict[str, float]:
+    """COCO's average precision, by pycocotools (Lin et al., 2014), of ``found``, per
+    image (scores (n,), classes (n,), boxes (n, 4)), against the true ``classes`` (m,)
+    and ``boxes`` (m, 4), per image; boxes (cx, cy, w, h) fractions of images
+    ``image_size`` pixels wide. {"AP": averaged over IoU 0.5, 0.55, .., 0.95, "AP50": at
+    IoU 0.5, "AP75": at 0.75}."""
     import contextlib
     import io
-    from pycocotools.coco import COCO  # the detection extra: pip install -e ".[detection]"
+
+    # the detection extra: pip install -e ".[detection]"
+    from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
+
     if not (len(found) == len(classes) == len(boxes)) or not boxes:
-        raise ValueError(f"found, classes and boxes must hold one entry per image, got {len(found)}, "
-                         f"{len(classes)} and {len(boxes)}")
-    def corner(b: Tensor) -> list[list[float]]:  # (cx, cy, w, h) fractions -> COCO's (x, y, w, h) in pixels
-        return [[cx - w / 2, cy - h / 2, w, h] for cx, cy, w, h in (b * image_size).tolist()]
-    annotations = [{"image_id": i, "category_id": label, "bbox": xywh, "area": xywh[2] * xywh[3], "iscrowd": 0}
-                   for i, (c, b) in enumerate(zip(classes, boxes)) for label, xywh in zip(c.tolist(), corner(b))]
-    truth = {"info": {}, "images": [{"id": i} for i in range(len(boxes))], "categories": [{"id": c} for c in range(num_classes)],
-             "annotations": [{"id": n + 1, **a} for n, a in enumerate(annotations)]}
-    results = [{"image_id": i, "category_id": label, "score": score, "bbox": xywh} for i, (s, c, b) in enumerate(found)
-               for score, label, xywh in zip(s.tolist(), c.tolist(), corner(b))]
+        raise ValueError(
+            f"found, classes and boxes must hold one entry per image, got {len(found)}, "
+            f"{len(classes)} and {len(boxes)}"
+        )
+
+    # (cx, cy, w, h) fractions -> COCO's (x, y, w, h) in pixels
+    def corner(b: Tensor) -> list[list[float]]:
+        return [
+            [cx - w / 2, cy - h / 2, w, h] for cx, cy, w, h in (b * image_size).tolist()
+        ]
+
+    annotations = [
+        {
+            "image_id": i,
+            "category_id": label,
+            "bbox": xywh,
+            "area": xywh[2] * xywh[3],
+            "iscrowd": 0,
+        }
+        for i, (c, b) in enumerate(zip(classes, boxes))
+        for label, xywh in zip(c.tolist(), corner(b))
+    ]
+    truth = {
+        "info": {},
+        "images": [{"id": i} for i in range(len(boxes))],
+        "categories": [{"id": c} for c in range(num_classes)],
+        "annotations": [{"id": n + 1, **a} for n, a in enumerate(annotations)],
+    }
+    results = [
+        {"image_id": i, "category_id": label, "score": score, "bbox": xywh}
+        for i, (s, c, b) in enumerate(found)
+        for score, label, xywh in zip(s.tolist(), c.tolist(), corner(b))
+    ]
     if not results:
         return {"AP": 0.0, "AP50": 0.0, "AP75": 0.0}
-    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its progress and its table
+    # pycocotools prints its progress and its table
+    with contextlib.redirect_stdout(io.StringIO()):
         ground = COCO()
         ground.dataset = truth
         ground.createIndex()
         evaluation = COCOeval(ground, ground.loadRes(results), iouType="bbox")
         evaluation.evaluate(), evaluation.accumulate(), evaluation.summarize()
-    return {"AP": float(evaluation.stats[0]), "AP50": float(evaluation.stats[1]), "AP75": float(evaluation.stats[2])}
+    return {
+        "AP": float(evaluation.stats[0]),
+        "AP50": float(evaluation.stats[1]),
+        "AP75": float(evaluation.stats[2]),
+    }
 
 
 # chapters/detection.md: Training
-def detection_loss(model: nn.Module, batch: tuple[Tensor, list[Tensor], list[Tensor]]) -> tuple[Tensor, dict[str, Tensor]]:
-    """The loss function of a detector for ``run_steps``: ``set_loss`` after every decoder layer, summed
-    (the paper's auxiliary losses); the metrics are the last layer's parts."""
+def detection_loss(
+    model: nn.Module, batch: tuple[Tensor, list[Tensor], list[Tensor]]
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The loss function of a detector for ``run_steps``: ``set_loss`` after every
+    decoder layer, summed (the paper's auxiliary losses); the metrics are the last
+    layer's parts."""
     if not isinstance(model, DigitDetector):
-        raise TypeError(f"detection_loss needs a DigitDetector (decode_layers, heads), got {type(model).__name__}")
+        raise TypeError(
+            f"detection_loss needs a DigitDetector (decode_layers, heads), got {type(model).__name__}"
+        )
     images, classes, boxes = batch
-    losses = [set_loss(*model.heads(h), classes, boxes) for h in model.decode_layers(model.encode(images))]
+    losses = [
+        set_loss(*model.heads(h), classes, boxes)
+        for h in model.decode_layers(model.encode(images))
+    ]
     return torch.stack([loss for loss, _ in losses]).sum(), losses[-1][1]
 
 
-def scene_batches(scenes: DigitScenes, batch_size: int, seed: int = 0) -> Iterator[tuple[Tensor, list, list]]:
-    """Endless random batches (images (B, 1, H, W), B class tensors, B box tensors), drawn from ``seed``."""
-    batch_size, generator = check_positive_int("batch_size", batch_size), torch.Generator().manual_seed(seed)
+def scene_batches(
+    scenes: DigitScenes, batch_size: int, seed: int = 0
+) -> Iterator[tuple[Tensor, list, list]]:
+    """Endless random batches (images (B, 1, H, W), B class tensors, B box tensors),
+    drawn from ``seed``."""
+    batch_size, generator = (
+        check_positive_int("batch_size", batch_size),
+        torch.Generator().manual_seed(seed),
+    )
     while True:
-        rows = torch.randint(0, len(scenes.images), (batch_size,), generator=generator).tolist()
-        yield scenes.images[rows], [scenes.classes[r] for r in rows], [scenes.boxes[r] for r in rows]
+        rows = torch.randint(
+            0, len(scenes.images), (batch_size,), generator=generator
+        ).tolist()
+        yield (
+            scenes.images[rows],
+            [scenes.classes[r] for r in rows],
+            [scenes.boxes[r] for r in rows],
+        )
 
 
-def train_detector(model: nn.Module, scenes: DigitScenes, steps: int, batch_size: int = 32, lr: float = 1e-3,
-                   warmup: int = 100, seed: int = 0, num_threads: int | None = 1,
-                   checkpoint: str | Path | None = None, save_every: int = 1000) -> dict[str, list]:
-    """Train ``model`` in place on ``scenes`` with ``detection_loss``; return the history. AdamW (weight decay 1e-4),
-    warm-up and cosine decay to ``lr / 10``, clipping at 0.1. A ``checkpoint`` file gets the run's state every
-    ``save_every`` steps and a run of the same recipe resumes from it: a kill loses at most ``save_every`` steps."""
-    recipe = dict(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed, scenes=len(scenes.images))
-    saved = read_checkpoint(checkpoint) if checkpoint is not None and Path(checkpoint).is_file() else None
+def train_detector(
+    model: nn.Module,
+    scenes: DigitScenes,
+    steps: int,
+    batch_size: int = 32,
+    lr: float = 1e-3,
+    warmup: int = 100,
+    seed: int = 0,
+    num_threads: int | None = 1,
+    checkpoint: str | Path | None = None,
+    save_every: int = 1000,
+) -> dict[str, list]:
+    """Train ``model`` in place on ``scenes`` with ``detection_loss``; return the
+    history. AdamW (weight decay 1e-4), warm-up and cosine decay to ``lr / 10``,
+    clipping at 0.1. A ``checkpoint`` file gets the run's state every ``save_every``
+    steps and a run of the same recipe resumes from it: a kill loses at most
+    ``save_every`` steps."""
+    recipe = dict(
+        steps=steps,
+        batch_size=batch_size,
+        lr=lr,
+        warmup=warmup,
+        seed=seed,
+        scenes=len(scenes.images),
+    )
+    saved = (
+        read_checkpoint(checkpoint)
+        if checkpoint is not None and Path(checkpoint).is_file()
+        else None
+    )
     history: dict[str, list] = {}
     with run_settings(seed, num_threads):
-        optimizer, schedule = make_adam(model.parameters(), lambda step: warmup_cosine(step, warmup, steps), lr,
-                                        betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-4)  # AdamW
+        optimizer, schedule = make_adam(
+            model.parameters(),
+            lambda step: warmup_cosine(step, warmup, steps),
+            lr,
+            # AdamW
+            betas=(0.9, 0.999),
+            eps=1e-8,
+            weight_decay=1e-4,
+        )
         done = 0
-        if saved is not None and checkpoint is not None:  # the same recipe only: every setting, steps too
-            done, history = resume(saved, checkpoint, model, optimizer, schedule, recipe, may_change=())
-        batches = itertools.islice(scene_batches(scenes, batch_size, seed), done, None)  # past the saved steps' batches
-        saving = [] if checkpoint is None or not save_every else [SaveEvery(lambda step: save_checkpoint(
-            checkpoint, model, optimizer, schedule, step, history, config=recipe), save_every)]
+        # the same recipe only: every setting, steps too
+        if saved is not None and checkpoint is not None:
+            done, history = resume(
+                saved, checkpoint, model, optimizer, schedule, recipe, may_change=()
+            )
+        # past the saved steps' batches
+        batches = itertools.islice(scene_batches(scenes, batch_size, seed), done, None)
+        saving = (
+            []
+            if checkpoint is None or not save_every
+            else [
+                SaveEvery(
+                    lambda step: save_checkpoint(
+                        checkpoint,
+                        model,
+                        optimizer,
+                        schedule,
+                        step,
+                        history,
+                        config=recipe,
+                    ),
+                    save_every,
+                )
+            ]
+        )
         model.train()
-        run_steps(model, batches, optimizer, schedule, detection_loss, steps, history, done, clip=0.1,
-                  callbacks=saving)
+        run_steps(
+            model,
+            batches,
+            optimizer,
+            schedule,
+            detection_loss,
+            steps,
+            history,
+            done,
+            clip=0.1,
+            callbacks=saving,
+        )
     model.eval()
     return history
 
 
 def detector_model(checkpoint: dict, path: str | os.PathLike) -> DigitDetector:
-    """The untrained detector a checkpoint's settings describe (``BUILDERS["detector"]``)."""
+    """The untrained detector a checkpoint's settings describe
+    (``BUILDERS["detector"]``)."""
     return DigitDetector(**checkpoint["config"])
 
 
 # chapters/detection.md: The committed detector against a sliding window
-def non_maximum_suppression(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
-    """Greedy non-maximum suppression: the indices of the corner ``boxes`` (n, 4) kept, best ``scores`` (n,)
-    first; a box is dropped when it overlaps a kept, better box with IoU above ``iou_threshold``."""
+def non_maximum_suppression(
+    boxes: Tensor, scores: Tensor, iou_threshold: float
+) -> Tensor:
+    """Greedy non-maximum suppression: the indices of the corner ``boxes`` (n, 4) kept,
+    best ``scores`` (n,) first; a box is dropped when it overlaps a kept, better box
+    with IoU above ``iou_threshold``."""
     if scores.shape != (len(boxes),):
-        raise ValueError(f"scores must hold one score per box, {len(boxes)}, got shape {tuple(scores.shape)}")
+        raise ValueError(
+            f"scores must hold one score per box, {len(boxes)}, got shape {tuple(scores.shape)}"
+        )
     order = scores.argsort(descending=True)
-    overlaps = (box_iou(boxes[order], boxes[order]) > iou_threshold).tolist()  # (n, n), best first
+    # (n, n), best first
+    overlaps = (box_iou(boxes[order], boxes[order]) > iou_threshold).tolist()
     dropped, keep = [False] * len(order), []
     for i, row in enumerate(overlaps):
         if not dropped[i]:

@@ -29,52 +29,70 @@ DIGITS_SHA256 = "09f66e6debdee2cd2b5ae59e0d6abbb73fc2b0e0185d2e1957e9ebb51e23aa2
 
 
 def load_digits(path: str | Path | None = None) -> tuple[Tensor, Tensor]:
-    """The 1,797 handwritten digits of UCI's "Optical Recognition of Handwritten Digits".
+    """The 1,797 handwritten digits of UCI's "Optical Recognition of Handwritten
+    Digits".
 
-    Each row of the gzipped CSV file holds 64 pixel counts (0..16, row by row) and the digit. The
-    file's SHA-256 is checked before it is read.
+    Each row of the gzipped CSV file holds 64 pixel counts (0..16, row by row) and the
+    digit. The file's SHA-256 is checked before it is read.
 
     Args:
         path: the file; by default ``data/digits.csv.gz`` of the book (``data_file``).
 
     Returns:
-        images, a float32 tensor ``(1797, 1, 8, 8)`` with values in [0, 1] (the counts / 16), and
-        labels, a long tensor ``(1797,)`` of digits 0..9.
+        images, a float32 tensor ``(1797, 1, 8, 8)`` with values in [0, 1] (the counts /
+        16), and labels, a long tensor ``(1797,)`` of digits 0..9.
     """
     path = data_file("digits.csv.gz") if path is None else Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no digits file at {path}; the book's copy is data/digits.csv.gz")
+        raise FileNotFoundError(
+            f"no digits file at {path}; the book's copy is data/digits.csv.gz"
+        )
     raw = path.read_bytes()
     if hashlib.sha256(raw).hexdigest() != DIGITS_SHA256:
-        raise ValueError(f"{path} is not the book's digits file: its SHA-256 is "
-                         f"{hashlib.sha256(raw).hexdigest()}, expected {DIGITS_SHA256}")
+        raise ValueError(
+            f"{path} is not the book's digits file: its SHA-256 is "
+            f"{hashlib.sha256(raw).hexdigest()}, expected {DIGITS_SHA256}"
+        )
     rows = list(csv.reader(io.StringIO(gzip.decompress(raw).decode("ascii"))))
     values = torch.tensor([[int(v) for v in row] for row in rows])  # (1797, 65)
-    images = (values[:, :64] / 16).float().reshape(-1, 1, 8, 8)  # (M, 64) -> (M, C=1, H=8, W=8)
+    # (M, 64) -> (M, C=1, H=8, W=8)
+    images = (values[:, :64] / 16).float().reshape(-1, 1, 8, 8)
     return images, values[:, 64].long()
 
 
 # chapters/images.md: The data: 8×8 handwritten digits
-def stratified_split(labels: Tensor, test_fraction: float = 0.25, seed: int = 0) -> tuple[Tensor, Tensor]:
-    """Indices of a train/test split that takes ``round(test_fraction * n_c)`` of each class c for test.
+def stratified_split(
+    labels: Tensor, test_fraction: float = 0.25, seed: int = 0
+) -> tuple[Tensor, Tensor]:
+    """Indices of a train/test split that takes ``round(test_fraction * n_c)`` of each
+    class c for test.
 
     The draw is seeded (``seed``) and does not depend on torch's global generator.
 
     Returns:
-        train and test indices, each a sorted long tensor; together they cover ``labels`` once.
+        train and test indices, each a sorted long tensor; together they cover
+        ``labels`` once.
     """
     check_tensor("labels", labels)
     if labels.dim() != 1 or labels.is_floating_point():
-        raise ValueError(f"labels must be a 1-D integer tensor, got dtype {labels.dtype} and shape "
-                         f"{tuple(labels.shape)}")
-    if isinstance(test_fraction, bool) or not isinstance(test_fraction, numbers.Real) or not 0 < test_fraction < 1:
-        raise ValueError(f"test_fraction must be a number in (0, 1), got {test_fraction!r}")
+        raise ValueError(
+            f"labels must be a 1-D integer tensor, got dtype {labels.dtype} and shape "
+            f"{tuple(labels.shape)}"
+        )
+    if (
+        isinstance(test_fraction, bool)
+        or not isinstance(test_fraction, numbers.Real)
+        or not 0 < test_fraction < 1
+    ):
+        raise ValueError(
+            f"test_fraction must be a number in (0, 1), got {test_fraction!r}"
+        )
     generator = torch.Generator().manual_seed(seed)
     test = []
     for c in labels.unique().tolist():
         members = (labels == c).nonzero().flatten()  # every index of class c
         members = members[torch.randperm(len(members), generator=generator)]
-        test.append(members[:round(test_fraction * len(members))])
+        test.append(members[: round(test_fraction * len(members))])
     is_test = torch.zeros(len(labels), dtype=torch.bool)
     is_test[torch.cat(test)] = True
     return (~is_test).nonzero().flatten(), is_test.nonzero().flatten()

@@ -22,18 +22,22 @@ from transformer.tasks.scenes import CELL_SIZE, DIGIT_NAMES, PIXEL_LEVELS, pixel
 
 
 # chapters/drawing.md: A digit as a sentence
-PROMPT_WORDS = DIGIT_NAMES  # ids PIXEL_LEVELS .. PIXEL_LEVELS + 9, after the grey levels
+# ids PIXEL_LEVELS .. PIXEL_LEVELS + 9, after the grey levels
+PROMPT_WORDS = DIGIT_NAMES
 DRAWING_VOCAB_SIZE = PIXEL_LEVELS + len(PROMPT_WORDS)
 PIXELS = CELL_SIZE * CELL_SIZE  # 64 tokens per image
 
 
 def prompt_ids(words: Sequence[str]) -> Tensor:
-    """The prompts of ``words`` ("seven", ...): (B, 1) ids, each word's id after the grey levels."""
+    """The prompts of ``words`` ("seven", ...): (B, 1) ids, each word's id after the
+    grey levels."""
     if isinstance(words, str):
         raise TypeError("words must be a sequence of str, got one str")
     unknown = [word for word in words if word not in PROMPT_WORDS]
     if unknown or not words:
-        raise ValueError(f"words must be prompt words {PROMPT_WORDS}, got {list(words)!r}")
+        raise ValueError(
+            f"words must be prompt words {PROMPT_WORDS}, got {list(words)!r}"
+        )
     return torch.tensor([[PIXEL_LEVELS + PROMPT_WORDS.index(word)] for word in words])
 
 
@@ -41,30 +45,41 @@ def digit_sequences(images: Tensor, labels: Tensor) -> Tensor:
     """Each image (M, 1, 8, 8) after the name of its digit: (M, 1 + 64) ids."""
     check_tensor("labels", labels)
     if labels.shape != (len(images),) or labels.is_floating_point():
-        raise ValueError(f"labels must be one integer digit per image, got shape {tuple(labels.shape)}")
+        raise ValueError(
+            f"labels must be one integer digit per image, got shape {tuple(labels.shape)}"
+        )
     words = prompt_ids([DIGIT_NAMES[d] for d in labels.tolist()])  # (M, 1)
     pixels = pixel_tokens(images)  # checks the images: (M, 64)
     if pixels.shape[1] != PIXELS:
-        raise ValueError(f"images must be {CELL_SIZE}x{CELL_SIZE}, got {tuple(images.shape)}")
+        raise ValueError(
+            f"images must be {CELL_SIZE}x{CELL_SIZE}, got {tuple(images.shape)}"
+        )
     return torch.cat([words, pixels], dim=1)  # (M, 65)
 
 
 def drawn_images(tokens: Tensor) -> Tensor:
-    """The images of generated sequences (B, 1 + 64): (B, 1, 8, 8) in [0, 1]. A word id written where
-    a pixel belongs (the model may, if rarely) is drawn blank."""
+    """The images of generated sequences (B, 1 + 64): (B, 1, 8, 8) in [0, 1]. A word id
+    written where a pixel belongs (the model may, if rarely) is drawn blank."""
     check_token_tensor("tokens", tokens)
     if tokens.dim() != 2 or tokens.shape[1] != 1 + PIXELS:
-        raise ValueError(f"tokens must have shape (B, {1 + PIXELS}): a prompt and {PIXELS} pixels, "
-                         f"got {tuple(tokens.shape)}")
+        raise ValueError(
+            f"tokens must have shape (B, {1 + PIXELS}): a prompt and {PIXELS} pixels, "
+            f"got {tuple(tokens.shape)}"
+        )
     pixels = tokens[:, 1:].masked_fill(tokens[:, 1:] >= PIXEL_LEVELS, 0)  # (B, 64)
     return pixels.float().div(PIXEL_LEVELS - 1).view(-1, 1, CELL_SIZE, CELL_SIZE)
 
 
-def drawing_batches(sequences: Tensor, batch_size: int, seed: int = 0) -> Iterator[tuple[Tensor, Tensor]]:
-    """Endless random batches (inputs, targets) of ``sequences`` (M, 65) for ``next_token_loss``:
-    inputs ``sequences[:, :-1]``, targets ``sequences[:, 1:]``, (B, 64) each."""
+def drawing_batches(
+    sequences: Tensor, batch_size: int, seed: int = 0
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """Endless random batches (inputs, targets) of ``sequences`` (M, 65) for
+    ``next_token_loss``: inputs ``sequences[:, :-1]``, targets ``sequences[:, 1:]``, (B,
+    64) each."""
     batch_size = check_positive_int("batch_size", batch_size)
     generator = torch.Generator().manual_seed(seed)
     for _ in itertools.count():
-        rows = sequences[torch.randint(0, len(sequences), (batch_size,), generator=generator)]
+        rows = sequences[
+            torch.randint(0, len(sequences), (batch_size,), generator=generator)
+        ]
         yield rows[:, :-1], rows[:, 1:]

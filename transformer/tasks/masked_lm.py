@@ -33,25 +33,40 @@ from transformer.training.checkpoint import load_checkpoint
 from transformer.training.loop import Progress, run_settings, run_steps
 
 
+# chapters/pretraining.md: Pre-training an encoder on real email
+# the models: below, in nn
+
+
 # chapters/pretraining.md: BERT's pre-training task
-IGNORE = -100  #: the target of a position that was not chosen: F.cross_entropy's default ignore_index
+#: the target of a position that was not chosen: F.cross_entropy's default ignore_index
+IGNORE = -100
 
 
-def mask_tokens(tokens: Tensor, mask_id: int, first_id: int, vocab_size: int, pad_id: int = 0,
-                rate: float = 0.15, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-    """BERT's masking rule: each non-padding token is chosen with probability ``rate``; a chosen token
-    becomes ``mask_id`` with probability 0.8, a random token of ``[first_id, vocab_size)`` with 0.1,
-    and stays itself with 0.1.
+def mask_tokens(
+    tokens: Tensor,
+    mask_id: int,
+    first_id: int,
+    vocab_size: int,
+    pad_id: int = 0,
+    rate: float = 0.15,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """BERT's masking rule: each non-padding token is chosen with probability ``rate``;
+    a chosen token becomes ``mask_id`` with probability 0.8, a random token of
+    ``[first_id, vocab_size)`` with 0.1, and stays itself with 0.1.
 
     Returns:
-        inputs (B, S), the tokens with the chosen ones replaced, and targets (B, S): the original
-        token at chosen positions, ``IGNORE`` elsewhere.
+        inputs (B, S), the tokens with the chosen ones replaced, and targets (B, S): the
+        original token at chosen positions, ``IGNORE`` elsewhere.
     """
     check_token_batch("tokens", tokens, vocab_size)
     check_fraction("rate", rate)
-    draw = torch.rand(tokens.shape, generator=generator)  # one uniform number per position decides its fate
+    # one uniform number per position decides its fate
+    draw = torch.rand(tokens.shape, generator=generator)
     chosen = (torch.rand(tokens.shape, generator=generator) < rate) & (tokens != pad_id)
-    random_tokens = torch.randint(first_id, vocab_size, tokens.shape, generator=generator)
+    random_tokens = torch.randint(
+        first_id, vocab_size, tokens.shape, generator=generator
+    )
     inputs = torch.where(chosen & (draw < 0.8), mask_id, tokens)
     inputs = torch.where(chosen & (draw >= 0.8) & (draw < 0.9), random_tokens, inputs)
     return inputs, torch.where(chosen, tokens, IGNORE)
@@ -61,13 +76,21 @@ def mask_tokens(tokens: Tensor, mask_id: int, first_id: int, vocab_size: int, pa
 _Model = TypeVar("_Model", bound=nn.Module)
 
 
-def from_settings(model_class: Callable[..., _Model], settings: dict[str, Any], **more: Any) -> _Model:
-    """``model_class`` built from ``settings`` saved flat (``MaskedLanguageModel.settings``) and ``more``:
-    the ``LayerOptions`` fields among the settings become its ``options``."""
+def from_settings(
+    model_class: Callable[..., _Model], settings: dict[str, Any], **more: Any
+) -> _Model:
+    """``model_class`` built from ``settings`` saved flat
+    (``MaskedLanguageModel.settings``) and ``more``: the ``LayerOptions`` fields among
+    the settings become its ``options``."""
     names = {field.name for field in fields(LayerOptions)}
-    options = LayerOptions(**{name: value for name, value in settings.items() if name in names})
-    return model_class(**{name: value for name, value in settings.items() if name not in names}, **more,
-                       options=options)
+    options = LayerOptions(
+        **{name: value for name, value in settings.items() if name in names}
+    )
+    return model_class(
+        **{name: value for name, value in settings.items() if name not in names},
+        **more,
+        options=options,
+    )
 
 
 # chapters/pretraining.md: The tokens
@@ -75,121 +98,204 @@ MASK_TOKEN = "<mask>"
 
 
 def one_line(text: str) -> str:
-    """``text`` with every run of whitespace (line breaks included) made a single space."""
+    """``text`` with every run of whitespace (line breaks included) made a single
+    space."""
     return " ".join(text.split())
 
 
 def email_tokenizer(texts: list[str], vocab_size: int = 4000) -> Any:
-    """A ``tokenizers.Tokenizer``: ``train_tokenizer`` on ``one_line`` of each text, then ``<mask>``
-    added, whose id is ``vocab_size``."""
+    """A ``tokenizers.Tokenizer``: ``train_tokenizer`` on ``one_line`` of each text,
+    then ``<mask>`` added, whose id is ``vocab_size``."""
     tokenizer = train_tokenizer([one_line(text) for text in texts], vocab_size)
     tokenizer.add_special_tokens([MASK_TOKEN])
     return tokenizer
 
 
-def token_windows(texts: list[str], tokenizer: Any, length: int = 128, min_length: int = 16) -> Tensor:
-    """Each text's token ids cut into windows of ``length`` (the last padded with 0, dropped when it
-    is shorter than ``min_length``): (M, length), the pre-training examples."""
+def token_windows(
+    texts: list[str], tokenizer: Any, length: int = 128, min_length: int = 16
+) -> Tensor:
+    """Each text's token ids cut into windows of ``length`` (the last padded with 0,
+    dropped when it is shorter than ``min_length``): (M, length), the pre-training
+    examples."""
     rows = []
     for encoding in tokenizer.encode_batch([one_line(text) for text in texts]):
         ids = encoding.ids
-        rows += [ids[i:i + length] for i in range(0, len(ids), length) if len(ids[i:i + length]) >= min_length]
+        rows += [
+            ids[i : i + length]
+            for i in range(0, len(ids), length)
+            if len(ids[i : i + length]) >= min_length
+        ]
     windows = torch.zeros(len(rows), length, dtype=torch.long)
     for i, row in enumerate(rows):
-        windows[i, :len(row)] = torch.tensor(row)
+        windows[i, : len(row)] = torch.tensor(row)
     return windows
 
 
 # chapters/pretraining.md: Training
-def mlm_loss(model: nn.Module, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-    """The loss function of ``run_steps`` for a batch (inputs (B, S), targets (B, S)): the mean
-    cross-entropy at the chosen positions (target not ``IGNORE``); its metric "accuracy"."""
+def mlm_loss(
+    model: nn.Module, batch: tuple[Tensor, Tensor]
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The loss function of ``run_steps`` for a batch (inputs (B, S), targets (B, S)):
+    the mean cross-entropy at the chosen positions (target not ``IGNORE``); its metric
+    "accuracy"."""
     assert isinstance(model, MaskedLanguageModel)
     inputs, targets = batch
     chosen = targets != IGNORE  # (B, S)
-    logits = model.head(model.encode(inputs)[chosen])  # (chosen, d_model) -> (chosen, V)
+    # (chosen, d_model) -> (chosen, V)
+    logits = model.head(model.encode(inputs)[chosen])
     right = (logits.detach().argmax(dim=-1) == targets[chosen]).float().mean()
     return F.cross_entropy(logits, targets[chosen]), {"accuracy": right}
 
 
-def mlm_accuracy(model: MaskedLanguageModel, windows: Tensor, mask_id: int, first_id: int, seed: int = 0,
-                 batch_size: int = 256) -> float:
-    """The share of chosen tokens of ``windows`` that the model predicts, masked by ``mask_tokens``
-    with generator seed ``seed`` (the same masks every call)."""
+def mlm_accuracy(
+    model: MaskedLanguageModel,
+    windows: Tensor,
+    mask_id: int,
+    first_id: int,
+    seed: int = 0,
+    batch_size: int = 256,
+) -> float:
+    """The share of chosen tokens of ``windows`` that the model predicts, masked by
+    ``mask_tokens`` with generator seed ``seed`` (the same masks every call)."""
     generator = torch.Generator().manual_seed(seed)
     right = total = 0
     with evaluating(model), torch.no_grad():
         for start in range(0, len(windows), batch_size):
-            inputs, targets = mask_tokens(windows[start:start + batch_size], mask_id, first_id,
-                                          model.embed.vocab_size, generator=generator)
+            inputs, targets = mask_tokens(
+                windows[start : start + batch_size],
+                mask_id,
+                first_id,
+                model.embed.vocab_size,
+                generator=generator,
+            )
             chosen = targets != IGNORE
-            right += int((model.head(model.encode(inputs)[chosen]).argmax(dim=-1) == targets[chosen]).sum())
+            right += int(
+                (
+                    model.head(model.encode(inputs)[chosen]).argmax(dim=-1)
+                    == targets[chosen]
+                ).sum()
+            )
             total += int(chosen.sum())
     return right / total
 
 
-def _masked_batches(windows: Tensor, batch_size: int, mask_id: int, first_id: int, vocab_size: int,
-                    seed: int) -> Iterator[tuple[Tensor, Tensor]]:
+def _masked_batches(
+    windows: Tensor,
+    batch_size: int,
+    mask_id: int,
+    first_id: int,
+    vocab_size: int,
+    seed: int,
+) -> Iterator[tuple[Tensor, Tensor]]:
     generator = torch.Generator().manual_seed(seed)
     while True:
         order = torch.randperm(len(windows), generator=generator)
         for start in range(0, len(order) - batch_size + 1, batch_size):
-            yield mask_tokens(windows[order[start:start + batch_size]], mask_id, first_id, vocab_size,
-                              generator=generator)
+            yield mask_tokens(
+                windows[order[start : start + batch_size]],
+                mask_id,
+                first_id,
+                vocab_size,
+                generator=generator,
+            )
 
 
-def train_mlm(model: MaskedLanguageModel, windows: Tensor, mask_id: int, first_id: int, steps: int = 1000,
-              batch_size: int = 32, lr: float = 1e-3, warmup: int = 100, seed: int = 0,
-              num_threads: int | None = 1, progress: bool = False) -> dict[str, list]:
-    """Pre-train ``model`` in place on ``windows`` (M, S) with ``mlm_loss``, masks drawn afresh per batch.
+def train_mlm(
+    model: MaskedLanguageModel,
+    windows: Tensor,
+    mask_id: int,
+    first_id: int,
+    steps: int = 1000,
+    batch_size: int = 32,
+    lr: float = 1e-3,
+    warmup: int = 100,
+    seed: int = 0,
+    num_threads: int | None = 1,
+    progress: bool = False,
+) -> dict[str, list]:
+    """Pre-train ``model`` in place on ``windows`` (M, S) with ``mlm_loss``, masks drawn
+    afresh per batch.
 
-    Adam (betas 0.9, 0.98), warm-up to ``lr`` then 1/sqrt decay with a cooldown over the last quarter
-    (as ``train_classifier``), gradients clipped to norm 1. Returns the history of ``run_steps``.
+    Adam (betas 0.9, 0.98), warm-up to ``lr`` then 1/sqrt decay with a cooldown over the
+    last quarter (as ``train_classifier``), gradients clipped to norm 1. Returns the
+    history of ``run_steps``.
     """
     check_positive_int("steps", steps)
     check_positive_int("batch_size", batch_size)
     history: dict[str, list] = {}
     with run_settings(seed, num_threads):
-        optimizer, scheduler = make_adam(model.parameters(), peak_rate(lr, warmup, steps, 0.25))
-        batches = _masked_batches(windows, batch_size, mask_id, first_id, model.embed.vocab_size, seed)
+        optimizer, scheduler = make_adam(
+            model.parameters(), peak_rate(lr, warmup, steps, 0.25)
+        )
+        batches = _masked_batches(
+            windows, batch_size, mask_id, first_id, model.embed.vocab_size, seed
+        )
         model.train()
-        run_steps(model, batches, optimizer, scheduler, mlm_loss, steps, history, clip=1.0,
-                  callbacks=[Progress()] if progress else [])
+        run_steps(
+            model,
+            batches,
+            optimizer,
+            scheduler,
+            mlm_loss,
+            steps,
+            history,
+            clip=1.0,
+            callbacks=[Progress()] if progress else [],
+        )
     model.eval()
     return history
 
 
 # chapters/pretraining.md: A longer run, committed
 def masked_lm_model(checkpoint: dict, path: str | os.PathLike) -> MaskedLanguageModel:
-    """The untrained masked language model a checkpoint's settings describe (``BUILDERS["masked_lm"]``)."""
+    """The untrained masked language model a checkpoint's settings describe
+    (``BUILDERS["masked_lm"]``)."""
     return from_settings(MaskedLanguageModel, checkpoint["config"])
 
 
 def load_mlm(folder: Path) -> tuple[MaskedLanguageModel, Any]:
-    """The masked language model and tokenizer that ``benchmarks/pretrain_spam.py`` wrote in ``folder``:
-    ``model.pt``, a checkpoint of kind "masked_lm" (``load_checkpoint``), and ``tokenizer.json``."""
+    """The masked language model and tokenizer that ``benchmarks/pretrain_spam.py``
+    wrote in ``folder``: ``model.pt``, a checkpoint of kind "masked_lm"
+    (``load_checkpoint``), and ``tokenizer.json``."""
     from tokenizers import Tokenizer
 
-    model = cast(MaskedLanguageModel, load_checkpoint(folder / "model.pt", kind="masked_lm"))  # one line if bad
+    # one line if bad
+    model = cast(
+        MaskedLanguageModel, load_checkpoint(folder / "model.pt", kind="masked_lm")
+    )
     return model, Tokenizer.from_file(str(folder / "tokenizer.json"))
 
 
 # chapters/pretraining.md: Fine-tuning: spam or ham
-def classifier_from_mlm(mlm: MaskedLanguageModel, num_classes: int = 2, dropout: float = 0.1) -> SequenceClassifier:
-    """A ``SequenceClassifier`` (mean pooling) whose embeddings, positions and encoder are copies of
-    ``mlm``'s; only its head is new."""
+def classifier_from_mlm(
+    mlm: MaskedLanguageModel, num_classes: int = 2, dropout: float = 0.1
+) -> SequenceClassifier:
+    """A ``SequenceClassifier`` (mean pooling) whose embeddings, positions and encoder
+    are copies of ``mlm``'s; only its head is new."""
     settings = {**mlm.settings, "dropout": dropout}
-    classifier = from_settings(SequenceClassifier, settings, num_classes=num_classes, pooling="mean")
-    shared = {name: value for name, value in mlm.state_dict().items() if not name.startswith("head.")}
+    classifier = from_settings(
+        SequenceClassifier, settings, num_classes=num_classes, pooling="mean"
+    )
+    shared = {
+        name: value
+        for name, value in mlm.state_dict().items()
+        if not name.startswith("head.")
+    }
     missing, unexpected = classifier.load_state_dict(shared, strict=False)
-    assert set(missing) == {"head.weight", "head.bias"} and not unexpected, (missing, unexpected)
+    assert set(missing) == {"head.weight", "head.bias"} and not unexpected, (
+        missing,
+        unexpected,
+    )
     return classifier
 
 
 def first_tokens(texts: list[str], tokenizer: Any, length: int) -> Tensor:
-    """Each text's first ``length`` token ids, padded with 0: (M, length), what the classifier reads."""
+    """Each text's first ``length`` token ids, padded with 0: (M, length), what the
+    classifier reads."""
     ids = torch.zeros(len(texts), length, dtype=torch.long)
-    for i, encoding in enumerate(tokenizer.encode_batch([one_line(text) for text in texts])):
+    for i, encoding in enumerate(
+        tokenizer.encode_batch([one_line(text) for text in texts])
+    ):
         row = encoding.ids[:length]
-        ids[i, :len(row)] = torch.tensor(row, dtype=torch.long)
+        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
     return ids

@@ -14,8 +14,11 @@ from typing import Any
 
 
 # chapters/translation.md: Scoring with sacreBLEU
-def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
-    """sacreBLEU's corpus BLEU and chrF of detokenized, cased ``hypotheses`` against one reference each.
+def corpus_scores(
+    hypotheses: Sequence[str], references: Sequence[str]
+) -> dict[str, Any]:
+    """sacreBLEU's corpus BLEU and chrF of detokenized, cased ``hypotheses`` against one
+    reference each.
 
     Returns:
         {"bleu": float, "chrf": float, "bleu_signature": str, "chrf_signature": str}.
@@ -23,9 +26,14 @@ def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[
     from sacrebleu.metrics import BLEU, CHRF
 
     if len(hypotheses) != len(references):
-        raise ValueError(f"hypotheses and references must have the same length, got {len(hypotheses)} "
-                         f"and {len(references)}")
+        raise ValueError(
+            f"hypotheses and references must have the same length, got {len(hypotheses)} "
+            f"and {len(references)}"
+        )
     bleu, chrf = BLEU(), CHRF()
-    return {"bleu": bleu.corpus_score(list(hypotheses), [list(references)]).score,
-            "chrf": chrf.corpus_score(list(hypotheses), [list(references)]).score,
-            "bleu_signature": str(bleu.get_signature()), "chrf_signature": str(chrf.get_signature())}
+    return {
+        "bleu": bleu.corpus_score(list(hypotheses), [list(references)]).score,
+        "chrf": chrf.corpus_score(list(hypotheses), [list(references)]).score,
+        "bleu_signature": str(bleu.get_signature()),
+        "chrf_signature": str(chrf.get_signature()),
+    }

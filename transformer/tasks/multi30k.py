@@ -44,40 +44,56 @@ MULTI30K_SPLITS = {"train": "train", "val": "val", "test": "test_2016_flickr"}
 def _read_checked(path: Path) -> list[str]:
     """The lines of one gzipped Multi30k file, after checking its SHA-256."""
     if not path.is_file():
-        raise FileNotFoundError(f"no Multi30k file at {path}; the book's copy is data/multi30k/{path.name}")
+        raise FileNotFoundError(
+            f"no Multi30k file at {path}; the book's copy is data/multi30k/{path.name}"
+        )
     raw = path.read_bytes()
     digest = hashlib.sha256(raw).hexdigest()
     if digest != MULTI30K_SHA256[path.name]:
-        raise ValueError(f"{path} is not the book's Multi30k file {path.name}: its SHA-256 is {digest}, "
-                         f"expected {MULTI30K_SHA256[path.name]}")
+        raise ValueError(
+            f"{path} is not the book's Multi30k file {path.name}: its SHA-256 is {digest}, "
+            f"expected {MULTI30K_SHA256[path.name]}"
+        )
     return gzip.decompress(raw).decode("utf-8").removesuffix("\n").split("\n")
 
 
-def load_multi30k(split: str = "train", folder: str | Path | None = None) -> tuple[list[str], list[str]]:
-    """The German and English sentences of one Multi30k (task 1) split, line i translating line i.
+def load_multi30k(
+    split: str = "train", folder: str | Path | None = None
+) -> tuple[list[str], list[str]]:
+    """The German and English sentences of one Multi30k (task 1) split, line i
+    translating line i.
 
     Args:
-        split: ``"train"`` (29,000 pairs), ``"val"`` (1,014) or ``"test"`` (1,000, test2016).
-        folder: the folder of the gzipped files; by default ``data/multi30k`` of the book.
+        split: ``"train"`` (29,000 pairs), ``"val"`` (1,014) or ``"test"`` (1,000,
+        test2016).
+        folder: the folder of the gzipped files; by default ``data/multi30k`` of the
+        book.
 
     Returns:
         german lines, english lines: two lists of the same length, one sentence each.
     """
     if split not in MULTI30K_SPLITS:
-        raise ValueError(f"split must be one of {sorted(MULTI30K_SPLITS)}, got {split!r}")
+        raise ValueError(
+            f"split must be one of {sorted(MULTI30K_SPLITS)}, got {split!r}"
+        )
     stem = MULTI30K_SPLITS[split]
     if folder is None:
         folder = data_file(f"multi30k/{stem}.de.gz").parent
-    german, english = (_read_checked(Path(folder) / f"{stem}.{lang}.gz") for lang in ("de", "en"))
+    german, english = (
+        _read_checked(Path(folder) / f"{stem}.{lang}.gz") for lang in ("de", "en")
+    )
     if len(german) != len(english):
-        raise ValueError(f"Multi30k {split}: {len(german)} German lines but {len(english)} English lines")
+        raise ValueError(
+            f"Multi30k {split}: {len(german)} German lines but {len(english)} English lines"
+        )
     return german, english
 
 
 # chapters/translation.md: Sentences as token ids
 @dataclass
 class TranslationConfig(TrainConfig):
-    """The choices of a translation run: ``TrainConfig``'s fields, with defaults for Multi30k, and four more."""
+    """The choices of a translation run: ``TrainConfig``'s fields, with defaults for
+    Multi30k, and four more."""
 
     d_model: int = 256
     num_heads: int = 4
@@ -107,18 +123,32 @@ class TranslationConfig(TrainConfig):
         super().__post_init__()
         for name in ("batch_tokens", "vocab_size", "keep_last"):
             check_positive_int(name, getattr(self, name))
-        check_bool("bf16", self.bf16)  # super() checked TrainConfig's fields (transformer.checks, written in the conventions appendix)
+        # super() checked TrainConfig's fields (transformer.checks, written in the
+        # conventions appendix)
+        check_bool("bf16", self.bf16)
 
 
-PAD_ID, BOS_ID, EOS_ID = 0, 1, 2  # SPECIAL_TOKENS' ids in every tokenizer of train_tokenizer
+# SPECIAL_TOKENS' ids in every tokenizer of train_tokenizer
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 
 
 def make_translation_model(config: TranslationConfig, vocab_size: int) -> Transformer:
-    """The Transformer of a translation run: one joint vocabulary, so one embedding table shared by
-    the encoder, the decoder and the output layer (the paper's weight sharing)."""
-    return Transformer(vocab_size, vocab_size, d_model=config.d_model, num_heads=config.num_heads,
-                       num_layers=config.num_layers, d_ff=config.d_ff, dropout=config.dropout,
-                       max_len=config.max_len, pad_id=PAD_ID, share_embeddings=True, tie_output=True)
+    """The Transformer of a translation run: one joint vocabulary, so one embedding
+    table shared by the encoder, the decoder and the output layer (the paper's weight
+    sharing)."""
+    return Transformer(
+        vocab_size,
+        vocab_size,
+        d_model=config.d_model,
+        num_heads=config.num_heads,
+        num_layers=config.num_layers,
+        d_ff=config.d_ff,
+        dropout=config.dropout,
+        max_len=config.max_len,
+        pad_id=PAD_ID,
+        share_embeddings=True,
+        tie_output=True,
+    )
 
 
 # chapters/translation.md: Sentences as token ids
@@ -127,41 +157,65 @@ def encode_lines(tokenizer: Any, lines: Sequence[str]) -> list[list[int]]:
     return [encoding.ids for encoding in tokenizer.encode_batch(list(lines))]
 
 
-def pair_batch(src_rows: Sequence[list[int]], tgt_rows: Sequence[list[int]],
-               device: torch.device | str | None = None) -> Batch:
-    """A padded ``Batch`` of sentence pairs: source ids in, <bos> + target ids -> target ids + <eos>."""
+def pair_batch(
+    src_rows: Sequence[list[int]],
+    tgt_rows: Sequence[list[int]],
+    device: torch.device | str | None = None,
+) -> Batch:
+    """A padded ``Batch`` of sentence pairs: source ids in, <bos> + target ids -> target
+    ids + <eos>."""
     src = pad_rows([list(row) for row in src_rows], PAD_ID, device)  # (B, S)
-    tgt_in = pad_rows([[BOS_ID] + list(row) for row in tgt_rows], PAD_ID, device)  # (B, T)
-    tgt_out = pad_rows([list(row) + [EOS_ID] for row in tgt_rows], PAD_ID, device)  # (B, T)
-    return Batch(src, tgt_in, tgt_out, padding_mask(src, PAD_ID), padding_mask(tgt_in, PAD_ID))
+    # (B, T)
+    tgt_in = pad_rows([[BOS_ID] + list(row) for row in tgt_rows], PAD_ID, device)
+    # (B, T)
+    tgt_out = pad_rows([list(row) + [EOS_ID] for row in tgt_rows], PAD_ID, device)
+    return Batch(
+        src, tgt_in, tgt_out, padding_mask(src, PAD_ID), padding_mask(tgt_in, PAD_ID)
+    )
 
 
 # chapters/translation.md: Batches by token count
-def token_batches(src_lengths: Sequence[int], tgt_lengths: Sequence[int], batch_tokens: int,
-                  max_sentences: int, seed: int = 0) -> list[list[int]]:
-    """Group sentence pairs into batches of at most ``batch_tokens`` tokens a side, padding included.
+def token_batches(
+    src_lengths: Sequence[int],
+    tgt_lengths: Sequence[int],
+    batch_tokens: int,
+    max_sentences: int,
+    seed: int = 0,
+) -> list[list[int]]:
+    """Group sentence pairs into batches of at most ``batch_tokens`` tokens a side,
+    padding included.
 
-    Pairs are sorted by length (ties in a seeded random order), so a batch holds sentences of about
-    the same length and little padding; the batches are then shuffled with the same seed. A pair
-    longer than ``batch_tokens`` gets a batch of its own.
+    Pairs are sorted by length (ties in a seeded random order), so a batch holds
+    sentences of about the same length and little padding; the batches are then shuffled
+    with the same seed. A pair longer than ``batch_tokens`` gets a batch of its own.
 
     Returns:
         The batches, as lists of pair indices; every index appears exactly once.
     """
     if len(src_lengths) != len(tgt_lengths):
-        raise ValueError(f"src_lengths and tgt_lengths must have the same length, got {len(src_lengths)} "
-                         f"and {len(tgt_lengths)}")
+        raise ValueError(
+            f"src_lengths and tgt_lengths must have the same length, got {len(src_lengths)} "
+            f"and {len(tgt_lengths)}"
+        )
     check_positive_int("batch_tokens", batch_tokens)
     check_positive_int("max_sentences", max_sentences)
     rng = random.Random(seed)
     ties = [rng.random() for _ in src_lengths]
-    order = sorted(range(len(src_lengths)), key=lambda i: (src_lengths[i], tgt_lengths[i], ties[i]))
+    order = sorted(
+        range(len(src_lengths)), key=lambda i: (src_lengths[i], tgt_lengths[i], ties[i])
+    )
     batches: list[list[int]] = []
     current: list[int] = []
     longest_src = longest_tgt = 0
     for i in order:
-        src_len, tgt_len = max(longest_src, src_lengths[i]), max(longest_tgt, tgt_lengths[i])
-        if current and (len(current) == max_sentences or (len(current) + 1) * max(src_len, tgt_len) > batch_tokens):
+        src_len, tgt_len = (
+            max(longest_src, src_lengths[i]),
+            max(longest_tgt, tgt_lengths[i]),
+        )
+        if current and (
+            len(current) == max_sentences
+            or (len(current) + 1) * max(src_len, tgt_len) > batch_tokens
+        ):
             batches.append(current)
             current, src_len, tgt_len = [], src_lengths[i], tgt_lengths[i]
         current.append(i)
@@ -172,25 +226,45 @@ def token_batches(src_lengths: Sequence[int], tgt_lengths: Sequence[int], batch_
     return batches
 
 
-def translation_batches(src_rows: Sequence[list[int]], tgt_rows: Sequence[list[int]], config: TranslationConfig,
-                        start_step: int = 0, device: torch.device | str | None = None) -> Iterator[Batch]:
-    """An endless stream of training batches, epoch after epoch, each epoch grouped and shuffled anew.
+def translation_batches(
+    src_rows: Sequence[list[int]],
+    tgt_rows: Sequence[list[int]],
+    config: TranslationConfig,
+    start_step: int = 0,
+    device: torch.device | str | None = None,
+) -> Iterator[Batch]:
+    """An endless stream of training batches, epoch after epoch, each epoch grouped and
+    shuffled anew.
 
-    The stream is a function of the data and (batch_tokens, batch_size, seed): ``start_step=k``
-    starts where an unbroken stream would be after k batches, which is what resuming needs.
+    The stream is a function of the data and (batch_tokens, batch_size, seed):
+    ``start_step=k`` starts where an unbroken stream would be after k batches, which is
+    what resuming needs.
     """
     if not src_rows or len(src_rows) != len(tgt_rows):
-        raise ValueError(f"src_rows and tgt_rows must be non-empty and of the same length, got {len(src_rows)} "
-                         f"and {len(tgt_rows)}")
-    if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
+        raise ValueError(
+            f"src_rows and tgt_rows must be non-empty and of the same length, got {len(src_rows)} "
+            f"and {len(tgt_rows)}"
+        )
+    if (
+        isinstance(start_step, bool)
+        or not isinstance(start_step, int)
+        or start_step < 0
+    ):
         raise ValueError(f"start_step must be an int >= 0, got {start_step!r}")
     src_lengths = [len(row) for row in src_rows]
     tgt_lengths = [len(row) + 1 for row in tgt_rows]  # <bos> or <eos> added
     epoch, skip = 0, start_step
     while True:
-        batches = token_batches(src_lengths, tgt_lengths, config.batch_tokens, config.batch_size,
-                                seed=config.seed * 100_003 + epoch)
+        batches = token_batches(
+            src_lengths,
+            tgt_lengths,
+            config.batch_tokens,
+            config.batch_size,
+            seed=config.seed * 100_003 + epoch,
+        )
         for indices in batches[skip:]:
-            yield pair_batch([src_rows[i] for i in indices], [tgt_rows[i] for i in indices], device)
+            yield pair_batch(
+                [src_rows[i] for i in indices], [tgt_rows[i] for i in indices], device
+            )
         skip = max(0, skip - len(batches))
         epoch += 1

@@ -27,10 +27,40 @@ from transformer.training.vocab import Vocab
 # chapters/data.md: Numbers in words
 MAX_NUMBER = 999_999
 
-_ONES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
-         "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
-         "nineteen"]
-_TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+_ONES = [
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+]
+_TENS = [
+    "",
+    "",
+    "twenty",
+    "thirty",
+    "forty",
+    "fifty",
+    "sixty",
+    "seventy",
+    "eighty",
+    "ninety",
+]
 
 
 def _below_hundred(n: int) -> str:
@@ -52,9 +82,12 @@ def _below_thousand(n: int) -> str:
 
 # chapters/data.md: Numbers in words
 def _check_number(name: str, n: object) -> int:
-    """Return ``n`` as an int if it is an integer in [0, MAX_NUMBER], else raise naming ``name``."""
+    """Return ``n`` as an int if it is an integer in [0, MAX_NUMBER], else raise naming
+    ``name``."""
     if isinstance(n, bool) or not isinstance(n, numbers.Integral):
-        raise TypeError(f"{name} must be an int in [0, {MAX_NUMBER}], got {type(n).__name__} {n!r}")
+        raise TypeError(
+            f"{name} must be an int in [0, {MAX_NUMBER}], got {type(n).__name__} {n!r}"
+        )
     number = int(n)
     if not 0 <= number <= MAX_NUMBER:
         raise ValueError(f"{name} must be an int in [0, {MAX_NUMBER}], got {n}")
@@ -84,9 +117,12 @@ def number_to_words(n: int) -> str:
 
 # chapters/data.md: Vocabularies
 def source_vocab() -> Vocab:
-    """The 103 words of the numbers 0..999,999 (plus the three specials), split at spaces."""
+    """The 103 words of the numbers 0..999,999 (plus the three specials), split at
+    spaces."""
     hyphenated = [f"{tens}-{units}" for tens in _TENS[2:] for units in _ONES[1:10]]
-    return Vocab(_ONES + _TENS[2:] + hyphenated + ["hundred", "thousand", "and"], split="word")
+    return Vocab(
+        _ONES + _TENS[2:] + hyphenated + ["hundred", "thousand", "and"], split="word"
+    )
 
 
 def target_vocab() -> Vocab:
@@ -95,20 +131,25 @@ def target_vocab() -> Vocab:
 
 
 # chapters/data.md: Train, validation and test sets
-def split_numbers(train_size: int, valid_size: int, test_size: int,
-                  seed: int = 0) -> tuple[list[int], list[int], list[int]]:
-    """Three disjoint random lists of numbers from 0..999,999, for training, validation and test.
+def split_numbers(
+    train_size: int, valid_size: int, test_size: int, seed: int = 0
+) -> tuple[list[int], list[int], list[int]]:
+    """Three disjoint random lists of numbers from 0..999,999, for training, validation
+    and test.
 
-    The same sizes and seed give the same lists. Raises ValueError if the sizes are negative or add
-    up to more than the million numbers there are.
+    The same sizes and seed give the same lists. Raises ValueError if the sizes are
+    negative or add up to more than the million numbers there are.
     """
     sizes = {"train_size": train_size, "valid_size": valid_size, "test_size": test_size}
     for name, size in sizes.items():
         if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 0:
             raise ValueError(f"{name} must be an int >= 0, got {size!r}")
     if sum(sizes.values()) > MAX_NUMBER + 1:
-        raise ValueError(f"the sizes add up to {sum(sizes.values())}, more than the {MAX_NUMBER + 1} numbers")
-    drawn = random.Random(seed).sample(range(MAX_NUMBER + 1), sum(sizes.values()))  # no repeats
+        raise ValueError(
+            f"the sizes add up to {sum(sizes.values())}, more than the {MAX_NUMBER + 1} numbers"
+        )
+    # no repeats
+    drawn = random.Random(seed).sample(range(MAX_NUMBER + 1), sum(sizes.values()))
     a, b = train_size, train_size + valid_size
     return drawn[:a], drawn[a:b], drawn[b:]
 
@@ -117,7 +158,9 @@ def split_numbers(train_size: int, valid_size: int, test_size: int,
 def check_numbers(numbers: object) -> list[int]:
     """Return ``numbers`` as a non-empty list of ints in [0, MAX_NUMBER], else raise."""
     if isinstance(numbers, (str, bytes)) or not isinstance(numbers, Iterable):
-        raise TypeError(f"numbers must be an iterable of ints, got {type(numbers).__name__}")
+        raise TypeError(
+            f"numbers must be an iterable of ints, got {type(numbers).__name__}"
+        )
     numbers = [_check_number(f"numbers[{i}]", n) for i, n in enumerate(numbers)]
     if not numbers:
         raise ValueError("numbers must not be empty")
@@ -125,27 +168,58 @@ def check_numbers(numbers: object) -> list[int]:
 
 
 # chapters/data.md: Batches
-def make_batch(numbers: Sequence[int], src_vocab: Vocab, tgt_vocab: Vocab,
-               device: torch.device | str | None = None) -> Batch:
-    """One padded ``Batch`` of the given numbers, on ``device``: words in, digits out."""
+def make_batch(
+    numbers: Sequence[int],
+    src_vocab: Vocab,
+    tgt_vocab: Vocab,
+    device: torch.device | str | None = None,
+) -> Batch:
+    """One padded ``Batch`` of the given numbers, on ``device``: words in, digits
+    out."""
     numbers = check_numbers(numbers)
-    src = pad_rows([src_vocab.encode(number_to_words(n)) for n in numbers], src_vocab.pad_id, device)  # (B, S)
+    # (B, S)
+    src = pad_rows(
+        [src_vocab.encode(number_to_words(n)) for n in numbers],
+        src_vocab.pad_id,
+        device,
+    )
     digits = [tgt_vocab.encode(str(n)) for n in numbers]
-    tgt_in = pad_rows([[tgt_vocab.bos_id] + d for d in digits], tgt_vocab.pad_id, device)  # (B, T)
-    tgt_out = pad_rows([d + [tgt_vocab.eos_id] for d in digits], tgt_vocab.pad_id, device)  # (B, T)
-    return Batch(src, tgt_in, tgt_out, padding_mask(src, src_vocab.pad_id), padding_mask(tgt_in, tgt_vocab.pad_id))
+    # (B, T)
+    tgt_in = pad_rows(
+        [[tgt_vocab.bos_id] + d for d in digits], tgt_vocab.pad_id, device
+    )
+    # (B, T)
+    tgt_out = pad_rows(
+        [d + [tgt_vocab.eos_id] for d in digits], tgt_vocab.pad_id, device
+    )
+    return Batch(
+        src,
+        tgt_in,
+        tgt_out,
+        padding_mask(src, src_vocab.pad_id),
+        padding_mask(tgt_in, tgt_vocab.pad_id),
+    )
 
 
-def batches(numbers: Sequence[int], batch_size: int, src_vocab: Vocab, tgt_vocab: Vocab,
-            shuffle: bool = True, seed: int = 0,
-            device: torch.device | str | None = None) -> Iterator[Batch]:
+def batches(
+    numbers: Sequence[int],
+    batch_size: int,
+    src_vocab: Vocab,
+    tgt_vocab: Vocab,
+    shuffle: bool = True,
+    seed: int = 0,
+    device: torch.device | str | None = None,
+) -> Iterator[Batch]:
     """One pass over ``numbers`` in batches of ``batch_size`` (the last may be smaller).
 
-    With ``shuffle``, the order is a seeded permutation: the same seed gives the same batches.
+    With ``shuffle``, the order is a seeded permutation: the same seed gives the same
+    batches.
     """
     check_positive_int("batch_size", batch_size)
     order = check_numbers(numbers)
     if shuffle:
         random.Random(seed).shuffle(order)
     for start in range(0, len(order), batch_size):
-        yield make_batch(order[start:start + batch_size], src_vocab, tgt_vocab, device)
+        yield make_batch(
+            order[start : start + batch_size], src_vocab, tgt_vocab, device
+        )

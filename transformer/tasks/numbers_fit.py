@@ -37,142 +37,264 @@ from transformer.nn.modes import evaluating
 
 
 # chapters/training_run.md: The training loop
-def training_batches(numbers: Sequence[int], batch_size: int, src_vocab: Vocab, tgt_vocab: Vocab,
-                     seed: int = 0, start_step: int = 0,
-                     device: torch.device | str | None = None) -> Iterator[Batch]:
-    """An endless stream of training batches: epoch after epoch, each in its own seeded order.
+def training_batches(
+    numbers: Sequence[int],
+    batch_size: int,
+    src_vocab: Vocab,
+    tgt_vocab: Vocab,
+    seed: int = 0,
+    start_step: int = 0,
+    device: torch.device | str | None = None,
+) -> Iterator[Batch]:
+    """An endless stream of training batches: epoch after epoch, each in its own seeded
+    order.
 
-    The stream is a function of (numbers, batch_size, seed): ``start_step=k`` starts where an
-    unbroken stream would be after k batches, which is what resuming a run needs.
+    The stream is a function of (numbers, batch_size, seed): ``start_step=k`` starts
+    where an unbroken stream would be after k batches, which is what resuming a run
+    needs.
     """
-    numbers, batch_size = check_numbers(numbers), check_positive_int("batch_size", batch_size)
+    numbers, batch_size = (
+        check_numbers(numbers),
+        check_positive_int("batch_size", batch_size),
+    )
     per_epoch = math.ceil(len(numbers) / batch_size)
     epoch, skip = divmod(start_step, per_epoch)
     while True:
         order = list(numbers)
-        random.Random(seed * 100_003 + epoch).shuffle(order)  # epoch by epoch, a new seeded order
+        # epoch by epoch, a new seeded order
+        random.Random(seed * 100_003 + epoch).shuffle(order)
         for start in range(skip * batch_size, len(order), batch_size):
-            yield make_batch(order[start:start + batch_size], src_vocab, tgt_vocab, device)
+            yield make_batch(
+                order[start : start + batch_size], src_vocab, tgt_vocab, device
+            )
         epoch, skip = epoch + 1, 0
 
 
 # chapters/training_run.md: The training loop
-def predict(model: Transformer, numbers: Sequence[int], src_vocab: Vocab, tgt_vocab: Vocab,
-            batch_size: int = 1000, device: torch.device | str | None = None) -> list[str]:
-    """The model's answer for each number: the generated tokens after <bos>, up to <eos>.
+def predict(
+    model: Transformer,
+    numbers: Sequence[int],
+    src_vocab: Vocab,
+    tgt_vocab: Vocab,
+    batch_size: int = 1000,
+    device: torch.device | str | None = None,
+) -> list[str]:
+    """The model's answer for each number: the generated tokens after <bos>, up to
+    <eos>.
 
     Special tokens before <eos> are kept by name (e.g. ``"12<pad>"``), so that only a
     well-formed answer can equal the digits.
     """
     numbers = check_numbers(numbers)
     device = device if device is not None else next(model.parameters()).device
-    max_len = len(str(MAX_NUMBER)) + 3  # <bos>, six digits, <eos> and one more: a longer answer is wrong
+    # <bos>, six digits, <eos> and one more: a longer answer is wrong
+    max_len = len(str(MAX_NUMBER)) + 3
     answers = []
     for start in range(0, len(numbers), batch_size):
-        batch = make_batch(numbers[start:start + batch_size], src_vocab, tgt_vocab, device)
-        tokens = greedy_decode(model, batch.src, max_len, tgt_vocab.bos_id, tgt_vocab.eos_id,
-                               src_mask=batch.src_mask)  # (B, <= max_len)
+        batch = make_batch(
+            numbers[start : start + batch_size], src_vocab, tgt_vocab, device
+        )
+        tokens = greedy_decode(
+            model,
+            batch.src,
+            max_len,
+            tgt_vocab.bos_id,
+            tgt_vocab.eos_id,
+            src_mask=batch.src_mask,
+        )  # (B, <= max_len)
         for row in generated_ids(tokens, tgt_vocab.eos_id):
             answers.append("".join(tgt_vocab.itos[i] for i in row))
     return answers
 
 
-def exact_match(model: Transformer, numbers: Sequence[int], src_vocab: Vocab, tgt_vocab: Vocab,
-                batch_size: int = 1000, device: torch.device | str | None = None) -> float:
-    """The share of ``numbers`` whose digits the model generates exactly (greedy decoding)."""
+def exact_match(
+    model: Transformer,
+    numbers: Sequence[int],
+    src_vocab: Vocab,
+    tgt_vocab: Vocab,
+    batch_size: int = 1000,
+    device: torch.device | str | None = None,
+) -> float:
+    """The share of ``numbers`` whose digits the model generates exactly (greedy
+    decoding)."""
     answers = predict(model, numbers, src_vocab, tgt_vocab, batch_size, device)
     return sum(answer == str(n) for answer, n in zip(answers, numbers)) / len(answers)
 
 
-def evaluate_loss(model: nn.Module, numbers: Sequence[int], src_vocab: Vocab, tgt_vocab: Vocab,
-                  label_smoothing: float = 0.1, device: torch.device | str | None = None) -> float:
-    """The teacher-forced label-smoothed loss on ``numbers``, in eval mode (mode restored)."""
+def evaluate_loss(
+    model: nn.Module,
+    numbers: Sequence[int],
+    src_vocab: Vocab,
+    tgt_vocab: Vocab,
+    label_smoothing: float = 0.1,
+    device: torch.device | str | None = None,
+) -> float:
+    """The teacher-forced label-smoothed loss on ``numbers``, in eval mode (mode
+    restored)."""
     device = device if device is not None else next(model.parameters()).device
     batch = make_batch(numbers, src_vocab, tgt_vocab, device)
     with evaluating(model):
-        logits = model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)  # (B, T, V)
-        return label_smoothed_cross_entropy(logits, batch.tgt_out, label_smoothing, tgt_vocab.pad_id).item()
+        # (B, T, V)
+        logits = model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)
+        return label_smoothed_cross_entropy(
+            logits, batch.tgt_out, label_smoothing, tgt_vocab.pad_id
+        ).item()
 
 
 # chapters/training_run.md: The training loop
 def _new_history() -> dict[str, list]:
-    return {name: [] for name in ("step", "loss", "accuracy", "lr", "grad_norm", "valid_step", "valid_loss",
-                                  "valid_accuracy")}
+    return {
+        name: []
+        for name in (
+            "step",
+            "loss",
+            "accuracy",
+            "lr",
+            "grad_norm",
+            "valid_step",
+            "valid_loss",
+            "valid_accuracy",
+        )
+    }
 
 
-def _record_validation(history: dict[str, list], model: Transformer, step: int, valid_numbers: Sequence[int],
-                       config: TrainConfig, src_vocab: Vocab, tgt_vocab: Vocab, device: torch.device) -> None:
-    numbers = valid_numbers[:config.eval_size]
+def _record_validation(
+    history: dict[str, list],
+    model: Transformer,
+    step: int,
+    valid_numbers: Sequence[int],
+    config: TrainConfig,
+    src_vocab: Vocab,
+    tgt_vocab: Vocab,
+    device: torch.device,
+) -> None:
+    numbers = valid_numbers[: config.eval_size]
     history["valid_step"].append(step)
-    history["valid_loss"].append(evaluate_loss(model, numbers, src_vocab, tgt_vocab, config.label_smoothing, device))
-    history["valid_accuracy"].append(exact_match(model, numbers, src_vocab, tgt_vocab, device=device))
+    history["valid_loss"].append(
+        evaluate_loss(
+            model, numbers, src_vocab, tgt_vocab, config.label_smoothing, device
+        )
+    )
+    history["valid_accuracy"].append(
+        exact_match(model, numbers, src_vocab, tgt_vocab, device=device)
+    )
 
 
 # chapters/training_run.md: Where finished runs are kept
-def _cache_file(cache_dir: str | Path, config: TrainConfig, train_numbers: Sequence[int],
-                valid_numbers: Sequence[int] | None, src_vocab: Vocab, tgt_vocab: Vocab,
-                device: torch.device) -> Path:
-    """The file of a finished run, named by a hash of everything that decides its result.
+def _cache_file(
+    cache_dir: str | Path,
+    config: TrainConfig,
+    train_numbers: Sequence[int],
+    valid_numbers: Sequence[int] | None,
+    src_vocab: Vocab,
+    tgt_vocab: Vocab,
+    device: torch.device,
+) -> Path:
+    """The file of a finished run, named by a hash of everything that decides its
+    result.
 
     The CPU's arithmetic path is part of it: torch's kernels for AVX2, AVX-512 or none
     (``ATEN_CPU_CAPABILITY=default``) round differently, and a run then ends elsewhere.
     """
-    key = json.dumps([asdict(config), list(train_numbers), list(valid_numbers or []), src_vocab.itos,
-                      tgt_vocab.itos, torch.device(device).type, torch.__version__,
-                      torch.backends.cpu.get_cpu_capability()])
-    return Path(cache_dir) / f"numbers-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
+    key = json.dumps(
+        [
+            asdict(config),
+            list(train_numbers),
+            list(valid_numbers or []),
+            src_vocab.itos,
+            tgt_vocab.itos,
+            torch.device(device).type,
+            torch.__version__,
+            torch.backends.cpu.get_cpu_capability(),
+        ]
+    )
+    return (
+        Path(cache_dir) / f"numbers-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
+    )
 
 
 # chapters/training_run.md: Where finished runs are kept
 def data_record(train_numbers: Sequence[int]) -> dict[str, Any]:
-    """What a checkpoint records of the numbers it was trained on: how many, and a hash of them in order."""
+    """What a checkpoint records of the numbers it was trained on: how many, and a hash
+    of them in order."""
     digest = hashlib.sha256(json.dumps(list(train_numbers)).encode()).hexdigest()[:16]
     return {"train_numbers": len(train_numbers), "train_hash": digest}
 
 
-def check_same_data(checkpoint: dict, train_numbers: Sequence[int], path: str | os.PathLike) -> None:
-    """Raise ValueError if the run saved in ``checkpoint`` (read from ``path``) was trained on other numbers
-    than ``train_numbers``; a checkpoint that records none passes."""
+def check_same_data(
+    checkpoint: dict, train_numbers: Sequence[int], path: str | os.PathLike
+) -> None:
+    """Raise ValueError if the run saved in ``checkpoint`` (read from ``path``) was
+    trained on other numbers than ``train_numbers``; a checkpoint that records none
+    passes."""
     saved, here = checkpoint.get("data"), data_record(train_numbers)
     if saved is not None and saved != here:
-        raise ValueError(f"cannot resume from {os.fspath(path)}: it was trained on other numbers "
-                         f"({saved['train_numbers']:,} of them, here {here['train_numbers']:,}): a resumed run goes "
-                         "on with the same data (the command: the same --train-size, --valid-size and --seed)")
+        raise ValueError(
+            f"cannot resume from {os.fspath(path)}: it was trained on other numbers "
+            f"({saved['train_numbers']:,} of them, here {here['train_numbers']:,}): a resumed run goes "
+            "on with the same data (the command: the same --train-size, --valid-size and --seed)"
+        )
 
 
 # chapters/training_run.md: `fit`
-def fit(config: TrainConfig, train_numbers: Sequence[int], valid_numbers: Sequence[int] | None = None,
-        src_vocab: Vocab | None = None, tgt_vocab: Vocab | None = None, *,
-        device: torch.device | str | None = None, progress: bool = True,
-        checkpoint_path: str | Path | None = None, checkpoint_every: int | None = None,
-        resume_from: str | Path | None = None, cache_dir: str | Path | None = None, load_cached: bool = True,
-        wrap_model: Callable[[nn.Module], nn.Module] | None = None,
-        callbacks: Sequence[Callback] = ()) -> tuple[Transformer, dict[str, list]]:
+def fit(
+    config: TrainConfig,
+    train_numbers: Sequence[int],
+    valid_numbers: Sequence[int] | None = None,
+    src_vocab: Vocab | None = None,
+    tgt_vocab: Vocab | None = None,
+    *,
+    device: torch.device | str | None = None,
+    progress: bool = True,
+    checkpoint_path: str | Path | None = None,
+    checkpoint_every: int | None = None,
+    resume_from: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    load_cached: bool = True,
+    wrap_model: Callable[[nn.Module], nn.Module] | None = None,
+    callbacks: Sequence[Callback] = (),
+) -> tuple[Transformer, dict[str, list]]:
     """Train a Transformer on the number-words task; return ``(model, history)``.
 
     Args:
-        config: the run's choices. train_numbers, valid_numbers: the data (validation optional).
-        src_vocab, tgt_vocab: default ``source_vocab()`` and ``target_vocab()``.
-        device: where to train (default CPU). progress: show a tqdm progress bar (on stderr).
-        checkpoint_path: save a checkpoint there at the end (and every ``checkpoint_every`` steps).
+        config: the run's choices. train_numbers, valid_numbers: the data (validation
+        optional). src_vocab, tgt_vocab: default ``source_vocab()`` and
+        ``target_vocab()``.
+        device: where to train (default CPU). progress: show a tqdm progress bar (on
+        stderr).
+        checkpoint_path: save a checkpoint there at the end (and every
+        ``checkpoint_every`` steps).
         resume_from: a checkpoint to continue from, up to ``config.steps`` steps in all.
-        cache_dir: keep the finished run there, named by a hash of config, data and vocabularies;
-            with ``load_cached``, a run found there is loaded instead of trained (same result).
-        wrap_model: called once on the model before the first step; what it returns (e.g. the
-            model in DistributedDataParallel) takes the training steps, while validation,
-            checkpoints and the returned model use the model itself.
-        callbacks: more of the training loop's callbacks, after those of progress, validation and
-            saving (e.g. one that takes this process's rows of every global batch).
+        cache_dir: keep the finished run there, named by a hash of config, data and
+            vocabularies; with ``load_cached``, a run found there is loaded instead of
+            trained (same result).
+        wrap_model: called once on the model before the first step; what it returns
+            (e.g. the model in DistributedDataParallel) takes the training steps, while
+            validation, checkpoints and the returned model use the model itself.
+        callbacks: more of the training loop's callbacks, after those of progress,
+            validation and saving (e.g. one that takes this process's rows of every
+            global batch).
 
     Returns:
-        The model (in eval mode) and the history: per step "step", "loss", "accuracy" (token
-        accuracy under teacher forcing), "lr", "grad_norm"; per validation "valid_step",
-        "valid_loss", "valid_accuracy" (exact match).
+        The model (in eval mode) and the history: per step "step", "loss", "accuracy"
+        (token accuracy under teacher forcing), "lr", "grad_norm"; per validation
+        "valid_step", "valid_loss", "valid_accuracy" (exact match).
     """
     src_vocab, tgt_vocab = src_vocab or source_vocab(), tgt_vocab or target_vocab()
     device = torch.device(device if device is not None else "cpu")
-    cached = (None if cache_dir is None
-              else _cache_file(cache_dir, config, train_numbers, valid_numbers, src_vocab, tgt_vocab, device))
+    cached = (
+        None
+        if cache_dir is None
+        else _cache_file(
+            cache_dir,
+            config,
+            train_numbers,
+            valid_numbers,
+            src_vocab,
+            tgt_vocab,
+            device,
+        )
+    )
     with run_settings(config.seed, config.num_threads):
         model = make_model(config, src_vocab, tgt_vocab).to(device)
         optimizer, scheduler = make_optimizer(config, model)
@@ -184,31 +306,77 @@ def fit(config: TrainConfig, train_numbers: Sequence[int], valid_numbers: Sequen
         if resume_from is not None:
             checkpoint = read_checkpoint(resume_from)
             check_same_data(checkpoint, train_numbers, resume_from)
-            step, history = resume(checkpoint, resume_from, model, optimizer, scheduler, config)
-        stream = training_batches(train_numbers, config.batch_size, src_vocab, tgt_vocab, config.seed, step, device)
+            step, history = resume(
+                checkpoint, resume_from, model, optimizer, scheduler, config
+            )
+        stream = training_batches(
+            train_numbers,
+            config.batch_size,
+            src_vocab,
+            tgt_vocab,
+            config.seed,
+            step,
+            device,
+        )
         # what rebuilds the model
-        described: dict[str, Any] = dict(config=config, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
-                                         extra={"data": data_record(train_numbers)})
+        described: dict[str, Any] = dict(
+            config=config,
+            src_vocab=src_vocab,
+            tgt_vocab=tgt_vocab,
+            extra={"data": data_record(train_numbers)},
+        )
         model.train()
         net = model if wrap_model is None else wrap_model(model)
 
         def validate(step: int) -> dict[str, str]:
             assert valid_numbers is not None  # validate is passed only with them
-            _record_validation(history, model, step, valid_numbers, config, src_vocab, tgt_vocab, device)
+            _record_validation(
+                history,
+                model,
+                step,
+                valid_numbers,
+                config,
+                src_vocab,
+                tgt_vocab,
+                device,
+            )
             return {"valid_exact": f"{history['valid_accuracy'][-1]:.1%}"}
 
         def save(step: int) -> None:
             assert checkpoint_path is not None  # save is passed only with it
-            save_checkpoint(checkpoint_path, model, optimizer, scheduler, step, history, **described)
+            save_checkpoint(
+                checkpoint_path, model, optimizer, scheduler, step, history, **described
+            )
 
         loss_fn = seq2seq_loss(config.label_smoothing, tgt_vocab.pad_id)
-        step = run_steps(net, stream, optimizer, scheduler, loss_fn, config.steps, history, step, clip=config.clip,
-                         callbacks=[*([Progress()] if progress else []),
-                                    *([Evaluate(validate, config.eval_every)] if valid_numbers and config.eval_size
-                                      else []),
-                                    *([SaveEvery(save, checkpoint_every)] if checkpoint_path is not None
-                                      and checkpoint_every else []), *callbacks])
+        step = run_steps(
+            net,
+            stream,
+            optimizer,
+            scheduler,
+            loss_fn,
+            config.steps,
+            history,
+            step,
+            clip=config.clip,
+            callbacks=[
+                *([Progress()] if progress else []),
+                *(
+                    [Evaluate(validate, config.eval_every)]
+                    if valid_numbers and config.eval_size
+                    else []
+                ),
+                *(
+                    [SaveEvery(save, checkpoint_every)]
+                    if checkpoint_path is not None and checkpoint_every
+                    else []
+                ),
+                *callbacks,
+            ],
+        )
         for path in (checkpoint_path, cached):
             if path is not None:
-                save_checkpoint(path, model, optimizer, scheduler, step, history, **described)
+                save_checkpoint(
+                    path, model, optimizer, scheduler, step, history, **described
+                )
     return model.eval(), history

@@ -22,11 +22,24 @@ from transformer.checks import check_positive_int, check_tensor
 
 
 # chapters/captioning.md: Scenes and captions
-DIGIT_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+DIGIT_NAMES = (
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+)
 LAYOUTS = ("left of", "above")  # the first digit is left of, or above, the second
 CELL_SIZE = 8  # a digit's image, 8x8 pixels
 CANVAS_SIZE = 2 * CELL_SIZE  # four cells, 16x16 pixels
-PIXEL_LEVELS = 17  # a digit's pixel counts 0..16 (chapter "Images as sequences"): the grey levels as tokens
+# a digit's pixel counts 0..16 (chapter "Images as sequences"): the grey levels as
+# tokens
+PIXEL_LEVELS = 17
 
 
 def caption(first: int, second: int, layout: int) -> str:
@@ -35,14 +48,15 @@ def caption(first: int, second: int, layout: int) -> str:
 
 
 def cells_of(layout: int, line: int) -> tuple[tuple[int, int], tuple[int, int]]:
-    """The (row, column) cells of the first and second digit: a row ``line`` for "left of", a
-    column ``line`` for "above"."""
+    """The (row, column) cells of the first and second digit: a row ``line`` for "left
+    of", a column ``line`` for "above"."""
     return ((line, 0), (line, 1)) if layout == 0 else ((0, line), (1, line))
 
 
 def is_held_out(first: int, second: int, layout: int) -> bool:
-    """The wordings kept out of training, ten per layout: second = first + 3 (mod 10) left of,
-    second = first + 7 (mod 10) above. Every digit still occurs first and second in both layouts."""
+    """The wordings kept out of training, ten per layout: second = first + 3 (mod 10)
+    left of, second = first + 7 (mod 10) above. Every digit still occurs first and
+    second in both layouts."""
     return (second - first) % 10 == (3 if layout == 0 else 7)
 
 
@@ -51,8 +65,9 @@ class Scenes(NamedTuple):
     """Scenes and what is in them.
 
     Shape:
-        images (M, 1, 16, 16) floats in [0, 1]; captions, M strings; digits (M, 2), the first and the
-        second digit; cells (M, 2, 2), the (row, column) cell of each; layouts (M,), 0 "left of", 1 "above".
+        images (M, 1, 16, 16) floats in [0, 1]; captions, M strings; digits (M, 2), the
+        first and the second digit; cells (M, 2, 2), the (row, column) cell of each;
+        layouts (M,), 0 "left of", 1 "above".
     """
 
     images: Tensor
@@ -65,31 +80,48 @@ class Scenes(NamedTuple):
 def _check_digits(images: object, labels: object) -> tuple[Tensor, Tensor]:
     """images (M, 1, 8, 8) floats and labels (M,) digits 0..9, with M >= 1."""
     images, labels = check_tensor("images", images), check_tensor("labels", labels)
-    if images.dim() != 4 or tuple(images.shape[1:]) != (1, CELL_SIZE, CELL_SIZE) or len(images) == 0:
-        raise ValueError(f"images must have shape (M, 1, {CELL_SIZE}, {CELL_SIZE}), got {tuple(images.shape)}")
+    if (
+        images.dim() != 4
+        or tuple(images.shape[1:]) != (1, CELL_SIZE, CELL_SIZE)
+        or len(images) == 0
+    ):
+        raise ValueError(
+            f"images must have shape (M, 1, {CELL_SIZE}, {CELL_SIZE}), got {tuple(images.shape)}"
+        )
     if not images.is_floating_point():
         raise TypeError(f"images must be floating-point, got dtype {images.dtype}")
-    if labels.shape != (len(images),) or labels.is_floating_point() or not bool(((labels >= 0) & (labels < 10)).all()):
-        raise ValueError(f"labels must be {len(images)} digits 0..9 (one per image), got {labels!r}")
+    if (
+        labels.shape != (len(images),)
+        or labels.is_floating_point()
+        or not bool(((labels >= 0) & (labels < 10)).all())
+    ):
+        raise ValueError(
+            f"labels must be {len(images)} digits 0..9 (one per image), got {labels!r}"
+        )
     return images, labels
 
 
-def make_scenes(images: Tensor, labels: Tensor, count: int, seed: int, held_out: bool = False) -> Scenes:
+def make_scenes(
+    images: Tensor, labels: Tensor, count: int, seed: int, held_out: bool = False
+) -> Scenes:
     """``count`` scenes of two of ``images`` each, drawn from ``seed``.
 
     Args:
-        images, labels: digit images (M, 1, 8, 8) and their digits (M,); every scene takes its two
-            digits from these (with replacement).
+        images, labels: digit images (M, 1, 8, 8) and their digits (M,); every scene
+            takes its two digits from these (with replacement).
         count: the number of scenes.
-        seed: seeds a ``torch.Generator`` of its own: the same arguments give the same scenes.
-        held_out: False keeps the wordings of training, True only those ``is_held_out`` names.
+        seed: seeds a ``torch.Generator`` of its own: the same arguments give the same
+        scenes.
+        held_out: False keeps the wordings of training, True only those ``is_held_out``
+        names.
     """
     images, labels = _check_digits(images, labels)
     count = check_positive_int("count", count)
     generator = torch.Generator().manual_seed(seed)
     canvas = torch.zeros(count, 1, CANVAS_SIZE, CANVAS_SIZE)
     captions: list[str] = []
-    digits, cells, layouts = [], [], []  # per scene: (first, second), their cells, the layout
+    # per scene: (first, second), their cells, the layout
+    digits, cells, layouts = [], [], []
     while len(captions) < count:
         a, b = torch.randint(0, len(images), (2,), generator=generator).tolist()
         layout, line = torch.randint(0, 2, (2,), generator=generator).tolist()
@@ -98,30 +130,48 @@ def make_scenes(images: Tensor, labels: Tensor, count: int, seed: int, held_out:
             continue
         i = len(captions)
         for image, (row, column) in zip((images[a], images[b]), cells_of(layout, line)):
-            canvas[i, :, CELL_SIZE * row:CELL_SIZE * (row + 1), CELL_SIZE * column:CELL_SIZE * (column + 1)] = image
+            canvas[
+                i,
+                :,
+                CELL_SIZE * row : CELL_SIZE * (row + 1),
+                CELL_SIZE * column : CELL_SIZE * (column + 1),
+            ] = image
         captions.append(caption(first, second, layout))
         digits.append((first, second))
         cells.append(cells_of(layout, line))
         layouts.append(layout)
-    return Scenes(canvas, captions, torch.tensor(digits), torch.tensor(cells), torch.tensor(layouts))
+    return Scenes(
+        canvas,
+        captions,
+        torch.tensor(digits),
+        torch.tensor(cells),
+        torch.tensor(layouts),
+    )
 
 
 # chapters/captioning.md: Pixels as tokens, captions as tokens
 def pixel_tokens(images: Tensor) -> Tensor:
-    """Images with values in [0, 1] as grey-level tokens: (B, 1, H, W) -> (B, H * W) ids 0..16, row by row."""
+    """Images with values in [0, 1] as grey-level tokens: (B, 1, H, W) -> (B, H * W) ids
+    0..16, row by row."""
     images = check_tensor("images", images)
     if images.dim() != 4 or images.shape[1] != 1:
-        raise ValueError(f"images must have shape (B, 1, H, W), got {tuple(images.shape)}")
+        raise ValueError(
+            f"images must have shape (B, 1, H, W), got {tuple(images.shape)}"
+        )
     if not images.is_floating_point():
-        raise TypeError(f"images must be floating-point with values in [0, 1], got dtype {images.dtype}")
+        raise TypeError(
+            f"images must be floating-point with values in [0, 1], got dtype {images.dtype}"
+        )
     if images.numel() and not bool(((images >= 0) & (images <= 1)).all()):
         raise ValueError("images must have values in [0, 1]")
-    return (images * (PIXEL_LEVELS - 1)).round().long().flatten(1)  # (B, 1, H, W) -> (B, H * W)
+    # (B, 1, H, W) -> (B, H * W)
+    return (images * (PIXEL_LEVELS - 1)).round().long().flatten(1)
 
 
 # chapters/captioning.md: Pixels as tokens, captions as tokens
 class CaptionVocab:
-    """The words of the captions: ids 0 <pad>, 1 <bos>, 2 <eos>, then the digit names and layout words."""
+    """The words of the captions: ids 0 <pad>, 1 <bos>, 2 <eos>, then the digit names
+    and layout words."""
 
     def __init__(self) -> None:
         layout_words = sorted({word for layout in LAYOUTS for word in layout.split()})
@@ -141,12 +191,20 @@ class CaptionVocab:
         for i, text in enumerate(captions):
             unknown = [word for word in text.split() if word not in self.stoi]
             if unknown:
-                raise ValueError(f"captions[{i}] holds words outside the vocabulary: {unknown}")
-            row = [self.bos_id, *(self.stoi[word] for word in text.split()), self.eos_id]
+                raise ValueError(
+                    f"captions[{i}] holds words outside the vocabulary: {unknown}"
+                )
+            row = [
+                self.bos_id,
+                *(self.stoi[word] for word in text.split()),
+                self.eos_id,
+            ]
             if len(row) > max_len:
-                raise ValueError(f"captions[{i}] needs {len(row)} positions with <bos> and <eos>, "
-                                 f"more than max_len={max_len}: {text!r}")
-            ids[i, :len(row)] = torch.tensor(row)
+                raise ValueError(
+                    f"captions[{i}] needs {len(row)} positions with <bos> and <eos>, "
+                    f"more than max_len={max_len}: {text!r}"
+                )
+            ids[i, : len(row)] = torch.tensor(row)
         return ids
 
     def decode(self, ids: Sequence[int]) -> str:

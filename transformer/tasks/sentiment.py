@@ -23,7 +23,8 @@ from transformer.tasks.email import duplicate_groups
 # chapters/sentiment.md: The data: ten thousand sentences from reviews
 REVIEWS_FILE = "movieReviewSnippets_GroundTruth.txt"
 REVIEWS_SHA256 = "c8293b0d942e90e223ea2c0955d969040d1a1be514a978b9af0698940bd13350"
-#: ids 1 to 5,331 come from Pang and Lee's positive file, the others from their negative one
+#: ids 1 to 5,331 come from Pang and Lee's positive file, the others from their negative
+#: one
 LAST_POSITIVE_ID = 5331
 #: the class names, by label: 0 negative, 1 positive
 SENTIMENTS = ("negative", "positive")
@@ -31,7 +32,8 @@ SENTIMENTS = ("negative", "positive")
 
 @dataclass(frozen=True)
 class Review:
-    """One sentence of a review: its id in the file, the mean human rating (−4 to +4) and the text."""
+    """One sentence of a review: its id in the file, the mean human rating (−4 to +4)
+    and the text."""
 
     id: int
     rating: float
@@ -39,42 +41,57 @@ class Review:
 
     @property
     def label(self) -> int:
-        """1 if the sentence comes from a positive review (Pang and Lee's label), else 0."""
+        """1 if the sentence comes from a positive review (Pang and Lee's label), else
+        0."""
         return int(self.id <= LAST_POSITIVE_ID)
 
     @property
     def key(self) -> int:
-        """A number fixed by the text alone (the first 8 bytes of its SHA-256), which decides its split."""
-        return int.from_bytes(hashlib.sha256(self.text.encode("utf-8")).digest()[:8], "big")
+        """A number fixed by the text alone (the first 8 bytes of its SHA-256), which
+        decides its split."""
+        return int.from_bytes(
+            hashlib.sha256(self.text.encode("utf-8")).digest()[:8], "big"
+        )
 
 
 def reviews_file() -> Path:
-    """``<book root>/data/reviews/movieReviewSnippets_GroundTruth.txt``, where ``make setup`` writes it
-    (outside the book, under the working directory). FileNotFoundError if it is not there."""
+    """``<book root>/data/reviews/movieReviewSnippets_GroundTruth.txt``, where
+    ``make setup`` writes it (outside the book, under the working directory).
+    FileNotFoundError if it is not there."""
     root = book_root()
-    path = (root if root is not None else Path.cwd()) / "data" / "reviews" / REVIEWS_FILE
+    path = (
+        (root if root is not None else Path.cwd()) / "data" / "reviews" / REVIEWS_FILE
+    )
     if not path.is_file():
-        raise FileNotFoundError(f"the movie reviews are not at {path}: run `make setup` in the book's root "
-                                "(it fetches them once, tools/fetch_reviews.py), or pass the file's path")
+        raise FileNotFoundError(
+            f"the movie reviews are not at {path}: run `make setup` in the book's root "
+            "(it fetches them once, tools/fetch_reviews.py), or pass the file's path"
+        )
     return path
 
 
 def read_reviews(path: str | Path | None = None) -> list[Review]:
-    """The 10,605 rated review sentences of Hutto and Gilbert's copy of Pang and Lee's data, in file order.
+    """The 10,605 rated review sentences of Hutto and Gilbert's copy of Pang and Lee's
+    data, in file order.
 
-    Each line of the file is ``id<TAB>mean rating<TAB>text`` (Windows line ends). The file's SHA-256
-    must be ``REVIEWS_SHA256``: a file that differs by one byte is refused before it is read.
+    Each line of the file is ``id<TAB>mean rating<TAB>text`` (Windows line ends). The
+    file's SHA-256 must be ``REVIEWS_SHA256``: a file that differs by one byte is
+    refused before it is read.
 
     Args:
         path: the file; default ``reviews_file()``.
     """
     path = reviews_file() if path is None else Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no review file at {path}: run `make setup` (tools/fetch_reviews.py)")
+        raise FileNotFoundError(
+            f"no review file at {path}: run `make setup` (tools/fetch_reviews.py)"
+        )
     raw = path.read_bytes()
     if (digest := hashlib.sha256(raw).hexdigest()) != REVIEWS_SHA256:
-        raise ValueError(f"{path} is not the review file of vaderSentiment 3.3.2: its SHA-256 is {digest}, "
-                         f"expected {REVIEWS_SHA256}; run `make setup` again")
+        raise ValueError(
+            f"{path} is not the review file of vaderSentiment 3.3.2: its SHA-256 is {digest}, "
+            f"expected {REVIEWS_SHA256}; run `make setup` again"
+        )
     reviews = []
     for line in raw.decode("utf-8").split("\n"):
         id_, rating, text = line.removesuffix("\r").split("\t")
@@ -83,19 +100,28 @@ def read_reviews(path: str | Path | None = None) -> list[Review]:
 
 
 # chapters/sentiment.md: A split fixed by the text
-def split_reviews(reviews: list[Review], valid: int = 1, test: int = 1) -> dict[str, list[Review]]:
-    """Train, valid and test reviews: near and exact duplicates dropped (the first of each group kept,
-    ``duplicate_groups``), then review r goes to test if ``r.key % 10 < test``, to valid if below
-    ``test + valid``, else to train; each split in file order."""
+def split_reviews(
+    reviews: list[Review], valid: int = 1, test: int = 1
+) -> dict[str, list[Review]]:
+    """Train, valid and test reviews: near and exact duplicates dropped (the first of
+    each group kept, ``duplicate_groups``), then review r goes to test if
+    ``r.key % 10 < test``, to valid if below ``test + valid``, else to train; each split
+    in file order."""
     for name, value in (("valid", valid), ("test", test)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1 (tenths of the reviews), got {value!r}")
+            raise ValueError(
+                f"{name} must be an int >= 1 (tenths of the reviews), got {value!r}"
+            )
     if valid + test >= 10:
-        raise ValueError(f"valid + test must be below 10 (tenths), got {valid} + {test}")
+        raise ValueError(
+            f"valid + test must be below 10 (tenths), got {valid} + {test}"
+        )
     groups = duplicate_groups([review.text for review in reviews])
     splits: dict[str, list[Review]] = {"train": [], "valid": [], "test": []}
     for i, review in enumerate(reviews):
         if groups[i] == i:
             digit = review.key % 10
-            splits["test" if digit < test else "valid" if digit < test + valid else "train"].append(review)
+            splits[
+                "test" if digit < test else "valid" if digit < test + valid else "train"
+            ].append(review)
     return splits

@@ -21,14 +21,16 @@ from transformer.checks import check_positive_int
 
 
 # chapters/subwords.md: Byte-pair encoding from scratch
-WORD_START = "\u2581"  # "▁", written before every word; decoding turns it back into a space
+# "▁", written before every word; decoding turns it back into a space
+WORD_START = "\u2581"
 
 
 def pre_tokenize(line: str) -> list[str]:
-    """Split a line at single spaces and mark each word's start: ``"a b" -> ["▁a", "▁b"]``.
+    """Split a line at single spaces and mark each word's start:
+    ``"a b" -> ["▁a", "▁b"]``.
 
-    This is what ``tokenizers``' ``Metaspace`` pre-tokenizer does: two spaces in a row give a word
-    ``"▁"`` of its own, so that decoding restores the line exactly.
+    This is what ``tokenizers``' ``Metaspace`` pre-tokenizer does: two spaces in a row
+    give a word ``"▁"`` of its own, so that decoding restores the line exactly.
     """
     if not isinstance(line, str):
         raise TypeError(f"line must be a str, got {type(line).__name__}")
@@ -44,7 +46,8 @@ def word_counts(lines: Iterable[str]) -> Counter[str]:
 
 # chapters/subwords.md: Byte-pair encoding from scratch
 def _merge_word(symbols: tuple[str, ...], pair: tuple[str, str]) -> tuple[str, ...]:
-    """Replace each occurrence of ``pair`` in ``symbols``, left to right, by the joined symbol."""
+    """Replace each occurrence of ``pair`` in ``symbols``, left to right, by the joined
+    symbol."""
     out, i = [], 0
     while i < len(symbols):
         if i + 1 < len(symbols) and (symbols[i], symbols[i + 1]) == pair:
@@ -57,22 +60,34 @@ def _merge_word(symbols: tuple[str, ...], pair: tuple[str, str]) -> tuple[str, .
 
 
 def learn_bpe(word_counts: dict[str, int], num_merges: int) -> list[tuple[str, str]]:
-    """Learn up to ``num_merges`` byte-pair merges from word frequencies (Sennrich et al. 2016).
+    """Learn up to ``num_merges`` byte-pair merges from word frequencies (Sennrich et
+    al. 2016).
 
-    Each step merges the most frequent adjacent pair (counted over all words, weighted by their
-    frequency). Ties go to the pair whose left symbol, then right symbol, entered the vocabulary
-    first (characters in code-point order, then merged symbols in the order they were made), the
-    rule of ``tokenizers``' BpeTrainer. Stops early when no pair is left.
+    Each step merges the most frequent adjacent pair (counted over all words, weighted
+    by their frequency). Ties go to the pair whose left symbol, then right symbol,
+    entered the vocabulary first (characters in code-point order, then merged symbols in
+    the order they were made), the rule of ``tokenizers``' BpeTrainer. Stops early when
+    no pair is left.
 
     Returns:
         the merges, in the order learned: ``[("e", "n"), ("▁", "d"), ...]``.
     """
     check_positive_int("num_merges", num_merges)
     if not isinstance(word_counts, dict) or not word_counts:
-        raise ValueError(f"word_counts must be a non-empty dict of word -> count, got {word_counts!r:.80}")
+        raise ValueError(
+            f"word_counts must be a non-empty dict of word -> count, got {word_counts!r:.80}"
+        )
     for word, count in word_counts.items():
-        if not isinstance(word, str) or not word or isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise ValueError(f"word_counts must map non-empty str to positive int, got {word!r}: {count!r}")
+        if (
+            not isinstance(word, str)
+            or not word
+            or isinstance(count, bool)
+            or not isinstance(count, int)
+            or count < 1
+        ):
+            raise ValueError(
+                f"word_counts must map non-empty str to positive int, got {word!r}: {count!r}"
+            )
     words = {tuple(word): count for word, count in word_counts.items()}
     rank = {c: i for i, c in enumerate(sorted({c for word in words for c in word}))}
     merges: list[tuple[str, str]] = []
@@ -86,14 +101,17 @@ def learn_bpe(word_counts: dict[str, int], num_merges: int) -> list[tuple[str, s
         best = max(pairs, key=lambda p: (pairs[p], -rank[p[0]], -rank[p[1]]))
         merges.append(best)
         rank.setdefault(best[0] + best[1], len(rank))
-        words = {_merge_word(symbols, best) if best[0] in symbols else symbols: count
-                 for symbols, count in words.items()}
+        words = {
+            _merge_word(symbols, best) if best[0] in symbols else symbols: count
+            for symbols, count in words.items()
+        }
     return merges
 
 
 # chapters/subwords.md: Byte-pair encoding from scratch
 def bpe_encode(word: str, merges: list[tuple[str, str]]) -> list[str]:
-    """Split one word into subword tokens by applying ``merges`` in the order they were learned."""
+    """Split one word into subword tokens by applying ``merges`` in the order they were
+    learned."""
     if not isinstance(word, str) or not word:
         raise ValueError(f"word must be a non-empty str, got {word!r}")
     rank = {pair: i for i, pair in enumerate(merges)}
@@ -107,7 +125,8 @@ def bpe_encode(word: str, merges: list[tuple[str, str]]) -> list[str]:
 
 
 def bpe_decode(tokens: Iterable[str]) -> str:
-    """The text of a token sequence: tokens joined, each ``▁`` a space, the first one dropped."""
+    """The text of a token sequence: tokens joined, each ``▁`` a space, the first one
+    dropped."""
     return "".join(tokens).replace(WORD_START, " ").removeprefix(" ")
 
 
@@ -116,16 +135,20 @@ SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 
 
 def train_tokenizer(lines: Iterable[str], vocab_size: int) -> Any:
-    """A BPE tokenizer (``tokenizers.Tokenizer``) learned on ``lines``, deterministically.
+    """A BPE tokenizer (``tokenizers.Tokenizer``) learned on ``lines``,
+    deterministically.
 
-    The pre-tokenizer and decoder are ``Metaspace`` (words marked with ``▁``, as ``pre_tokenize``),
-    so ``decode(encode(line).ids)`` gives the line back when all its characters were seen. The
-    special tokens ``SPECIAL_TOKENS`` get ids 0 to 3; ``<unk>`` stands for unseen characters.
+    The pre-tokenizer and decoder are ``Metaspace`` (words marked with ``▁``, as
+    ``pre_tokenize``), so ``decode(encode(line).ids)`` gives the line back when all its
+    characters were seen. The special tokens ``SPECIAL_TOKENS`` get ids 0 to 3;
+    ``<unk>`` stands for unseen characters.
 
     Args:
-        lines: the training text, one sentence per item (both languages, for a joint vocabulary).
-        vocab_size: the size of the vocabulary, special tokens and single characters included (a size
-            smaller than those alone raises ValueError, rather than quietly giving a larger vocabulary).
+        lines: the training text, one sentence per item (both languages, for a joint
+        vocabulary).
+        vocab_size: the size of the vocabulary, special tokens and single characters
+            included (a size smaller than those alone raises ValueError, rather than
+            quietly giving a larger vocabulary).
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -136,39 +159,60 @@ def train_tokenizer(lines: Iterable[str], vocab_size: int) -> Any:
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
     tokenizer.decoder = decoders.Metaspace()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False
+    )
     tokenizer.train_from_iterator(lines, trainer)
-    if tokenizer.get_vocab_size() > vocab_size:  # BPE keeps every character, whatever the size asked for
-        raise ValueError(f"vocab_size {vocab_size} is too small for this text: its characters and the "
-                         f"{len(SPECIAL_TOKENS)} special tokens alone are {tokenizer.get_vocab_size()} tokens; use "
-                         f"{tokenizer.get_vocab_size()} or more")
+    # BPE keeps every character, whatever the size asked for
+    if tokenizer.get_vocab_size() > vocab_size:
+        raise ValueError(
+            f"vocab_size {vocab_size} is too small for this text: its characters and the "
+            f"{len(SPECIAL_TOKENS)} special tokens alone are {tokenizer.get_vocab_size()} tokens; use "
+            f"{tokenizer.get_vocab_size()} or more"
+        )
     return tokenizer
 
 
 # chapters/subwords.md: A line longer than the model takes
-SENTENCE_END = re.compile(r"[.!?…][\"'»«“”)\]]*$")  # the end of a word that ends a sentence
+# the end of a word that ends a sentence
+SENTENCE_END = re.compile(r"[.!?…][\"'»«“”)\]]*$")
 
 
-def split_encoding(encoding: Any, text: str, max_tokens: int, piece_tokens: int | None = None) -> list[list[int]]:
-    """The ids of ``encoding`` (a ``tokenizers.Encoding`` of ``text``) in parts of at most ``max_tokens``.
+def split_encoding(
+    encoding: Any, text: str, max_tokens: int, piece_tokens: int | None = None
+) -> list[list[int]]:
+    """The ids of ``encoding`` (a ``tokenizers.Encoding`` of ``text``) in parts of at
+    most ``max_tokens``.
 
-    All of them, if they fit; else one part for each sentence (a word ending in ``.``, ``!``, ``?``
-    or ``…``, closing quotes allowed, ends one), and a sentence longer than ``max_tokens`` in pieces
-    of at most ``piece_tokens`` (default ``max_tokens``) cut before a word, or anywhere in a word
-    longer than that. No token is lost or repeated.
+    All of them, if they fit; else one part for each sentence (a word ending in ``.``,
+    ``!``, ``?`` or ``…``, closing quotes allowed, ends one), and a sentence longer than
+    ``max_tokens`` in pieces of at most ``piece_tokens`` (default ``max_tokens``) cut
+    before a word, or anywhere in a word longer than that. No token is lost or repeated.
     """
     ids, words, offsets = list(encoding.ids), encoding.word_ids, encoding.offsets
     check_positive_int("max_tokens", max_tokens)
-    piece = min(max_tokens, check_positive_int("piece_tokens", max_tokens if piece_tokens is None else piece_tokens))
+    piece = min(
+        max_tokens,
+        check_positive_int(
+            "piece_tokens", max_tokens if piece_tokens is None else piece_tokens
+        ),
+    )
     if len(ids) <= max_tokens:
         return [ids]
-    starts = [i for i in range(1, len(ids)) if words[i] != words[i - 1]]  # tokens that begin a word
-    ends = [i for i in starts if SENTENCE_END.search(text[max(0, offsets[i - 1][1] - 4):offsets[i - 1][1]])]
+    # tokens that begin a word
+    starts = [i for i in range(1, len(ids)) if words[i] != words[i - 1]]
+    ends = [
+        i
+        for i in starts
+        if SENTENCE_END.search(text[max(0, offsets[i - 1][1] - 4) : offsets[i - 1][1]])
+    ]
     parts, lo = [], 0
     for hi in [*ends, len(ids)]:  # one sentence: ids[lo:hi]
-        limit = max_tokens if hi - lo <= max_tokens else piece  # a sentence that fits stays whole
+        # a sentence that fits stays whole
+        limit = max_tokens if hi - lo <= max_tokens else piece
         while hi - lo > limit:
-            j = bisect.bisect_right(starts, lo + limit) - 1  # the last word start that keeps the piece short
+            # the last word start that keeps the piece short
+            j = bisect.bisect_right(starts, lo + limit) - 1
             cut = starts[j] if j >= 0 and starts[j] > lo else lo + limit
             parts.append(ids[lo:cut])
             lo = cut
@@ -178,18 +222,25 @@ def split_encoding(encoding: Any, text: str, max_tokens: int, piece_tokens: int 
 
 
 def check_text(name: str, lines: object) -> list[str]:
-    """``lines`` as a list, if it is a sequence of str that are text (no lone surrogate), else raise naming the item."""
+    """``lines`` as a list, if it is a sequence of str that are text (no lone
+    surrogate), else raise naming the item."""
     if isinstance(lines, str) or not isinstance(lines, Iterable):
-        raise TypeError(f"{name} must be a sequence of str (one sentence each), got {type(lines).__name__}")
+        raise TypeError(
+            f"{name} must be a sequence of str (one sentence each), got {type(lines).__name__}"
+        )
     lines = list(lines)
     for i, line in enumerate(lines):
         if not isinstance(line, str):
-            raise TypeError(f"{name} must be a sequence of str (one sentence each), got an item of type "
-                            f"{type(line).__name__} at index {i}")
+            raise TypeError(
+                f"{name} must be a sequence of str (one sentence each), got an item of type "
+                f"{type(line).__name__} at index {i}"
+            )
         try:
             line.encode("utf-8")
         except UnicodeEncodeError as err:
-            raise ValueError(f"{name}[{i}] is not text: it holds the lone surrogate {line[err.start]!r} at "
-                             f"character {err.start} (bytes decoded with errors='surrogateescape'?): decode "
-                             "them with errors='replace'") from None
+            raise ValueError(
+                f"{name}[{i}] is not text: it holds the lone surrogate {line[err.start]!r} at "
+                f"character {err.start} (bytes decoded with errors='surrogateescape'?): decode "
+                "them with errors='replace'"
+            ) from None
     return lines

@@ -33,8 +33,10 @@ from transformer.training.loop import Progress, run_settings, run_steps
 CASES = ("lower", "Capitalised")  # the first part of a word's label
 MARKS = ("", ",", ".")  # the second part: the mark that ends the word
 MARK_NAMES = ("none", "comma", "period")
-TAG_LABELS = tuple(f"{case} {mark}" for case in CASES for mark in MARK_NAMES)  # label = case * 3 + mark
-IGNORE_INDEX = -100  # the target of positions that carry no label (F.cross_entropy's ignore_index)
+# label = case * 3 + mark
+TAG_LABELS = tuple(f"{case} {mark}" for case in CASES for mark in MARK_NAMES)
+# the target of positions that carry no label (F.cross_entropy's ignore_index)
+IGNORE_INDEX = -100
 
 
 def word_label(word: str) -> tuple[str, int]:
@@ -51,7 +53,8 @@ def word_label(word: str) -> tuple[str, int]:
 
 
 def text_labels(line: str) -> tuple[list[str], list[int]]:
-    """The words of ``line`` (split at spaces) as the model reads them, and their labels."""
+    """The words of ``line`` (split at spaces) as the model reads them, and their
+    labels."""
     if not isinstance(line, str):
         raise TypeError(f"line must be a str, got {type(line).__name__}")
     pairs = [word_label(word) for word in line.split()]
@@ -59,9 +62,12 @@ def text_labels(line: str) -> tuple[list[str], list[int]]:
 
 
 def restore_text(words: Sequence[str], labels: Sequence[int]) -> str:
-    """The text that ``words`` with ``labels`` stand for: ``restore_text(*text_labels(line))``."""
+    """The text that ``words`` with ``labels`` stand for:
+    ``restore_text(*text_labels(line))``."""
     if len(words) != len(labels):
-        raise ValueError(f"words and labels must have the same length, got {len(words)} and {len(labels)}")
+        raise ValueError(
+            f"words and labels must have the same length, got {len(words)} and {len(labels)}"
+        )
     out = []
     for word, label in zip(words, labels):
         if not 0 <= int(label) < len(TAG_LABELS):
@@ -72,124 +78,208 @@ def restore_text(words: Sequence[str], labels: Sequence[int]) -> str:
 
 
 # chapters/tagging.md: Words and pieces
-def tag_targets(tokenizer: Any, words: Sequence[str], labels: Sequence[int]) -> tuple[list[int], list[int]]:
-    """Token ids of ``words`` and one target per token: the word's label at its first piece, else -100.
+def tag_targets(
+    tokenizer: Any, words: Sequence[str], labels: Sequence[int]
+) -> tuple[list[int], list[int]]:
+    """Token ids of ``words`` and one target per token: the word's label at its first
+    piece, else -100.
 
-    ``tokenizer`` is a ``tokenizers.Tokenizer`` that splits at spaces (``train_tokenizer``).
+    ``tokenizer`` is a ``tokenizers.Tokenizer`` that splits at spaces
+    (``train_tokenizer``).
     """
     if len(words) != len(labels):
-        raise ValueError(f"words and labels must have the same length, got {len(words)} and {len(labels)}")
+        raise ValueError(
+            f"words and labels must have the same length, got {len(words)} and {len(labels)}"
+        )
     encoding = tokenizer.encode(" ".join(words))
     targets, previous = [], None
     for word in encoding.word_ids:  # the word each token comes from
-        targets.append(labels[word] if word is not None and word != previous else IGNORE_INDEX)
+        targets.append(
+            labels[word] if word is not None and word != previous else IGNORE_INDEX
+        )
         previous = word
     if sum(target != IGNORE_INDEX for target in targets) != len(words):
-        raise ValueError(f"the tokenizer did not keep the {len(words)} words apart: {words!r:.80}")
+        raise ValueError(
+            f"the tokenizer did not keep the {len(words)} words apart: {words!r:.80}"
+        )
     return encoding.ids, targets
 
 
-def tagging_tensors(tokenizer: Any, data: Sequence[tuple[Sequence[str], Sequence[int]]],
-                    pad_id: int = 0) -> tuple[Tensor, Tensor]:
-    """Token ids (M, S) padded with ``pad_id``, and targets (M, S) (-100 at later pieces and padding)."""
+def tagging_tensors(
+    tokenizer: Any, data: Sequence[tuple[Sequence[str], Sequence[int]]], pad_id: int = 0
+) -> tuple[Tensor, Tensor]:
+    """Token ids (M, S) padded with ``pad_id``, and targets (M, S) (-100 at later pieces
+    and padding)."""
     rows = [tag_targets(tokenizer, words, labels) for words, labels in data]
     width = max(len(ids) for ids, _ in rows)
     tokens = torch.full((len(rows), width), pad_id, dtype=torch.long)
     targets = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
     for row, (ids, labels) in enumerate(rows):
-        tokens[row, :len(ids)], targets[row, :len(labels)] = torch.tensor(ids), torch.tensor(labels)
+        tokens[row, : len(ids)], targets[row, : len(labels)] = (
+            torch.tensor(ids),
+            torch.tensor(labels),
+        )
     return tokens, targets
 
 
 # chapters/tagging.md: Training
-def tagging_loss(model: nn.Module, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-    """The loss function of a tagger for ``run_steps``: the cross-entropy over the positions whose
-    target is not -100, with the share of them labelled right as the metric "accuracy"."""
+def tagging_loss(
+    model: nn.Module, batch: tuple[Tensor, Tensor]
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The loss function of a tagger for ``run_steps``: the cross-entropy over the
+    positions whose target is not -100, with the share of them labelled right as the
+    metric "accuracy"."""
     tokens, targets = batch  # (B, S), (B, S)
     logits = model(tokens)  # (B, S, C)
     labelled = targets != IGNORE_INDEX
     right = (logits.detach().argmax(dim=-1) == targets)[labelled].float().mean()
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX), {"accuracy": right}
+    return F.cross_entropy(
+        logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX
+    ), {"accuracy": right}
 
 
-def _tag_batches(tokens: Tensor, targets: Tensor, batch_size: int, seed: int,
-                 pad_id: int) -> Iterator[tuple[Tensor, Tensor]]:
-    """Endless (tokens, targets) batches, epoch by epoch in a seeded order, cut to their longest row."""
+def _tag_batches(
+    tokens: Tensor, targets: Tensor, batch_size: int, seed: int, pad_id: int
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """Endless (tokens, targets) batches, epoch by epoch in a seeded order, cut to their
+    longest row."""
     generator = torch.Generator().manual_seed(seed)
     while True:
         order = torch.randperm(len(tokens), generator=generator)
-        for start in range(0, len(order) - batch_size + 1, batch_size):  # full batches only
-            rows = order[start:start + batch_size]
+        # full batches only
+        for start in range(0, len(order) - batch_size + 1, batch_size):
+            rows = order[start : start + batch_size]
             width = int((tokens[rows] != pad_id).sum(dim=1).max())
-            yield tokens[rows, :width], targets[rows, :width]  # (batch_size, width) each
+            # (batch_size, width) each
+            yield tokens[rows, :width], targets[rows, :width]
 
 
-def train_tagger(model: nn.Module, tokens: Tensor, targets: Tensor, steps: int = 1000, batch_size: int = 64,
-                 lr: float = 2e-3, warmup: int = 60, seed: int = 0, pad_id: int = 0, clip: float | None = 1.0,
-                 num_threads: int | None = 1, progress: bool = False, cooldown: float = 0.25) -> dict[str, list]:
-    """Train the tagger ``model`` in place on token ids (M, S) and their targets (M, S); return the history.
+def train_tagger(
+    model: nn.Module,
+    tokens: Tensor,
+    targets: Tensor,
+    steps: int = 1000,
+    batch_size: int = 64,
+    lr: float = 2e-3,
+    warmup: int = 60,
+    seed: int = 0,
+    pad_id: int = 0,
+    clip: float | None = 1.0,
+    num_threads: int | None = 1,
+    progress: bool = False,
+    cooldown: float = 0.25,
+) -> dict[str, list]:
+    """Train the tagger ``model`` in place on token ids (M, S) and their targets (M, S);
+    return the history.
 
-    As ``train_classifier``: Adam (betas 0.9, 0.98, eps 1e-9), the rate rising to ``lr`` in ``warmup``
-    steps, then falling as 1/sqrt(step) and over the last share ``cooldown`` of the run to zero;
-    gradients clipped to norm ``clip``; ``seed`` fixes the batch order and dropout. Rows are padded
-    at the end with ``pad_id``; targets are -100 where there is no label. The model is left in eval mode.
+    As ``train_classifier``: Adam (betas 0.9, 0.98, eps 1e-9), the rate rising to ``lr``
+    in ``warmup`` steps, then falling as 1/sqrt(step) and over the last share
+    ``cooldown`` of the run to zero; gradients clipped to norm ``clip``; ``seed`` fixes
+    the batch order and dropout. Rows are padded at the end with ``pad_id``; targets are
+    -100 where there is no label. The model is left in eval mode.
 
     Returns:
-        History lists of each step: "step", "lr", "loss", "accuracy" (of the labelled positions), "grad_norm".
+        History lists of each step: "step", "lr", "loss", "accuracy" (of the labelled
+        positions), "grad_norm".
     """
     if tokens.dim() != 2 or targets.shape != tokens.shape or tokens.is_floating_point():
-        raise ValueError(f"tokens must be integer ids (M, S) and targets the same shape, got "
-                         f"{tuple(tokens.shape)} {tokens.dtype} and {tuple(targets.shape)}")
-    for name, value in [("steps", steps), ("batch_size", batch_size), ("warmup", warmup)]:
+        raise ValueError(
+            f"tokens must be integer ids (M, S) and targets the same shape, got "
+            f"{tuple(tokens.shape)} {tokens.dtype} and {tuple(targets.shape)}"
+        )
+    for name, value in [
+        ("steps", steps),
+        ("batch_size", batch_size),
+        ("warmup", warmup),
+    ]:
         check_positive_int(name, value)
     if batch_size > len(tokens):
-        raise ValueError(f"batch_size must be at most the number of rows, {len(tokens)}, got {batch_size}")
+        raise ValueError(
+            f"batch_size must be at most the number of rows, {len(tokens)}, got {batch_size}"
+        )
     history: dict[str, list] = {}
     with run_settings(seed, num_threads):
-        optimizer, scheduler = make_adam(model.parameters(), peak_rate(lr, warmup, steps, cooldown))
+        optimizer, scheduler = make_adam(
+            model.parameters(), peak_rate(lr, warmup, steps, cooldown)
+        )
         model.train()
-        run_steps(model, _tag_batches(tokens, targets, batch_size, seed, pad_id), optimizer, scheduler,
-                  tagging_loss, steps, history, clip=clip, callbacks=[Progress()] if progress else [])
+        run_steps(
+            model,
+            _tag_batches(tokens, targets, batch_size, seed, pad_id),
+            optimizer,
+            scheduler,
+            tagging_loss,
+            steps,
+            history,
+            clip=clip,
+            callbacks=[Progress()] if progress else [],
+        )
     model.eval()
     return history
 
 
 # chapters/tagging.md: Measuring each label
-def per_label_scores(gold: Sequence[int], predicted: Sequence[int],
-                     names: Sequence[str]) -> dict[str, dict[str, float]]:
+def per_label_scores(
+    gold: Sequence[int], predicted: Sequence[int], names: Sequence[str]
+) -> dict[str, dict[str, float]]:
     """Precision, recall, F1 and support of each label ``k`` (named ``names[k]``); 0 where undefined.
 
     >>> per_label_scores([0, 1, 1], [0, 1, 0], ["a", "b"])["b"]
     {'precision': 1.0, 'recall': 0.5, 'f1': 0.6666666666666666, 'support': 2}
     """
     if len(gold) != len(predicted):
-        raise ValueError(f"gold and predicted must have the same length, got {len(gold)} and {len(predicted)}")
+        raise ValueError(
+            f"gold and predicted must have the same length, got {len(gold)} and {len(predicted)}"
+        )
     pairs = collections.Counter(zip(gold, predicted))
     scores = {}
     for k, name in enumerate(names):
         tp = pairs[k, k]
         guessed = sum(n for (_, p), n in pairs.items() if p == k)  # TP + FP
         support = sum(n for (g, _), n in pairs.items() if g == k)  # TP + FN
-        precision, recall = tp / guessed if guessed else 0.0, tp / support if support else 0.0
-        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-        scores[name] = {"precision": precision, "recall": recall, "f1": f1, "support": support}
+        precision, recall = (
+            tp / guessed if guessed else 0.0,
+            tp / support if support else 0.0,
+        )
+        f1 = (
+            2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        )
+        scores[name] = {
+            "precision": precision,
+            "recall": recall,
+            "f1": f1,
+            "support": support,
+        }
     return scores
 
 
-def facet_scores(gold: Sequence[int], predicted: Sequence[int]) -> dict[str, dict[str, float]]:
-    """``per_label_scores`` of the case (lower, Capitalised) and of the mark (none, comma, period) apart."""
+def facet_scores(
+    gold: Sequence[int], predicted: Sequence[int]
+) -> dict[str, dict[str, float]]:
+    """``per_label_scores`` of the case (lower, Capitalised) and of the mark (none,
+    comma, period) apart."""
     gold_parts = [divmod(int(label), len(MARKS)) for label in gold]
     guess_parts = [divmod(int(label), len(MARKS)) for label in predicted]
-    return {**per_label_scores([c for c, _ in gold_parts], [c for c, _ in guess_parts], CASES),
-            **per_label_scores([m for _, m in gold_parts], [m for _, m in guess_parts], MARK_NAMES)}
+    return {
+        **per_label_scores(
+            [c for c, _ in gold_parts], [c for c, _ in guess_parts], CASES
+        ),
+        **per_label_scores(
+            [m for _, m in gold_parts], [m for _, m in guess_parts], MARK_NAMES
+        ),
+    }
 
 
 def decide_tags(logits: Tensor, comma_at: float | None = None) -> Tensor:
-    """Labels from logits ``(..., 6)``: the highest; with ``comma_at``, a comma wherever the probability
-    of one (summed over both cases) is at least ``comma_at``, the case kept. Shape: (..., 6) -> (...)."""
+    """Labels from logits ``(..., 6)``: the highest; with ``comma_at``, a comma wherever
+    the probability of one (summed over both cases) is at least ``comma_at``, the case
+    kept. Shape: (..., 6) -> (...)."""
     labels = logits.argmax(dim=-1)  # (...)
     if comma_at is None:
         return labels
     probabilities = logits.softmax(dim=-1)  # (..., 6)
-    comma = probabilities[..., MARKS.index(",")::len(MARKS)].sum(dim=-1) >= comma_at  # (...)
-    return torch.where(comma, labels // len(MARKS) * len(MARKS) + MARKS.index(","), labels)
+    # (...)
+    comma = probabilities[..., MARKS.index(",") :: len(MARKS)].sum(dim=-1) >= comma_at
+    return torch.where(
+        comma, labels // len(MARKS) * len(MARKS) + MARKS.index(","), labels
+    )

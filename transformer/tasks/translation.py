@@ -41,76 +41,143 @@ from transformer.tasks.subwords import check_text, split_encoding, train_tokeniz
 
 # chapters/translation.md: Translating a sentence
 @torch.no_grad()
-def translate_lines(model: Transformer, tokenizer: Any, sentences: Sequence[str], beam_size: int = 1,
-                    length_penalty: float = 0.6, extra_len: int = 50, batch_tokens: int = 4096,
-                    progress: bool = False) -> Iterator[str]:
-    """``translate``, one output line at a time, in the input order: each line as soon as it and every
-    line before it are translated, so that a run stopped early has given all it finished in order.
+def translate_lines(
+    model: Transformer,
+    tokenizer: Any,
+    sentences: Sequence[str],
+    beam_size: int = 1,
+    length_penalty: float = 0.6,
+    extra_len: int = 50,
+    batch_tokens: int = 4096,
+    progress: bool = False,
+) -> Iterator[str]:
+    """``translate``, one output line at a time, in the input order: each line as soon
+    as it and every line before it are translated, so that a run stopped early has given
+    all it finished in order.
 
-    The batches are those of ``translate`` (the same translations), taken in the order of their first
-    sentence.
+    The batches are those of ``translate`` (the same translations), taken in the order
+    of their first sentence.
     """
     sentences = check_text("sentences", sentences)  # a list of str, each of them text
     check_positive_int("beam_size", beam_size)
     check_positive_int("batch_tokens", batch_tokens)
-    if isinstance(extra_len, bool) or not isinstance(extra_len, int) or extra_len < 0:  # before max_len's checks
+    # before max_len's checks
+    if isinstance(extra_len, bool) or not isinstance(extra_len, int) or extra_len < 0:
         raise ValueError(f"extra_len must be an int >= 0, got {extra_len!r}")
     device, max_len = next(model.parameters()).device, model.positional_encoding.max_len
-    parts: list[list[int]] = []  # a source longer than max_len is translated in parts, each fitting the model
+    # a source longer than max_len is translated in parts, each fitting the model
+    parts: list[list[int]] = []
     owner: list[int] = []  # the sentence of each part
     for i, encoding in enumerate(tokenizer.encode_batch(sentences)):
         if sentences[i].strip():
-            parts += split_encoding(encoding, sentences[i], max_len, max(1, max_len // 8))  # pieces: short
+            # pieces: short
+            parts += split_encoding(
+                encoding, sentences[i], max_len, max(1, max_len // 8)
+            )
             owner += [i] * (len(parts) - len(owner))
     texts = ["" for _ in parts]
-    parts_of: list[list[int]] = [[] for _ in sentences]  # the parts of each sentence, in order
+    # the parts of each sentence, in order
+    parts_of: list[list[int]] = [[] for _ in sentences]
     for j, i in enumerate(owner):
         parts_of[i].append(j)
     left = [len(of) for of in parts_of]  # parts of each sentence not yet translated
     given = 0  # the sentences given so far
-    tokens_of = [len(row) * beam_size for row in parts]  # a part's tokens, once per hypothesis
-    batches = token_batches(tokens_of, tokens_of, batch_tokens, max_sentences=max(1, len(parts)))
-    with tqdm(total=len(parts), desc="translating", unit="sentence", disable=not progress) as bar:
+    # a part's tokens, once per hypothesis
+    tokens_of = [len(row) * beam_size for row in parts]
+    batches = token_batches(
+        tokens_of, tokens_of, batch_tokens, max_sentences=max(1, len(parts))
+    )
+    with tqdm(
+        total=len(parts), desc="translating", unit="sentence", disable=not progress
+    ) as bar:
         for batch in sorted(batches, key=lambda batch: min(owner[j] for j in batch)):
             src = pad_rows([parts[j] for j in batch], PAD_ID, device)  # (B, S)
             src_mask = padding_mask(src, PAD_ID)  # (B, 1, 1, S)
-            limit = min(max_len, src.shape[1] + extra_len + 1)  # <bos> + at most S + extra_len tokens
+            # <bos> + at most S + extra_len tokens
+            limit = min(max_len, src.shape[1] + extra_len + 1)
             if beam_size == 1:
-                tokens = greedy_decode(model, src, limit, BOS_ID, EOS_ID, src_mask=src_mask, pad_id=PAD_ID,
-                                       extra_len=extra_len)
+                tokens = greedy_decode(
+                    model,
+                    src,
+                    limit,
+                    BOS_ID,
+                    EOS_ID,
+                    src_mask=src_mask,
+                    pad_id=PAD_ID,
+                    extra_len=extra_len,
+                )
             else:
-                tokens = beam_search(model, src, limit, BOS_ID, EOS_ID, beam_size, length_penalty, src_mask=src_mask,
-                                     pad_id=PAD_ID, extra_len=extra_len)  # (B, T)
+                tokens = beam_search(
+                    model,
+                    src,
+                    limit,
+                    BOS_ID,
+                    EOS_ID,
+                    beam_size,
+                    length_penalty,
+                    src_mask=src_mask,
+                    pad_id=PAD_ID,
+                    extra_len=extra_len,
+                )  # (B, T)
             for j, row in zip(batch, generated_ids(tokens, EOS_ID)):
                 texts[j] = tokenizer.decode(row)
                 left[owner[j]] -= 1
             bar.update(len(batch))
-            while given < len(sentences) and not left[given]:  # the parts of a sentence, joined by a space
+            # the parts of a sentence, joined by a space
+            while given < len(sentences) and not left[given]:
                 yield " ".join(texts[j] for j in parts_of[given] if texts[j])
                 given += 1
-    for i in range(given, len(sentences)):  # what follows the last part: empty sentences
+    # what follows the last part: empty sentences
+    for i in range(given, len(sentences)):
         yield " ".join(texts[j] for j in parts_of[i] if texts[j])
 
 
-def translate(model: Transformer, tokenizer: Any, sentences: Sequence[str], beam_size: int = 1,
-              length_penalty: float = 0.6, extra_len: int = 50, batch_tokens: int = 4096,
-              progress: bool = False) -> list[str]:
-    """Translate ``sentences`` (one each) with greedy decoding (``beam_size=1``) or beam search.
+def translate(
+    model: Transformer,
+    tokenizer: Any,
+    sentences: Sequence[str],
+    beam_size: int = 1,
+    length_penalty: float = 0.6,
+    extra_len: int = 50,
+    batch_tokens: int = 4096,
+    progress: bool = False,
+) -> list[str]:
+    """Translate ``sentences`` (one each) with greedy decoding (``beam_size=1``) or beam
+    search.
 
-    Sentences are sorted by length and decoded in batches of at most ``batch_tokens`` tokens
-    (sentences x ``beam_size`` x the longest source); outputs come in the input order. An output
-    has at most (source length + ``extra_len``) tokens, the paper's limit, and never more than the
-    model's ``max_len``. An empty (or all-blank) sentence translates to an empty line. A source longer
-    than ``max_len`` tokens is translated whole: in parts that fit (``split_encoding``; a sentence too long
-    in pieces of ``max_len // 8`` tokens), joined by a space.
+    Sentences are sorted by length and decoded in batches of at most ``batch_tokens``
+    tokens (sentences x ``beam_size`` x the longest source); outputs come in the input
+    order. An output has at most (source length + ``extra_len``) tokens, the paper's
+    limit, and never more than the model's ``max_len``. An empty (or all-blank) sentence
+    translates to an empty line. A source longer than ``max_len`` tokens is translated
+    whole: in parts that fit (``split_encoding``; a sentence too long in pieces of
+    ``max_len // 8`` tokens), joined by a space.
     """
-    return list(translate_lines(model, tokenizer, sentences, beam_size, length_penalty, extra_len, batch_tokens,
-                                progress))
+    return list(
+        translate_lines(
+            model,
+            tokenizer,
+            sentences,
+            beam_size,
+            length_penalty,
+            extra_len,
+            batch_tokens,
+            progress,
+        )
+    )
 
 
 # chapters/translation.md: Training
 def _new_history() -> dict[str, list]:
-    return {"step": [], "loss": [], "accuracy": [], "lr": [], "grad_norm": [], "valid_step": [], "valid_bleu": []}
+    return {
+        "step": [],
+        "loss": [],
+        "accuracy": [],
+        "lr": [],
+        "grad_norm": [],
+        "valid_step": [],
+        "valid_bleu": [],
+    }
 
 
 def step_files(folder: Path) -> list[Path]:
@@ -118,44 +185,66 @@ def step_files(folder: Path) -> list[Path]:
     return sorted(folder.glob("step-*.pt"))
 
 
-def fit_translation(config: TranslationConfig, train: tuple[Sequence[str], Sequence[str]],
-                    valid: tuple[Sequence[str], Sequence[str]] | None = None, *, tokenizer: Any = None,
-                    device: torch.device | str | None = None, progress: bool = True,
-                    checkpoint_dir: str | os.PathLike | None = None, save_every: int | None = None,
-                    save_checkpoints: bool = True, log: Callable[[str], object] | None = None,
-                    wrap_model: Callable[[nn.Module], nn.Module] | None = None,
-                    callbacks: Sequence[Callback] = ()) -> tuple[Transformer, Any, dict[str, list]]:
-    """Train a German-to-English Transformer on ``train = (german, english)``; return (model, tokenizer, history).
+def fit_translation(
+    config: TranslationConfig,
+    train: tuple[Sequence[str], Sequence[str]],
+    valid: tuple[Sequence[str], Sequence[str]] | None = None,
+    *,
+    tokenizer: Any = None,
+    device: torch.device | str | None = None,
+    progress: bool = True,
+    checkpoint_dir: str | os.PathLike | None = None,
+    save_every: int | None = None,
+    save_checkpoints: bool = True,
+    log: Callable[[str], object] | None = None,
+    wrap_model: Callable[[nn.Module], nn.Module] | None = None,
+    callbacks: Sequence[Callback] = (),
+) -> tuple[Transformer, Any, dict[str, list]]:
+    """Train a German-to-English Transformer on ``train = (german, english)``; return
+    (model, tokenizer, history).
 
-    The package's training loop (``run_steps``) on token-count batches: teacher forcing, label
-    smoothing, Adam with the warm-up schedule. Without ``tokenizer``, a joint BPE vocabulary of
-    ``config.vocab_size`` tokens is learned on both sides of ``train``.
+    The package's training loop (``run_steps``) on token-count batches: teacher forcing,
+    label smoothing, Adam with the warm-up schedule. Without ``tokenizer``, a joint BPE
+    vocabulary of ``config.vocab_size`` tokens is learned on both sides of ``train``.
 
     Args:
-        valid: (german, english); the greedy BLEU of its first ``config.eval_size`` pairs is
-            recorded every ``config.eval_every`` steps (history "valid_step", "valid_bleu").
-        checkpoint_dir: keeps ``checkpoint.pt`` (resumable: model, optimiser, schedule, tokenizer,
-            configuration), saved every ``save_every`` steps and at the end, along with a model-only
-            ``step-NNNNNN.pt`` each time (the latest ``config.keep_last`` are kept, for averaging).
-            A run finds its ``checkpoint.pt`` there and continues from it. ``save_checkpoints=False``
-            resumes from the folder but writes nothing (the other processes of a parallel run).
+        valid: (german, english); the greedy BLEU of its first ``config.eval_size``
+            pairs is recorded every ``config.eval_every`` steps (history "valid_step",
+            "valid_bleu").
+        checkpoint_dir: keeps ``checkpoint.pt`` (resumable: model, optimiser, schedule,
+            tokenizer, configuration), saved every ``save_every`` steps and at the end,
+            along with a model-only ``step-NNNNNN.pt`` each time (the latest
+            ``config.keep_last`` are kept, for averaging). A run finds its
+            ``checkpoint.pt`` there and continues from it. ``save_checkpoints=False``
+            resumes from the folder but writes nothing (the other processes of a
+            parallel run).
         log: called with a line of text at every validation (e.g. ``print``).
         wrap_model, callbacks: as for ``fit`` (e.g. data parallelism).
     """
     device = torch.device(device if device is not None else "cpu")
     folder = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    saved = folder / "checkpoint.pt" if folder is not None and (folder / "checkpoint.pt").is_file() else None
+    saved = (
+        folder / "checkpoint.pt"
+        if folder is not None and (folder / "checkpoint.pt").is_file()
+        else None
+    )
     checkpoint = read_checkpoint(saved) if saved is not None else None
     if checkpoint is not None and saved is not None:
         check_resume(checkpoint, config, saved)  # before its tokenizer is used
         tokenizer = tokenizer_from_checkpoint(checkpoint, saved)
     if tokenizer is None:
         tokenizer = train_tokenizer([*train[0], *train[1]], config.vocab_size)
-    src_rows, tgt_rows = encode_lines(tokenizer, train[0]), encode_lines(tokenizer, train[1])
-    longest = max(max(map(len, src_rows)), max(map(len, tgt_rows)) + 1)  # <bos> or <eos> added
+    src_rows, tgt_rows = (
+        encode_lines(tokenizer, train[0]),
+        encode_lines(tokenizer, train[1]),
+    )
+    # <bos> or <eos> added
+    longest = max(max(map(len, src_rows)), max(map(len, tgt_rows)) + 1)
     if longest > config.max_len:
-        raise ValueError(f"a training pair has {longest} tokens on one side (with <bos>/<eos>), more than "
-                         f"max_len={config.max_len}: raise max_len or leave such pairs out")
+        raise ValueError(
+            f"a training pair has {longest} tokens on one side (with <bos>/<eos>), more than "
+            f"max_len={config.max_len}: raise max_len or leave such pairs out"
+        )
     with run_settings(config.seed, config.num_threads):
         model = make_translation_model(config, tokenizer.get_vocab_size()).to(device)
         optimizer, scheduler = make_optimizer(config, model)
@@ -167,34 +256,85 @@ def fit_translation(config: TranslationConfig, train: tuple[Sequence[str], Seque
 
         def validate(step: int) -> dict[str, str]:
             assert valid is not None
-            german, english = valid[0][:config.eval_size], valid[1][:config.eval_size]
+            german, english = valid[0][: config.eval_size], valid[1][: config.eval_size]
             history["valid_step"].append(step)
-            history["valid_bleu"].append(corpus_scores(translate(model, tokenizer, german), english)["bleu"])
+            history["valid_bleu"].append(
+                corpus_scores(translate(model, tokenizer, german), english)["bleu"]
+            )
             model.train()
             if log is not None:
-                log(f"step {step}: loss {history['loss'][-1]:.3f}, validation BLEU (greedy, "
-                    f"{len(german)} sentences) {history['valid_bleu'][-1]:.2f}")
+                log(
+                    f"step {step}: loss {history['loss'][-1]:.3f}, validation BLEU (greedy, "
+                    f"{len(german)} sentences) {history['valid_bleu'][-1]:.2f}"
+                )
             return {"valid_bleu": f"{history['valid_bleu'][-1]:.1f}"}
 
         def save(step: int) -> None:
             assert folder is not None
-            # the step's file first: a run killed between the two resumes from the step before, whose file is there
-            save_checkpoint(folder / f"step-{step:06d}.pt", model, None, None, step, None, config=config,
-                            kind="translator", extra=extra)
-            save_checkpoint(folder / "checkpoint.pt", model, optimizer, scheduler, step, history, config=config,
-                            kind="translator", extra=extra)
-            for old in step_files(folder)[:-config.keep_last]:
+            # the step's file first: a run killed between the two resumes from the step
+            # before, whose file is there
+            save_checkpoint(
+                folder / f"step-{step:06d}.pt",
+                model,
+                None,
+                None,
+                step,
+                None,
+                config=config,
+                kind="translator",
+                extra=extra,
+            )
+            save_checkpoint(
+                folder / "checkpoint.pt",
+                model,
+                optimizer,
+                scheduler,
+                step,
+                history,
+                config=config,
+                kind="translator",
+                extra=extra,
+            )
+            for old in step_files(folder)[: -config.keep_last]:
                 old.unlink()
 
         model.train()
         net = model if wrap_model is None else wrap_model(model)
-        loss_fn = seq2seq_loss(config.label_smoothing, PAD_ID, autocast=torch.bfloat16 if config.bf16 else None)
-        step = run_steps(net, stream, optimizer, scheduler, loss_fn, config.steps, history, step, clip=config.clip,
-                         callbacks=[*([Progress()] if progress else []),
-                                    *([Evaluate(validate, config.eval_every)] if valid and config.eval_size else []),
-                                    *([SaveEvery(save, save_every)] if folder is not None and save_every
-                                      and save_checkpoints else []), *callbacks])
-        if folder is not None and save_checkpoints and (not save_every or step % save_every):
+        loss_fn = seq2seq_loss(
+            config.label_smoothing,
+            PAD_ID,
+            autocast=torch.bfloat16 if config.bf16 else None,
+        )
+        step = run_steps(
+            net,
+            stream,
+            optimizer,
+            scheduler,
+            loss_fn,
+            config.steps,
+            history,
+            step,
+            clip=config.clip,
+            callbacks=[
+                *([Progress()] if progress else []),
+                *(
+                    [Evaluate(validate, config.eval_every)]
+                    if valid and config.eval_size
+                    else []
+                ),
+                *(
+                    [SaveEvery(save, save_every)]
+                    if folder is not None and save_every and save_checkpoints
+                    else []
+                ),
+                *callbacks,
+            ],
+        )
+        if (
+            folder is not None
+            and save_checkpoints
+            and (not save_every or step % save_every)
+        ):
             save(step)
     return model.eval(), tokenizer, history
 
@@ -205,9 +345,14 @@ def tokenizer_from_checkpoint(checkpoint: dict, path: str | os.PathLike) -> Any:
     from tokenizers import Tokenizer
 
     if not isinstance(checkpoint.get("tokenizer"), str):
-        what = ("it is the number words' (load it with load_checkpoint)" if checkpoint.get("vocabs") else
-                "it was not saved by `python -m transformer.train --task multi30k`")
-        raise ValueError(f"{os.fspath(path)} is not a translation checkpoint: it holds no tokenizer ({what})")
+        what = (
+            "it is the number words' (load it with load_checkpoint)"
+            if checkpoint.get("vocabs")
+            else "it was not saved by `python -m transformer.train --task multi30k`"
+        )
+        raise ValueError(
+            f"{os.fspath(path)} is not a translation checkpoint: it holds no tokenizer ({what})"
+        )
     return Tokenizer.from_str(checkpoint["tokenizer"])
 
 
@@ -215,7 +360,9 @@ def _config_of(checkpoint: dict, path: str | os.PathLike) -> TranslationConfig:
     try:
         return TranslationConfig(**checkpoint["config"])
     except (TypeError, ValueError) as err:
-        raise ValueError(f"{os.fspath(path)} has a configuration this version cannot build: {err}") from None
+        raise ValueError(
+            f"{os.fspath(path)} has a configuration this version cannot build: {err}"
+        ) from None
 
 
 def translator_model(checkpoint: dict, path: str | os.PathLike) -> Transformer:
@@ -226,23 +373,47 @@ def translator_model(checkpoint: dict, path: str | os.PathLike) -> Transformer:
 
 
 # chapters/package_as_tool.md: A translator to share
-def load_translator(path: str | os.PathLike, device: torch.device | str | None = None) -> tuple[Transformer, Any]:
-    """The model (float32, eval mode, on ``device``) and tokenizer of a translation checkpoint.
+def load_translator(
+    path: str | os.PathLike, device: torch.device | str | None = None
+) -> tuple[Transformer, Any]:
+    """The model (float32, eval mode, on ``device``) and tokenizer of a translation
+    checkpoint.
 
-    Reads the file with ``read_checkpoint`` (weights only): checkpoints of ``fit_translation`` and
-    the float16 files of ``save_translator`` both load, as ``load_checkpoint`` loads any kind.
+    Reads the file with ``read_checkpoint`` (weights only): checkpoints of
+    ``fit_translation`` and the float16 files of ``save_translator`` both load, as
+    ``load_checkpoint`` loads any kind.
     """
-    checkpoint = read_checkpoint(path, kind="translator")  # FileNotFoundError, or a ValueError saying what it is
+    # FileNotFoundError, or a ValueError saying what it is
+    checkpoint = read_checkpoint(path, kind="translator")
     model = translator_model(checkpoint, path)
     restore_checkpoint(checkpoint, model)
     model.eval()
-    return model.to(device if device is not None else "cpu"), tokenizer_from_checkpoint(checkpoint, path)
+    return model.to(device if device is not None else "cpu"), tokenizer_from_checkpoint(
+        checkpoint, path
+    )
 
 
-def save_translator(path: str | os.PathLike, model: Transformer, tokenizer: Any, config: TranslationConfig,
-                    step: int, dtype: torch.dtype = torch.float16, note: dict | None = None) -> None:
-    """Save a model to share: its weights in ``dtype`` (half the size in float16), configuration,
-    tokenizer and a ``note`` (e.g. which checkpoints were averaged); ``load_translator`` reads it."""
+def save_translator(
+    path: str | os.PathLike,
+    model: Transformer,
+    tokenizer: Any,
+    config: TranslationConfig,
+    step: int,
+    dtype: torch.dtype = torch.float16,
+    note: dict | None = None,
+) -> None:
+    """Save a model to share: its weights in ``dtype`` (half the size in float16),
+    configuration, tokenizer and a ``note`` (e.g. which checkpoints were averaged);
+    ``load_translator`` reads it."""
     copy_ = copy.deepcopy(model).to("cpu", dtype)
-    save_checkpoint(path, copy_, None, None, step, None, config=config, kind="translator",
-                    extra={"tokenizer": tokenizer.to_str(), "note": note or {}})
+    save_checkpoint(
+        path,
+        copy_,
+        None,
+        None,
+        step,
+        None,
+        config=config,
+        kind="translator",
+        extra={"tokenizer": tokenizer.to_str(), "note": note or {}},
+    )

@@ -18,12 +18,13 @@ from torch import Tensor
 
 # chapters/data.md: Batches
 class Batch(NamedTuple):
-    """A padded batch of a sequence-to-sequence task: the number words here, translation later.
+    """A padded batch of a sequence-to-sequence task: the number words here, translation
+    later.
 
     Shape:
         src (B, S): word ids, padded with pad_id. tgt_in (B, T): <bos> then the digits.
-        tgt_out (B, T): the digits then <eos>. src_mask (B, 1, 1, S) and tgt_mask (B, 1, 1, T):
-        True at padding ("may not attend"), for src and tgt_in.
+        tgt_out (B, T): the digits then <eos>. src_mask (B, 1, 1, S) and tgt_mask (B, 1,
+        1, T): True at padding ("may not attend"), for src and tgt_in.
     """
 
     src: Tensor
@@ -37,7 +38,13 @@ class Batch(NamedTuple):
         return Batch(*(tensor.to(device) for tensor in self))
 
 
-def pad_rows(rows: list[list[int]], pad_id: int, device: torch.device | str | None) -> Tensor:
+def pad_rows(
+    rows: list[list[int]], pad_id: int, device: torch.device | str | None
+) -> Tensor:
     """Right-pad lists of ids to the longest one: a LongTensor (len(rows), longest)."""
     longest = max(len(row) for row in rows)
-    return torch.tensor([row + [pad_id] * (longest - len(row)) for row in rows], dtype=torch.long, device=device)
+    return torch.tensor(
+        [row + [pad_id] * (longest - len(row)) for row in rows],
+        dtype=torch.long,
+        device=device,
+    )

@@ -33,16 +33,20 @@ from transformer.nn.model import Transformer
 
 # chapters/training_run.md: Checkpoints
 def save_torch_file(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save(obj, path)``, whole or not at all: save to ``.NAME.PID.partial`` beside ``path``, force
-    it onto the disk, then rename it over ``path``. Partial files of saves killed before their rename
-    (their process is gone) are removed first. A ``path`` that is a folder raises ValueError."""
+    """``torch.save(obj, path)``, whole or not at all: save to ``.NAME.PID.partial``
+    beside ``path``, force it onto the disk, then rename it over ``path``. Partial files
+    of saves killed before their rename (their process is gone) are removed first. A
+    ``path`` that is a folder raises ValueError."""
     path = Path(path)
-    if path.is_dir():  # the rename would fail only after the whole save, naming the partial file
-        raise ValueError(f"path {os.fspath(path)} is a folder: name a file to save to, such as "
-                         f"{os.fspath(path / 'checkpoint.pt')}")
+    # the rename would fail only after the whole save, naming the partial file
+    if path.is_dir():
+        raise ValueError(
+            f"path {os.fspath(path)} is a folder: name a file to save to, such as "
+            f"{os.fspath(path / 'checkpoint.pt')}"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(f".{path.name}.*.partial"):
-        pid = stale.name[len(path.name) + 2:-len(".partial")]
+        pid = stale.name[len(path.name) + 2 : -len(".partial")]
         if pid.isdigit() and not _running(int(pid)):
             stale.unlink(missing_ok=True)
     partial = path.parent / f".{path.name}.{os.getpid()}.partial"
@@ -50,10 +54,13 @@ def save_torch_file(obj: Any, path: str | os.PathLike) -> None:
         with open(partial, "wb") as file:
             torch.save(obj, file)
             file.flush()
-            os.fsync(file.fileno())  # on the disk, not only in the system's cache, before it replaces anything
-        os.replace(partial, path)  # atomic: readers see the old file or the new one, never a mix
+            # on the disk, not only in the system's cache, before it replaces anything
+            os.fsync(file.fileno())
+        # atomic: readers see the old file or the new one, never a mix
+        os.replace(partial, path)
     finally:
-        partial.unlink(missing_ok=True)  # a save that failed (disk full) leaves nothing behind
+        # a save that failed (disk full) leaves nothing behind
+        partial.unlink(missing_ok=True)
     if os.name == "posix":  # make the rename itself survive a power cut
         folder = os.open(path.parent, os.O_RDONLY)
         try:
@@ -63,10 +70,12 @@ def save_torch_file(obj: Any, path: str | os.PathLike) -> None:
 
 
 def _running(pid: int) -> bool:
-    """Whether process ``pid`` (of this machine) is running; this process's own leftovers count as not."""
+    """Whether process ``pid`` (of this machine) is running; this process's own
+    leftovers count as not."""
     if pid == os.getpid():
         return False
-    if os.name != "posix":  # on Windows, os.kill(pid, 0) would end the process: keep its file
+    # on Windows, os.kill(pid, 0) would end the process: keep its file
+    if os.name != "posix":
         return True
     try:
         os.kill(pid, 0)  # signal 0: no signal, only the check that the process exists
@@ -79,20 +88,25 @@ def _running(pid: int) -> bool:
 
 # chapters/training_run.md: Checkpoints
 def read_torch_file(path: str | os.PathLike, what: str = "file") -> Any:
-    """``torch.load(path, weights_only=True)`` onto the CPU; FileNotFoundError, or a ValueError that names
-    the file and says what it is (a directory, empty, truncated, not a torch file, pickled code)."""
+    """``torch.load(path, weights_only=True)`` onto the CPU; FileNotFoundError, or a
+    ValueError that names the file and says what it is (a directory, empty, truncated,
+    not a torch file, pickled code)."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"no {what} at {os.fspath(path)}")
     try:
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Detected pickle protocol")  # a file refused anyway
+            # a file refused anyway
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch.load fails in many ways on a file it did not write
-        raise ValueError(f"{os.fspath(path)} cannot be read as a torch {what}: {_what_it_is(path, err)}") from None
+        raise ValueError(
+            f"{os.fspath(path)} cannot be read as a torch {what}: {_what_it_is(path, err)}"
+        ) from None
 
 
 def _what_it_is(path: str | os.PathLike, err: Exception) -> str:
-    """What the file at ``path`` is, as ``torch.load`` failed on it with ``err``, in words (never torch's advice)."""
+    """What the file at ``path`` is, as ``torch.load`` failed on it with ``err``, in
+    words (never torch's advice)."""
     if os.path.isdir(path):
         return "it is a directory"
     try:
@@ -100,7 +114,8 @@ def _what_it_is(path: str | os.PathLike, err: Exception) -> str:
             head = file.read(4)
     except OSError as error:
         return f"{error.strerror or error}"
-    unsafe = re.search(r"GLOBAL (\S+)", str(err))  # the safe unpickler met a function to call
+    # the safe unpickler met a function to call
+    unsafe = re.search(r"GLOBAL (\S+)", str(err))
     if unsafe:
         return f"it holds pickled code ({unsafe.group(1)}), which loading would run: refused"
     if not head:
@@ -115,21 +130,27 @@ def _what_it_is(path: str | os.PathLike, err: Exception) -> str:
 
 
 # chapters/training_run.md: Checkpoints
-def _reschedule(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
-    """Set each parameter group's rate to what ``scheduler``'s own functions give at its step, as LambdaLR
-    computes it (base rate times the function's value)."""
-    for group, rate, base in zip(optimizer.param_groups, scheduler.lr_lambdas, scheduler.base_lrs):
+def _reschedule(
+    optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR
+) -> None:
+    """Set each parameter group's rate to what ``scheduler``'s own functions give at its
+    step, as LambdaLR computes it (base rate times the function's value)."""
+    for group, rate, base in zip(
+        optimizer.param_groups, scheduler.lr_lambdas, scheduler.base_lrs
+    ):
         group["lr"] = base * rate(scheduler.last_epoch)
 
 
 # chapters/training_run.md: Checkpoints
-# The one format of every model file the package writes: a dictionary of tensors and plain values,
-# named and versioned, so that one reader (`read_checkpoint`) knows what it holds.
+# The one format of every model file the package writes: a dictionary of tensors and
+# plain values, named and versioned, so that one reader (`read_checkpoint`) knows what
+# it holds.
 FORMAT, VERSION = "transformer-checkpoint", 2
 
-# What builds the untrained model of each kind: "module:function", the function taking the checkpoint
-# and its path. A string table, resolved with importlib only when a file is read, so that training
-# imports no task module (the one-way rule); a package user adds a kind by adding a line.
+# What builds the untrained model of each kind: "module:function", the function taking
+# the checkpoint and its path. A string table, resolved with importlib only when a file
+# is read, so that training imports no task module (the one-way rule); a package user
+# adds a kind by adding a line.
 BUILDERS = {
     "numbers": "transformer.training.checkpoint:numbers_model",
     "translator": "transformer.tasks.translation:translator_model",
@@ -137,38 +158,75 @@ BUILDERS = {
     "masked_lm": "transformer.tasks.masked_lm:masked_lm_model",
     "detector": "transformer.tasks.detection:detector_model",
 }
-# Each kind in words, for messages; None: a training state that only a model passed in can take.
-_KIND_WORDS = {"numbers": "the number words'", "translator": "a translator's", "classifier": "a classifier's",
-               "masked_lm": "a masked language model's", "detector": "a detector's",
-               None: "a training state's (no model described)"}
-_OWN_ENTRIES = ("format", "version", "kind", "model", "optimizer", "scheduler", "step", "rng_state", "history",
-                "config", "vocabs")
+# Each kind in words, for messages; None: a training state that only a model passed in
+# can take.
+_KIND_WORDS = {
+    "numbers": "the number words'",
+    "translator": "a translator's",
+    "classifier": "a classifier's",
+    "masked_lm": "a masked language model's",
+    "detector": "a detector's",
+    None: "a training state's (no model described)",
+}
+_OWN_ENTRIES = (
+    "format",
+    "version",
+    "kind",
+    "model",
+    "optimizer",
+    "scheduler",
+    "step",
+    "rng_state",
+    "history",
+    "config",
+    "vocabs",
+)
 
 
-def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None,
-                    scheduler: torch.optim.lr_scheduler.LRScheduler | None, step: int | None,
-                    history: dict | None = None, *, config: Any = None,
-                    src_vocab: Vocab | None = None, tgt_vocab: Vocab | None = None,
-                    kind: str | None = None, extra: dict[str, Any] | None = None) -> None:
-    """Save a model in the package's one checkpoint format, whole or not at all (``save_torch_file``).
+def save_checkpoint(
+    path: str | os.PathLike,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    step: int | None,
+    history: dict | None = None,
+    *,
+    config: Any = None,
+    src_vocab: Vocab | None = None,
+    tgt_vocab: Vocab | None = None,
+    kind: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """Save a model in the package's one checkpoint format, whole or not at all
+    (``save_torch_file``).
 
-    The file holds ``format`` and ``version``; the ``kind`` of model (a key of ``BUILDERS``) and its
-    ``config`` (a dataclass or a dict of plain values), from which ``load_checkpoint(path)`` rebuilds
-    it; its weights (``model``); for a run to go on, the optimiser's and scheduler's states, the
-    ``step``, the CPU random state and ``history``. ``fit`` passes the two vocabularies (kind
-    "numbers"); ``extra`` adds entries of plain types that a kind needs (e.g. a tokenizer as JSON).
+    The file holds ``format`` and ``version``; the ``kind`` of model (a key of
+    ``BUILDERS``) and its ``config`` (a dataclass or a dict of plain values), from which
+    ``load_checkpoint(path)`` rebuilds it; its weights (``model``); for a run to go on,
+    the optimiser's and scheduler's states, the ``step``, the CPU random state and
+    ``history``. ``fit`` passes the two vocabularies (kind "numbers"); ``extra`` adds
+    entries of plain types that a kind needs (e.g. a tokenizer as JSON).
     """
     if kind is None and src_vocab is not None:
-        kind = "numbers"  # fit's files: the configuration and the vocabularies describe the model
+        # fit's files: the configuration and the vocabularies describe the model
+        kind = "numbers"
     if kind is not None and kind not in BUILDERS:
-        raise ValueError(f"kind must be one of {sorted(BUILDERS)} or None, got {kind!r}")
+        raise ValueError(
+            f"kind must be one of {sorted(BUILDERS)} or None, got {kind!r}"
+        )
     clash = sorted(set(extra or {}) & set(_OWN_ENTRIES))
     if clash:
-        raise ValueError(f"extra must not replace the checkpoint's own entries, got {clash}")
+        raise ValueError(
+            f"extra must not replace the checkpoint's own entries, got {clash}"
+        )
     broken = first_non_finite(model.state_dict().items())
-    if broken is not None:  # a file that no run could continue from, and no one should translate with
-        raise DivergedError(step, f"the weight {broken!r} is not finite (nan or inf), so {os.fspath(path)} "
-                                  "was not written")
+    # a file that no run could continue from, and no one should translate with
+    if broken is not None:
+        raise DivergedError(
+            step,
+            f"the weight {broken!r} is not finite (nan or inf), so {os.fspath(path)} "
+            "was not written",
+        )
     checkpoint = {
         "format": FORMAT,
         "version": VERSION,
@@ -179,132 +237,238 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.
         "step": int(step) if step is not None else None,
         "rng_state": torch.get_rng_state(),
         "history": history,
-        "config": dict(config) if isinstance(config, dict) else asdict(config) if config is not None else None,
-        "vocabs": ([{"tokens": v.itos[len(v.SPECIALS):], "split": v.split} for v in (src_vocab, tgt_vocab)]
-                   if src_vocab is not None and tgt_vocab is not None else None),
+        "config": dict(config)
+        if isinstance(config, dict)
+        else asdict(config)
+        if config is not None
+        else None,
+        "vocabs": (
+            [
+                {"tokens": v.itos[len(v.SPECIALS) :], "split": v.split}
+                for v in (src_vocab, tgt_vocab)
+            ]
+            if src_vocab is not None and tgt_vocab is not None
+            else None
+        ),
         **(extra or {}),
     }
     save_torch_file(checkpoint, path)
 
 
 def _check_model_state(state: dict, model: nn.Module) -> None:
-    """Raise a ValueError naming the first parameter whose name or shape does not fit ``model``."""
+    """Raise a ValueError naming the first parameter whose name or shape does not fit
+    ``model``."""
     expected = model.state_dict()
     missing = [name for name in expected if name not in state]  # in the model's order
     if missing:
-        raise ValueError(f"the checkpoint has no parameter {missing[0]!r}, which the model needs "
-                         f"({len(missing)} missing in all)")
+        raise ValueError(
+            f"the checkpoint has no parameter {missing[0]!r}, which the model needs "
+            f"({len(missing)} missing in all)"
+        )
     for name, tensor in state.items():
         if name not in expected:
             raise ValueError(f"the checkpoint's parameter {name!r} is not in the model")
         if tensor.shape != expected[name].shape:
-            raise ValueError(f"the checkpoint's parameter {name!r} has shape {tuple(tensor.shape)}, "
-                             f"but the model's has shape {tuple(expected[name].shape)}")
+            raise ValueError(
+                f"the checkpoint's parameter {name!r} has shape {tuple(tensor.shape)}, "
+                f"but the model's has shape {tuple(expected[name].shape)}"
+            )
 
 
 def read_checkpoint(path: str | os.PathLike, kind: str | None = None) -> dict:
-    """The checkpoint dictionary, loaded safely (weights_only) onto the CPU, in today's format
-    (files of older formats are converted as they are read, by ``_upgrade``).
+    """The checkpoint dictionary, loaded safely (weights_only) onto the CPU, in today's
+    format (files of older formats are converted as they are read, by ``_upgrade``).
 
-    With ``kind``, a checkpoint of another kind is refused. Raises FileNotFoundError, or ValueError
-    naming the file and what it is instead (a directory, an empty, truncated or corrupt file, not a
-    torch file, a pickle that could run code, another kind's checkpoint).
+    With ``kind``, a checkpoint of another kind is refused. Raises FileNotFoundError, or
+    ValueError naming the file and what it is instead (a directory, an empty, truncated
+    or corrupt file, not a torch file, a pickle that could run code, another kind's
+    checkpoint).
     """
     checkpoint = _upgrade(read_torch_file(path, what="checkpoint"), path, kind)
     if kind is not None and checkpoint["kind"] != kind:
         held = checkpoint["kind"]
-        raise ValueError(f"{os.fspath(path)} is {_KIND_WORDS.get(held, repr(held))} checkpoint, not "
-                         f"{_KIND_WORDS.get(kind, repr(kind))}" + ("" if held is None else
-                                                                    ": load_checkpoint(path) loads any kind"))
-    broken = first_non_finite(checkpoint["model"].items()) if isinstance(checkpoint["model"], dict) else None
+        raise ValueError(
+            f"{os.fspath(path)} is {_KIND_WORDS.get(held, repr(held))} checkpoint, not "
+            f"{_KIND_WORDS.get(kind, repr(kind))}"
+            + ("" if held is None else ": load_checkpoint(path) loads any kind")
+        )
+    broken = (
+        first_non_finite(checkpoint["model"].items())
+        if isinstance(checkpoint["model"], dict)
+        else None
+    )
     if broken is not None:
-        raise ValueError(f"{os.fspath(path)}: the weight {broken!r} is not finite (nan or inf): refused, as the "
-                         "model could only compute nan (the run that saved it had diverged)")
+        raise ValueError(
+            f"{os.fspath(path)}: the weight {broken!r} is not finite (nan or inf): refused, as the "
+            "model could only compute nan (the run that saved it had diverged)"
+        )
     return checkpoint
 
 
 def _upgrade(saved: Any, path: str | os.PathLike, kind: str | None) -> dict:
-    """``saved`` in today's format. Older files still read: version 1 of ``save_checkpoint`` (no
-    ``format``; its kind told by a tokenizer or vocabularies, the detector's run settings kept as
-    ``recipe``), the classifier's ``{"task": "classify", "settings", "state_dict", ...}``, and the
-    ``{"settings", "state_dict", ...}`` files of the masked LM and the detector, whose kind only the
-    caller knows (``kind``). The committed models under ``models/`` are of these older formats."""
+    """``saved`` in today's format. Older files still read: version 1 of
+    ``save_checkpoint`` (no ``format``; its kind told by a tokenizer or vocabularies,
+    the detector's run settings kept as ``recipe``), the classifier's
+    ``{"task": "classify", "settings", "state_dict", ...}``, and the
+    ``{"settings", "state_dict", ...}`` files of the masked LM and the detector, whose
+    kind only the caller knows (``kind``). The committed models under ``models/`` are of
+    these older formats."""
     if isinstance(saved, dict) and saved.get("format") == FORMAT:
         if not isinstance(saved.get("version"), int) or saved["version"] > VERSION:
-            raise ValueError(f"{os.fspath(path)} is a checkpoint of format version {saved.get('version')!r}; "
-                             f"this version of the package reads versions up to {VERSION}")
+            raise ValueError(
+                f"{os.fspath(path)} is a checkpoint of format version {saved.get('version')!r}; "
+                f"this version of the package reads versions up to {VERSION}"
+            )
         return saved
     if isinstance(saved, dict) and {"model", "step"} <= saved.keys():  # version 1
-        was = "translator" if "tokenizer" in saved else "numbers" if saved.get("vocabs") else None
-        config = saved.get("config") if saved.get("config") is not None else saved.get("recipe")
+        was = (
+            "translator"
+            if "tokenizer" in saved
+            else "numbers"
+            if saved.get("vocabs")
+            else None
+        )
+        config = (
+            saved.get("config")
+            if saved.get("config") is not None
+            else saved.get("recipe")
+        )
         rest = {name: value for name, value in saved.items() if name != "recipe"}
-        return {**rest, "format": FORMAT, "version": VERSION, "kind": was, "config": config}
+        return {
+            **rest,
+            "format": FORMAT,
+            "version": VERSION,
+            "kind": was,
+            "config": config,
+        }
     if isinstance(saved, dict) and {"settings", "state_dict"} <= saved.keys():
         was = "classifier" if saved.get("task") == "classify" else kind
         if was not in ("classifier", "masked_lm", "detector"):
-            raise ValueError(f"{os.fspath(path)} is an older file of settings and state_dict (a masked language "
-                             "model's or a detector's): read it with read_checkpoint(path, kind=...)")
-        rest = {name: value for name, value in saved.items() if name not in ("task", "settings", "state_dict")}
-        return {"optimizer": None, "scheduler": None, "step": None, "rng_state": None, "history": None,
-                "vocabs": None, **rest, "format": FORMAT, "version": VERSION, "kind": was,
-                "model": saved["state_dict"], "config": saved["settings"]}
-    plain = isinstance(saved, dict) and all(isinstance(v, Tensor) for v in saved.values())
-    raise ValueError(f"{os.fspath(path)} is not a checkpoint of save_checkpoint (no 'model' and 'step' "
-                     "entries)" + ("; it looks like a plain state_dict: load it with "
-                                   "model.load_state_dict(torch.load(path))" if plain else ""))
+            raise ValueError(
+                f"{os.fspath(path)} is an older file of settings and state_dict (a masked language "
+                "model's or a detector's): read it with read_checkpoint(path, kind=...)"
+            )
+        rest = {
+            name: value
+            for name, value in saved.items()
+            if name not in ("task", "settings", "state_dict")
+        }
+        return {
+            "optimizer": None,
+            "scheduler": None,
+            "step": None,
+            "rng_state": None,
+            "history": None,
+            "vocabs": None,
+            **rest,
+            "format": FORMAT,
+            "version": VERSION,
+            "kind": was,
+            "model": saved["state_dict"],
+            "config": saved["settings"],
+        }
+    plain = isinstance(saved, dict) and all(
+        isinstance(v, Tensor) for v in saved.values()
+    )
+    raise ValueError(
+        f"{os.fspath(path)} is not a checkpoint of save_checkpoint (no 'model' and 'step' "
+        "entries)"
+        + (
+            "; it looks like a plain state_dict: load it with "
+            "model.load_state_dict(torch.load(path))"
+            if plain
+            else ""
+        )
+    )
 
 
-def restore_checkpoint(checkpoint: dict, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                       scheduler: torch.optim.lr_scheduler.LRScheduler | None = None) -> int:
-    """Load a checkpoint's states (as ``read_checkpoint`` returns it) into the given objects; return its step.
+def restore_checkpoint(
+    checkpoint: dict,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+) -> int:
+    """Load a checkpoint's states (as ``read_checkpoint`` returns it) into the given
+    objects; return its step.
 
-    Weights saved in another floating-point type (a float16 file to share) are cast to the model's."""
+    Weights saved in another floating-point type (a float16 file to share) are cast to
+    the model's."""
     _check_model_state(checkpoint["model"], model)
     model.load_state_dict(checkpoint["model"])
     if optimizer is not None:
         optimizer.load_state_dict(checkpoint["optimizer"])
     if scheduler is not None:
         scheduler.load_state_dict(checkpoint["scheduler"])
-        if optimizer is not None and isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+        if optimizer is not None and isinstance(
+            scheduler, torch.optim.lr_scheduler.LambdaLR
+        ):
             _reschedule(optimizer, scheduler)
     return checkpoint["step"]
 
 
 # chapters/training_run.md: Resuming exactly
-# A resumed run may go on for more steps, evaluate differently, use other threads, or take smaller or
-# clipped steps (a run that diverged goes on from its last good checkpoint with a lower rate: its
-# `lr_factor`, or the peak `lr` of the encoder tasks); anything else would silently continue another run
-# than the one it claims to continue.
-_MAY_CHANGE_ON_RESUME = ("steps", "eval_every", "eval_size", "num_threads", "lr_factor", "lr", "clip")
+# A resumed run may go on for more steps, evaluate differently, use other threads, or
+# take smaller or clipped steps (a run that diverged goes on from its last good
+# checkpoint with a lower rate: its `lr_factor`, or the peak `lr` of the encoder tasks);
+# anything else would silently continue another run than the one it claims to continue.
+_MAY_CHANGE_ON_RESUME = (
+    "steps",
+    "eval_every",
+    "eval_size",
+    "num_threads",
+    "lr_factor",
+    "lr",
+    "clip",
+)
 
 
-def check_resume(checkpoint: dict, config: Any, path: str | os.PathLike,
-                 may_change: Sequence[str] = _MAY_CHANGE_ON_RESUME) -> None:
-    """Raise ValueError, naming every setting that differs, if ``config`` (a dataclass or a dict) does
-    not continue the run saved in ``checkpoint`` (read from ``path``); the settings ``may_change``
-    may differ. A checkpoint without a configuration passes."""
+def check_resume(
+    checkpoint: dict,
+    config: Any,
+    path: str | os.PathLike,
+    may_change: Sequence[str] = _MAY_CHANGE_ON_RESUME,
+) -> None:
+    """Raise ValueError, naming every setting that differs, if ``config`` (a dataclass
+    or a dict) does not continue the run saved in ``checkpoint`` (read from ``path``);
+    the settings ``may_change`` may differ. A checkpoint without a configuration
+    passes."""
     saved = checkpoint.get("config")
     if saved is None:
         return
     settings = config if isinstance(config, dict) else asdict(config)
-    other = sorted(saved.keys() ^ settings.keys())  # fields of one task's settings, not the other's
+    # fields of one task's settings, not the other's
+    other = sorted(saved.keys() ^ settings.keys())
     if other:
         kind = _KIND_WORDS.get(checkpoint.get("kind"), "another task's")
-        raise ValueError(f"cannot resume from {os.fspath(path)}: it is {kind} checkpoint, not of this task "
-                         f"({type(config).__name__}; settings of one task only: {', '.join(other)})")
-    differ = [f"{name}={saved[name]!r} there, {value!r} here" for name, value in settings.items()
-              if name not in may_change and name in saved and saved[name] != value]
+        raise ValueError(
+            f"cannot resume from {os.fspath(path)}: it is {kind} checkpoint, not of this task "
+            f"({type(config).__name__}; settings of one task only: {', '.join(other)})"
+        )
+    differ = [
+        f"{name}={saved[name]!r} there, {value!r} here"
+        for name, value in settings.items()
+        if name not in may_change and name in saved and saved[name] != value
+    ]
     if differ:
-        raise ValueError(f"cannot resume from {os.fspath(path)}: it was trained with other settings: "
-                         + "; ".join(differ))
+        raise ValueError(
+            f"cannot resume from {os.fspath(path)}: it was trained with other settings: "
+            + "; ".join(differ)
+        )
 
 
-def resume(checkpoint: dict, path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer,
-           scheduler: torch.optim.lr_scheduler.LRScheduler, config: Any = None,
-           may_change: Sequence[str] = _MAY_CHANGE_ON_RESUME) -> tuple[int, dict]:
-    """Continue the run saved in ``checkpoint`` (read from ``path``): refuse another run's (with
-    ``config``, as ``check_resume``), load the model's, optimiser's and scheduler's states and the
-    CPU random state, and return ``(step, history)``. Every task's training resumes through it."""
+def resume(
+    checkpoint: dict,
+    path: str | os.PathLike,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    config: Any = None,
+    may_change: Sequence[str] = _MAY_CHANGE_ON_RESUME,
+) -> tuple[int, dict]:
+    """Continue the run saved in ``checkpoint`` (read from ``path``): refuse another
+    run's (with ``config``, as ``check_resume``), load the model's, optimiser's and
+    scheduler's states and the CPU random state, and return ``(step, history)``. Every
+    task's training resumes through it."""
     if config is not None:
         check_resume(checkpoint, config, path, may_change)
     step = restore_checkpoint(checkpoint, model, optimizer, scheduler)
@@ -314,8 +478,8 @@ def resume(checkpoint: dict, path: str | os.PathLike, model: nn.Module, optimize
 
 
 class SaveEvery(Callback):
-    """The training loop's callback that calls ``save(step)`` every ``every`` steps: a run stopped
-    loses at most ``every`` steps."""
+    """The training loop's callback that calls ``save(step)`` every ``every`` steps: a
+    run stopped loses at most ``every`` steps."""
 
     def __init__(self, save: Callable[[int], None], every: int):
         self.save, self.every = save, every
@@ -327,22 +491,28 @@ class SaveEvery(Callback):
 
 # chapters/package_as_tool.md: A checkpoint that describes its model
 def numbers_model(checkpoint: dict, path: str | os.PathLike) -> Transformer:
-    """The untrained model that a number-words checkpoint's configuration and vocabularies describe."""
+    """The untrained model that a number-words checkpoint's configuration and
+    vocabularies describe."""
     config = TrainConfig(**checkpoint["config"])
     src_vocab, tgt_vocab = (Vocab(**vocab) for vocab in checkpoint["vocabs"])
     return make_model(config, src_vocab, tgt_vocab)
 
 
 def model_of(checkpoint: dict, path: str | os.PathLike) -> nn.Module:
-    """The model a checkpoint (as ``read_checkpoint`` returns it) describes, with its weights, in eval
+    """The model a checkpoint (as ``read_checkpoint`` returns it) describes, with its
+    weights, in eval
     mode: built by the function that ``BUILDERS`` names for its kind."""
     kind = checkpoint["kind"]
     if kind is None:
-        raise ValueError(f"{os.fspath(path)} does not describe its model (saved without config and "
-                         "vocabularies): build the model and pass it, load_checkpoint(path, model)")
+        raise ValueError(
+            f"{os.fspath(path)} does not describe its model (saved without config and "
+            "vocabularies): build the model and pass it, load_checkpoint(path, model)"
+        )
     if kind not in BUILDERS:
-        raise ValueError(f"{os.fspath(path)} holds a model of kind {kind!r}, which this package cannot build "
-                         f"(it builds {', '.join(sorted(BUILDERS))})")
+        raise ValueError(
+            f"{os.fspath(path)} holds a model of kind {kind!r}, which this package cannot build "
+            f"(it builds {', '.join(sorted(BUILDERS))})"
+        )
     module, name = BUILDERS[kind].split(":")
     model = getattr(importlib.import_module(module), name)(checkpoint, path)
     restore_checkpoint(checkpoint, model)
@@ -350,20 +520,32 @@ def model_of(checkpoint: dict, path: str | os.PathLike) -> nn.Module:
 
 
 @overload
-def load_checkpoint(path: str | os.PathLike, model: None = None, *, kind: str | None = None) -> nn.Module: ...
+def load_checkpoint(
+    path: str | os.PathLike, model: None = None, *, kind: str | None = None
+) -> nn.Module: ...
 @overload
-def load_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None) -> int: ...
-def load_checkpoint(path: str | os.PathLike, model: nn.Module | None = None,
-                    optimizer: torch.optim.Optimizer | None = None,
-                    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None, *,
-                    kind: str | None = None) -> nn.Module | int:
-    """Load a checkpoint of ``save_checkpoint`` into ``model`` (and the optimiser and scheduler).
+def load_checkpoint(
+    path: str | os.PathLike,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+) -> int: ...
+def load_checkpoint(
+    path: str | os.PathLike,
+    model: nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    *,
+    kind: str | None = None,
+) -> nn.Module | int:
+    """Load a checkpoint of ``save_checkpoint`` into ``model`` (and the optimiser and
+    scheduler).
 
-    Returns the step it was saved at. Raises ValueError, naming the parameter, when a parameter's
-    name or shape does not fit the model, before anything is changed. Without ``model``, returns
-    the model the checkpoint describes, of any kind (``model_of``), with its weights, in eval mode;
-    ``kind`` refuses a checkpoint of another kind.
+    Returns the step it was saved at. Raises ValueError, naming the parameter, when a
+    parameter's name or shape does not fit the model, before anything is changed.
+    Without ``model``, returns the model the checkpoint describes, of any kind
+    (``model_of``), with its weights, in eval mode; ``kind`` refuses a checkpoint of
+    another kind.
     """
     checkpoint = read_checkpoint(path, kind)
     if model is None:
@@ -373,17 +555,24 @@ def load_checkpoint(path: str | os.PathLike, model: nn.Module | None = None,
 
 # chapters/long_runs.md: Averaging the last checkpoints
 def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict[str, Tensor]:
-    """The parameter-wise mean of the models in ``paths`` (float32), as the paper averages its last checkpoints.
+    """The parameter-wise mean of the models in ``paths`` (float32), as the paper
+    averages its last checkpoints.
 
-    Raises ValueError when the files do not hold the same parameters with the same shapes.
+    Raises ValueError when the files do not hold the same parameters with the same
+    shapes.
     """
     if not paths:
         raise ValueError("paths must name at least one checkpoint")
     total: dict[str, Tensor] = {}
     for path in paths:
         state = read_checkpoint(path)["model"]
-        if total and (state.keys() != total.keys() or any(state[k].shape != total[k].shape for k in total)):
-            raise ValueError(f"{os.fspath(path)} does not hold the same parameters as {os.fspath(paths[0])}")
+        if total and (
+            state.keys() != total.keys()
+            or any(state[k].shape != total[k].shape for k in total)
+        ):
+            raise ValueError(
+                f"{os.fspath(path)} does not hold the same parameters as {os.fspath(paths[0])}"
+            )
         for name, tensor in state.items():
             total[name] = total.get(name, 0) + tensor.float()
     return {name: tensor / len(paths) for name, tensor in total.items()}

@@ -26,7 +26,8 @@ from transformer.checks import check_fraction, check_non_negative_int, check_num
 # chapters/training_run.md: The training loop
 @dataclass
 class TrainConfig:
-    """The choices of one training run (the defaults: this book's number-words model)."""
+    """The choices of one training run (the defaults: this book's number-words
+    model)."""
 
     d_model: int = 64
     """Width of the model's vectors (the paper's d_model)."""
@@ -68,33 +69,62 @@ class TrainConfig:
     """CPU threads while training (None: leave torch's setting)."""
 
     # chapters/package_as_tool.md: A configuration checked when it is made
-    def __post_init__(self) -> None:  # every field, so that a bad one is named before a run starts
-        for name in ("d_model", "num_heads", "num_layers", "d_ff", "max_len", "batch_size", "steps", "warmup",
-                     "eval_every") + (("num_threads",) if self.num_threads is not None else ()):
+    def __post_init__(self) -> None:
+        for name in (
+            "d_model",
+            "num_heads",
+            "num_layers",
+            "d_ff",
+            "max_len",
+            "batch_size",
+            "steps",
+            "warmup",
+            "eval_every",
+        ) + (("num_threads",) if self.num_threads is not None else ()):
             check_positive_int(name, getattr(self, name))
         check_non_negative_int("eval_size", self.eval_size)
         for name in ("dropout", "label_smoothing", "cooldown"):
             check_fraction(name, getattr(self, name))
-        for name in ("lr_factor", "adam_eps") + (("clip",) if self.clip is not None else ()):
+        for name in ("lr_factor", "adam_eps") + (
+            ("clip",) if self.clip is not None else ()
+        ):
             check_number(name, getattr(self, name))
         if check_non_negative_int("seed", self.seed) >= 2**64:
-            raise ValueError(f"seed must be below 2**64 (torch takes 64-bit seeds), got {self.seed}")
+            raise ValueError(
+                f"seed must be below 2**64 (torch takes 64-bit seeds), got {self.seed}"
+            )
         if not isinstance(self.betas, (tuple, list)) or len(self.betas) != 2:
             error = ValueError if isinstance(self.betas, (tuple, list)) else TypeError
             raise error(f"betas must be two numbers (beta1, beta2), got {self.betas!r}")
-        self.betas = (check_fraction("betas[0]", self.betas[0]), check_fraction("betas[1]", self.betas[1]))
+        self.betas = (
+            check_fraction("betas[0]", self.betas[0]),
+            check_fraction("betas[1]", self.betas[1]),
+        )
 
 
 # chapters/training_run.md: The training loop
 def make_model(config: TrainConfig, src_vocab: Vocab, tgt_vocab: Vocab) -> Transformer:
-    """The Transformer that ``config`` describes, for these vocabularies (padding id 0)."""
-    return Transformer(len(src_vocab), len(tgt_vocab), d_model=config.d_model, num_heads=config.num_heads,
-                       num_layers=config.num_layers, d_ff=config.d_ff, dropout=config.dropout,
-                       max_len=config.max_len, pad_id=tgt_vocab.pad_id)
+    """The Transformer that ``config`` describes, for these vocabularies (padding id
+    0)."""
+    return Transformer(
+        len(src_vocab),
+        len(tgt_vocab),
+        d_model=config.d_model,
+        num_heads=config.num_heads,
+        num_layers=config.num_layers,
+        d_ff=config.d_ff,
+        dropout=config.dropout,
+        max_len=config.max_len,
+        pad_id=tgt_vocab.pad_id,
+    )
 
 
-def make_optimizer(config: TrainConfig,
-                   model: nn.Module) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """``make_adam`` with the configuration's betas, eps and warm-up schedule: (optimizer, scheduler)."""
-    rate = warmup_rate(config.d_model, config.warmup, config.lr_factor, config.steps, config.cooldown)
+def make_optimizer(
+    config: TrainConfig, model: nn.Module
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """``make_adam`` with the configuration's betas, eps and warm-up schedule:
+    (optimizer, scheduler)."""
+    rate = warmup_rate(
+        config.d_model, config.warmup, config.lr_factor, config.steps, config.cooldown
+    )
     return make_adam(model.parameters(), rate, betas=config.betas, eps=config.adam_eps)

@@ -24,7 +24,8 @@ from transformer.training.loop import Callback
 
 # chapters/scaling_out.md: Data parallelism
 def shard_batch(batch: Batch, rank: int, world_size: int) -> Batch:
-    """Process ``rank``'s block of rows of a global batch (blocks differ by at most one row).
+    """Process ``rank``'s block of rows of a global batch (blocks differ by at most one
+    row).
 
     Shape: every tensor of the batch (B, ...) -> (about B / world_size, ...).
     """
@@ -32,23 +33,35 @@ def shard_batch(batch: Batch, rank: int, world_size: int) -> Batch:
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
     if rows < world_size:
-        raise ValueError(f"a batch of {rows} sequences cannot give each of {world_size} processes a row")
-    return Batch(*(t.tensor_split(world_size)[rank] for t in batch))  # (B, ...) -> (B / P, ...)
+        raise ValueError(
+            f"a batch of {rows} sequences cannot give each of {world_size} processes a row"
+        )
+    # (B, ...) -> (B / P, ...)
+    return Batch(*(t.tensor_split(world_size)[rank] for t in batch))
 
 
 # chapters/scaling_out.md: Weighting the gradients inside DDP
-def _weighted_sum(hooks: "DataParallelHooks", bucket: dist.GradBucket) -> torch.futures.Future[Tensor]:
+def _weighted_sum(
+    hooks: "DataParallelHooks", bucket: dist.GradBucket
+) -> torch.futures.Future[Tensor]:
     """DDP communication hook: the sum over processes of (token share x gradient)."""
-    grads = bucket.buffer().mul_(hooks.token_share)  # this process's n_p / n times its gradients
-    return dist.all_reduce(grads, async_op=True).get_future().then(lambda done: done.value()[0])
+    # this process's n_p / n times its gradients
+    grads = bucket.buffer().mul_(hooks.token_share)
+    return (
+        dist.all_reduce(grads, async_op=True)
+        .get_future()
+        .then(lambda done: done.value()[0])
+    )
 
 
 class DataParallelHooks(Callback):
-    """What one process of a data-parallel run plugs into ``fit``: a callback that shards, and ``wrap``.
+    """What one process of a data-parallel run plugs into ``fit``: a callback that
+    shards, and ``wrap``.
 
     Args:
         rank, world_size: this process's number and the number of processes.
-        pad_id: the target padding id; padding tokens do not count towards a shard's share.
+        pad_id: the target padding id; padding tokens do not count towards a shard's
+        share.
     """
 
     def __init__(self, rank: int, world_size: int, pad_id: int = 0):
@@ -56,22 +69,30 @@ class DataParallelHooks(Callback):
         self.token_share = 1.0 / world_size
 
     def on_step_begin(self, step: int, batch: Batch) -> Batch:
-        """This process's rows of a global batch; remembers its share of the target tokens."""
+        """This process's rows of a global batch; remembers its share of the target
+        tokens."""
         part = shard_batch(batch, self.rank, self.world_size)
-        tokens = (part.tgt_out != self.pad_id).sum() / (batch.tgt_out != self.pad_id).sum()
+        tokens = (part.tgt_out != self.pad_id).sum() / (
+            batch.tgt_out != self.pad_id
+        ).sum()
         self.token_share = tokens.item()
         return part
 
     def wrap(self, model: nn.Module) -> DistributedDataParallel:
-        """The model in DDP, with gradients combined by token share instead of averaged."""
-        replica = DistributedDataParallel(model)  # copies rank 0's parameters to every process
+        """The model in DDP, with gradients combined by token share instead of
+        averaged."""
+        # copies rank 0's parameters to every process
+        replica = DistributedDataParallel(model)
         replica.register_comm_hook(self, _weighted_sum)
         return replica
 
 
-def data_parallel_options(rank: int, world_size: int, pad_id: int = 0) -> dict[str, Any]:
-    """What ``fit`` (or any task's trainer) takes to train as process ``rank`` of ``world_size``: the
-    ``wrap_model`` and ``callbacks`` of a ``DataParallelHooks``; nothing when the process runs alone."""
+def data_parallel_options(
+    rank: int, world_size: int, pad_id: int = 0
+) -> dict[str, Any]:
+    """What ``fit`` (or any task's trainer) takes to train as process ``rank`` of
+    ``world_size``: the ``wrap_model`` and ``callbacks`` of a ``DataParallelHooks``;
+    nothing when the process runs alone."""
     if world_size == 1:
         return {}
     hooks = DataParallelHooks(rank, world_size, pad_id)
@@ -84,8 +105,11 @@ def world_size_of_run() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def init_distributed(device: str, init_method: str = "env://") -> tuple[int, int, torch.device]:
-    """Join the process group torchrun set up, or run alone; return (rank, world_size, device)."""
+def init_distributed(
+    device: str, init_method: str = "env://"
+) -> tuple[int, int, torch.device]:
+    """Join the process group torchrun set up, or run alone; return (rank, world_size,
+    device)."""
     world_size = world_size_of_run()
     if world_size == 1:
         return 0, 1, torch.device(device)
@@ -97,16 +121,20 @@ def init_distributed(device: str, init_method: str = "env://") -> tuple[int, int
     else:
         here = torch.device("cpu")
     backend = "nccl" if device == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
+    dist.init_process_group(
+        backend, init_method=init_method, rank=rank, world_size=world_size
+    )
     return rank, world_size, here
 
 
 # chapters/scaling_out.md: Putting it together
 def replica_difference(model: nn.Module) -> float:
-    """The largest difference, over all processes, between their parameters and process 0's."""
+    """The largest difference, over all processes, between their parameters and process
+    0's."""
     if not dist.is_initialized():
         return 0.0
-    mine = torch.cat([p.detach().reshape(-1) for p in model.parameters()])  # (number of parameters,)
+    # (number of parameters,)
+    mine = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     first = mine.clone()
     dist.broadcast(first, src=0)
     largest = (mine - first).abs().max().reshape(1)

@@ -29,75 +29,120 @@ from transformer.training.losses import LossFunction, seq2seq_loss
 
 # chapters/training.md: Gradient clipping
 class DivergedError(FloatingPointError):
-    """A training step whose loss or gradient is not finite (nan or inf): the run diverged. ``step`` is
-    the step (None: not known) and ``what`` says what was not finite. Raised before the optimiser moved."""
+    """A training step whose loss or gradient is not finite (nan or inf): the run
+    diverged. ``step`` is the step (None: not known) and ``what`` says what was not
+    finite. Raised before the optimiser moved."""
 
     def __init__(self, step: int | None, what: str):
         self.step, self.what = step, what
-        super().__init__(f"the run diverged at step {step}: {what}" if step is not None else
-                         f"the run diverged: {what}")
+        super().__init__(
+            f"the run diverged at step {step}: {what}"
+            if step is not None
+            else f"the run diverged: {what}"
+        )
 
 
 def first_non_finite(tensors: Iterable[tuple[str, Tensor | None]]) -> str | None:
-    """The name of the first of the (name, tensor) pairs whose tensor holds a nan or an infinity; None if
-    none does (a None tensor counts as finite)."""
-    return next((name for name, tensor in tensors
-                 if tensor is not None and tensor.is_floating_point() and not torch.isfinite(tensor).all()), None)
+    """The name of the first of the (name, tensor) pairs whose tensor holds a nan or an
+    infinity; None if none does (a None tensor counts as finite)."""
+    return next(
+        (
+            name
+            for name, tensor in tensors
+            if tensor is not None
+            and tensor.is_floating_point()
+            and not torch.isfinite(tensor).all()
+        ),
+        None,
+    )
 
 
 def _what_diverged(model: nn.Module, loss: float, grad_norm: float) -> str:
-    """In words, what of a step was not finite: the loss, or the gradient (naming its first parameter)."""
+    """In words, what of a step was not finite: the loss, or the gradient (naming its
+    first parameter)."""
     if not math.isfinite(loss):
         return f"the loss is {loss}"
     name = first_non_finite((name, p.grad) for name, p in model.named_parameters())
-    return f"the gradient norm is {grad_norm}" + (f" (first in the gradient of {name!r})" if name else "")
+    return f"the gradient norm is {grad_norm}" + (
+        f" (first in the gradient of {name!r})" if name else ""
+    )
 
 
 # chapters/training.md: Gradient clipping
-def optimizer_step(model: nn.Module, batch: Any, optimizer: torch.optim.Optimizer,
-                   scheduler: torch.optim.lr_scheduler.LRScheduler | None, loss_fn: LossFunction,
-                   clip: float | None = 1.0, *, step: int | None = None) -> tuple[float, dict[str, float], float]:
-    """One optimiser step on one batch: ``loss_fn``'s loss, backward, clipping, Adam, schedule.
+def optimizer_step(
+    model: nn.Module,
+    batch: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    loss_fn: LossFunction,
+    clip: float | None = 1.0,
+    *,
+    step: int | None = None,
+) -> tuple[float, dict[str, float], float]:
+    """One optimiser step on one batch: ``loss_fn``'s loss, backward, clipping, Adam,
+    schedule.
 
-    Raises ``DivergedError`` (naming ``step``) before the optimiser moves when the loss or the
-    gradient norm is not finite.
+    Raises ``DivergedError`` (naming ``step``) before the optimiser moves when the loss
+    or the gradient norm is not finite.
 
     Returns:
-        The batch's loss, its metrics (from ``loss_fn``) as floats, and the gradient norm before
-        clipping (to ``clip``; None: measured but not clipped).
+        The batch's loss, its metrics (from ``loss_fn``) as floats, and the gradient
+        norm before clipping (to ``clip``; None: measured but not clipped).
     """
     loss, metrics = loss_fn(model, batch)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     parameters = [p for p in model.parameters() if p.grad is not None]
-    grad_norm = torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])  # (): clip_grad_norm_'s first half
+    # (): clip_grad_norm_'s first half
+    grad_norm = torch.nn.utils.get_total_norm(
+        [p.grad for p in parameters if p.grad is not None]
+    )
     loss_value, norm = loss.item(), grad_norm.item()
-    if not (math.isfinite(loss_value) and math.isfinite(norm)):  # stop here: the weights stay those of the last step
+    # stop here: the weights stay those of the last step
+    if not (math.isfinite(loss_value) and math.isfinite(norm)):
         raise DivergedError(step, _what_diverged(model, loss_value, norm))
-    torch.nn.utils.clip_grads_with_norm_(parameters, clip if clip else math.inf, grad_norm)  # and its second
+    # and its second
+    torch.nn.utils.clip_grads_with_norm_(
+        parameters, clip if clip else math.inf, grad_norm
+    )
     optimizer.step()
     if scheduler is not None:
         scheduler.step()
     return loss_value, {name: value.item() for name, value in metrics.items()}, norm
 
 
-def train_step(model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer,
-               scheduler: torch.optim.lr_scheduler.LRScheduler | None = None, label_smoothing: float = 0.1,
-               clip: float | None = 1.0, pad_id: int = 0,
-               autocast: torch.dtype | None = None) -> tuple[float, float, float]:
-    """One optimiser step of an encoder-decoder on one ``Batch``, by teacher forcing (``seq2seq_loss``).
+def train_step(
+    model: nn.Module,
+    batch: Batch,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    label_smoothing: float = 0.1,
+    clip: float | None = 1.0,
+    pad_id: int = 0,
+    autocast: torch.dtype | None = None,
+) -> tuple[float, float, float]:
+    """One optimiser step of an encoder-decoder on one ``Batch``, by teacher forcing
+    (``seq2seq_loss``).
 
     Returns:
-        The batch's label-smoothed loss, its token accuracy and the gradient norm before clipping.
+        The batch's label-smoothed loss, its token accuracy and the gradient norm before
+        clipping.
     """
-    loss, metrics, grad_norm = optimizer_step(model, batch, optimizer, scheduler,
-                                              seq2seq_loss(label_smoothing, pad_id, autocast), clip)
+    loss, metrics, grad_norm = optimizer_step(
+        model,
+        batch,
+        optimizer,
+        scheduler,
+        seq2seq_loss(label_smoothing, pad_id, autocast),
+        clip,
+    )
     return loss, metrics["accuracy"], grad_norm
 
 
 # chapters/training.md: The training loop
 class Callback:
-    """What ``run_steps`` calls around its steps; each hook does nothing unless a subclass overrides it."""
+    """What ``run_steps`` calls around its steps; each hook does nothing unless a
+    subclass overrides it."""
 
     def on_train_begin(self, first: int, last: int) -> None:
         """Before step ``first``; the run ends after step ``last``."""
@@ -107,8 +152,9 @@ class Callback:
         return batch
 
     def on_step_end(self, step: int, record: dict[str, float]) -> dict[str, str] | None:
-        """After the step, with its ``record`` ("step", "lr", "loss", metrics, "grad_norm"); what it
-        returns, if anything, is a measurement to show: every callback then gets ``on_evaluate``."""
+        """After the step, with its ``record`` ("step", "lr", "loss", metrics,
+        "grad_norm"); what it returns, if anything, is a measurement to show: every
+        callback then gets ``on_evaluate``."""
         return None
 
     def on_evaluate(self, step: int, measured: dict[str, str]) -> None:
@@ -118,27 +164,41 @@ class Callback:
         """After the last step taken."""
 
     def on_train_stop(self, step: int, error: BaseException) -> None:
-        """When step ``step`` raised ``error`` (a divergence, Ctrl-C): the run ends there, unfinished."""
+        """When step ``step`` raised ``error`` (a divergence, Ctrl-C): the run ends
+        there, unfinished."""
 
 
 _END = object()  # what ``next`` gives for a stream that has run out
 
 
-def run_steps(net: nn.Module, stream: Iterator[Any], optimizer: torch.optim.Optimizer,
-              scheduler: torch.optim.lr_scheduler.LRScheduler | None, loss_fn: LossFunction, steps: int,
-              history: dict[str, list], step: int = 0, *, clip: float | None = 1.0,
-              callbacks: Sequence[Callback] = ()) -> int:
-    """Take ``optimizer_step``s ``step + 1 .. steps`` on the batches of ``stream``; return the last step.
+def run_steps(
+    net: nn.Module,
+    stream: Iterator[Any],
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    loss_fn: LossFunction,
+    steps: int,
+    history: dict[str, list],
+    step: int = 0,
+    *,
+    clip: float | None = 1.0,
+    callbacks: Sequence[Callback] = (),
+) -> int:
+    """Take ``optimizer_step``s ``step + 1 .. steps`` on the batches of ``stream``;
+    return the last step.
 
-    Per step, appends "step", "lr", "loss", each metric of ``loss_fn`` and "grad_norm" to
-    ``history``, and calls the hooks of ``callbacks``, in order (progress, validation, saving, sharding).
-    A step whose loss or gradient is not finite raises ``DivergedError`` naming it; a ``stream`` that
-    runs out before ``steps`` raises ValueError.
+    Per step, appends "step", "lr", "loss", each metric of ``loss_fn`` and "grad_norm"
+    to ``history``, and calls the hooks of ``callbacks``, in order (progress,
+    validation, saving, sharding). A step whose loss or gradient is not finite raises
+    ``DivergedError`` naming it; a ``stream`` that runs out before ``steps`` raises
+    ValueError.
     """
     check_non_negative_int("steps", steps)
     check_non_negative_int("step", step)
     if not isinstance(history, dict):
-        raise TypeError(f"history must be a dict (of lists, filled per step), got {type(history).__name__}")
+        raise TypeError(
+            f"history must be a dict (of lists, filled per step), got {type(history).__name__}"
+        )
     for callback in callbacks:
         callback.on_train_begin(step + 1, steps)
     try:
@@ -146,11 +206,21 @@ def run_steps(net: nn.Module, stream: Iterator[Any], optimizer: torch.optim.Opti
             lr = optimizer.param_groups[0]["lr"]
             batch = next(stream, _END)
             if batch is _END:
-                raise ValueError(f"stream ran out of batches before step {step} of {steps}: it must yield one per step")
+                raise ValueError(
+                    f"stream ran out of batches before step {step} of {steps}: it must yield one per step"
+                )
             for callback in callbacks:
                 batch = callback.on_step_begin(step, batch)
-            loss, metrics, grad_norm = optimizer_step(net, batch, optimizer, scheduler, loss_fn, clip, step=step)
-            record = {"step": step, "lr": lr, "loss": loss, **metrics, "grad_norm": grad_norm}
+            loss, metrics, grad_norm = optimizer_step(
+                net, batch, optimizer, scheduler, loss_fn, clip, step=step
+            )
+            record = {
+                "step": step,
+                "lr": lr,
+                "loss": loss,
+                **metrics,
+                "grad_norm": grad_norm,
+            }
             for key, value in record.items():
                 history.setdefault(key, []).append(value)
             measured: dict[str, str] = {}
@@ -158,7 +228,8 @@ def run_steps(net: nn.Module, stream: Iterator[Any], optimizer: torch.optim.Opti
                 measured.update(callback.on_step_end(step, record) or {})
             for callback in callbacks if measured else ():
                 callback.on_evaluate(step, measured)
-    except BaseException as error:  # a divergence, Ctrl-C: the callbacks close what they opened
+    # a divergence, Ctrl-C: the callbacks close what they opened
+    except BaseException as error:
         for callback in callbacks:
             callback.on_train_stop(step, error)
         raise
@@ -168,11 +239,20 @@ def run_steps(net: nn.Module, stream: Iterator[Any], optimizer: torch.optim.Opti
 
 
 class Progress(Callback):
-    """A tqdm progress bar over the steps, on stderr, showing the loss and the last measurement."""
+    """A tqdm progress bar over the steps, on stderr, showing the loss and the last
+    measurement."""
 
     def on_train_begin(self, first: int, last: int) -> None:
-        self.bar, self.loss = tqdm(total=max(0, last - first + 1), desc="training", unit="step",
-                                   mininterval=1.0, ncols=100), math.nan
+        self.bar, self.loss = (
+            tqdm(
+                total=max(0, last - first + 1),
+                desc="training",
+                unit="step",
+                mininterval=1.0,
+                ncols=100,
+            ),
+            math.nan,
+        )
 
     def on_step_end(self, step: int, record: dict[str, float]) -> None:
         self.loss = record["loss"]
@@ -185,11 +265,13 @@ class Progress(Callback):
         self.bar.close()
 
     def on_train_stop(self, step: int, error: BaseException) -> None:
-        self.bar.close()  # now, before the error's message, not after it when the bar is collected
+        # now, before the error's message, not after it when the bar is collected
+        self.bar.close()
 
 
 class Evaluate(Callback):
-    """``validate(step)`` every ``every`` steps and at the last one (``every`` None or 0: never)."""
+    """``validate(step)`` every ``every`` steps and at the last one (``every`` None or
+    0: never)."""
 
     def __init__(self, validate: Callable[[int], dict[str, str]], every: int | None):
         self.validate, self.every, self.last = validate, every, 0
@@ -206,7 +288,8 @@ class Evaluate(Callback):
 # chapters/training_run.md: A run's seed and threads
 @contextlib.contextmanager
 def run_settings(seed: int, num_threads: int | None) -> Iterator[None]:
-    """Inside the block: torch seeded with ``seed`` and ``num_threads`` CPU threads; both restored after."""
+    """Inside the block: torch seeded with ``seed`` and ``num_threads`` CPU threads;
+    both restored after."""
     threads = torch.get_num_threads()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -219,9 +302,21 @@ def run_settings(seed: int, num_threads: int | None) -> Iterator[None]:
 
 
 def free_cores() -> int:
-    """The cores the last minute's load leaves idle, at least 1 and at most ``OMP_NUM_THREADS`` if set:
-    the threads of the commands and larger training runs, which must not spin for taken cores."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """The cores the last minute's load leaves idle, at least 1 and at most
+    ``OMP_NUM_THREADS`` if set: the threads of the commands and larger training runs,
+    which must not spin for taken cores."""
+    cores = (
+        len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else os.cpu_count() or 1
+    )
     busy = round(os.getloadavg()[0]) if hasattr(os, "getloadavg") else 0
     limit = os.environ.get("OMP_NUM_THREADS", "")
-    return max(1, min(cores, cores - busy, int(limit) if limit.isdigit() and int(limit) > 0 else cores))
+    return max(
+        1,
+        min(
+            cores,
+            cores - busy,
+            int(limit) if limit.isdigit() and int(limit) > 0 else cores,
+        ),
+    )

@@ -21,14 +21,18 @@ from transformer.training.batch import Batch
 
 
 # chapters/training.md: The loss, with label smoothing
-def label_smoothed_cross_entropy(logits: Tensor, target: Tensor, epsilon: float = 0.1,
-                                 ignore_index: int = 0) -> Tensor:
-    """Cross-entropy with label smoothing, averaged over the targets that are not ``ignore_index``.
+def label_smoothed_cross_entropy(
+    logits: Tensor, target: Tensor, epsilon: float = 0.1, ignore_index: int = 0
+) -> Tensor:
+    """Cross-entropy with label smoothing, averaged over the targets that are not
+    ``ignore_index``.
 
-    Equal to ``F.cross_entropy(logits.flatten(0, -2), target.flatten(), label_smoothing=epsilon,
-    ignore_index=ignore_index)``: the target distribution is (1 - epsilon) on the correct token plus
-    epsilon spread evenly over all V tokens. Where every target is ``ignore_index``, there is nothing to
-    learn: the loss is 0, with a zero gradient (``F.cross_entropy``'s mean is 0 / 0 = nan there).
+    Equal to
+    ``F.cross_entropy(logits.flatten(0, -2), target.flatten(), label_smoothing=epsilon, ignore_index=ignore_index)``: the target distribution is (1 - epsilon) on the correct token plus
+    epsilon spread evenly over all V tokens. Where every target is ``ignore_index``,
+    there is nothing to
+    learn: the loss is 0, with a zero gradient (``F.cross_entropy``'s mean is 0 / 0 =
+    nan there).
 
     Shape:
         logits (..., V), target (...) integer ids -> a scalar.
@@ -36,39 +40,56 @@ def label_smoothed_cross_entropy(logits: Tensor, target: Tensor, epsilon: float 
     check_tensor("logits", logits)
     check_token_tensor("target", target)
     if target.shape != logits.shape[:-1]:
-        raise ValueError(f"target must have shape {tuple(logits.shape[:-1])} (logits without V), "
-                         f"got {tuple(target.shape)}")
+        raise ValueError(
+            f"target must have shape {tuple(logits.shape[:-1])} (logits without V), "
+            f"got {tuple(target.shape)}"
+        )
     if not 0.0 <= epsilon < 1.0:
         raise ValueError(f"epsilon must be in [0, 1), got {epsilon}")
     keep = target != ignore_index  # (...): the positions that count
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()  # the log-softmax of half precision loses too much
     log_probs = logits.log_softmax(dim=-1)  # (..., V)
-    nll = -log_probs.gather(-1, target.masked_fill(~keep, 0).unsqueeze(-1)).squeeze(-1)  # (...)
-    uniform = -log_probs.mean(dim=-1)  # (...): the cross-entropy with the uniform distribution
+    # (...)
+    nll = -log_probs.gather(-1, target.masked_fill(~keep, 0).unsqueeze(-1)).squeeze(-1)
+    # (...): the cross-entropy with the uniform distribution
+    uniform = -log_probs.mean(dim=-1)
     loss = (1.0 - epsilon) * nll + epsilon * uniform  # (...), the equation
-    return loss.masked_fill(~keep, 0.0).sum() / keep.sum().clamp(min=1)  # all padding: 0 / 1, not 0 / 0
+    # all padding: 0 / 1, not 0 / 0
+    return loss.masked_fill(~keep, 0.0).sum() / keep.sum().clamp(min=1)
 
 
 # chapters/training.md: Gradient clipping
-#: A loss function of the training loop: (model, batch) -> (loss to minimise, metrics to record).
+#: A loss function of the training loop: (model, batch) -> (loss to minimise, metrics to
+#: record).
 LossFunction = Callable[[nn.Module, Any], tuple[Tensor, dict[str, Tensor]]]
 
 
-def seq2seq_loss(label_smoothing: float = 0.1, pad_id: int = 0,
-                 autocast: torch.dtype | None = None) -> LossFunction:
-    """The loss function of an encoder-decoder trained by teacher forcing, on a ``Batch``.
+def seq2seq_loss(
+    label_smoothing: float = 0.1, pad_id: int = 0, autocast: torch.dtype | None = None
+) -> LossFunction:
+    """The loss function of an encoder-decoder trained by teacher forcing, on a
+    ``Batch``.
 
-    It returns the label-smoothed cross-entropy of the batch and, as its metric "accuracy", the
-    share of non-padding targets that are the most likely token. With ``autocast`` (e.g.
-    ``torch.bfloat16`` on a GPU), the forward pass runs under ``torch.autocast`` in that type; the
-    weights, gradients and loss stay in float32.
+    It returns the label-smoothed cross-entropy of the batch and, as its metric
+    "accuracy", the share of non-padding targets that are the most likely token. With
+    ``autocast`` (e.g. ``torch.bfloat16`` on a GPU), the forward pass runs under
+    ``torch.autocast`` in that type; the weights, gradients and loss stay in float32.
     """
+
     def loss(model: nn.Module, batch: Batch) -> tuple[Tensor, dict[str, Tensor]]:
-        with torch.autocast(batch.src.device.type, dtype=autocast, enabled=autocast is not None):
-            logits = model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)  # (B, T, V)
-        value = label_smoothed_cross_entropy(logits, batch.tgt_out, label_smoothing, ignore_index=pad_id)
+        with torch.autocast(
+            batch.src.device.type, dtype=autocast, enabled=autocast is not None
+        ):
+            # (B, T, V)
+            logits = model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)
+        value = label_smoothed_cross_entropy(
+            logits, batch.tgt_out, label_smoothing, ignore_index=pad_id
+        )
         real = batch.tgt_out != pad_id  # (B, T)
-        accuracy = (logits.detach().argmax(dim=-1) == batch.tgt_out)[real].float().mean()
+        accuracy = (
+            (logits.detach().argmax(dim=-1) == batch.tgt_out)[real].float().mean()
+        )
         return value, {"accuracy": accuracy}
+
     return loss

@@ -21,26 +21,38 @@ from transformer.checks import check_fraction, check_positive_int
 
 # chapters/training.md: Adam and the warm-up schedule
 def warmup_lr(step: int, d_model: int, warmup: int) -> float:
-    """The paper's learning rate, d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), for step >= 1."""
+    """The paper's learning rate, d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), for
+    step >= 1."""
     step = check_positive_int("step", step)
-    d_model, warmup = check_positive_int("d_model", d_model), check_positive_int("warmup", warmup)
-    return d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+    d_model, warmup = (
+        check_positive_int("d_model", d_model),
+        check_positive_int("warmup", warmup),
+    )
+    return d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
 # chapters/training.md: Cooling down at the end
 def cooldown_factor(step: int, steps: int, cooldown: float) -> float:
-    """The factor f(step) of a cooldown over the last share ``cooldown`` of ``steps``: 1 before it,
-    then a line falling to 1 / (cooldown * steps) at the last step; always 1 for ``cooldown=0``."""
+    """The factor f(step) of a cooldown over the last share ``cooldown`` of ``steps``: 1
+    before it, then a line falling to 1 / (cooldown * steps) at the last step; always 1
+    for ``cooldown=0``."""
     step, steps = check_positive_int("step", step), check_positive_int("steps", steps)
-    length = round(check_fraction("cooldown", cooldown) * steps)  # the number of steps that cool down
+    # the number of steps that cool down
+    length = round(check_fraction("cooldown", cooldown) * steps)
     return min(1.0, (steps - step + 1) / length) if length else 1.0
 
 
 # chapters/training.md: Cooling down at the end
-def warmup_rate(d_model: int, warmup: int, factor: float = 1.0, steps: int | None = None,
-                cooldown: float = 0.0) -> Callable[[int], float]:
-    """The rate of step s = 1, 2, ...: ``factor * warmup_lr(s, d_model, warmup)``, and with ``cooldown``
-    (a share of the run's ``steps``) times ``cooldown_factor(s, steps, cooldown)``."""
+def warmup_rate(
+    d_model: int,
+    warmup: int,
+    factor: float = 1.0,
+    steps: int | None = None,
+    cooldown: float = 0.0,
+) -> Callable[[int], float]:
+    """The rate of step s = 1, 2, ...: ``factor * warmup_lr(s, d_model, warmup)``, and
+    with ``cooldown`` (a share of the run's ``steps``) times
+    ``cooldown_factor(s, steps, cooldown)``."""
     check_positive_int("d_model", d_model)
     check_positive_int("warmup", warmup)
     if not factor > 0:
@@ -50,23 +62,42 @@ def warmup_rate(d_model: int, warmup: int, factor: float = 1.0, steps: int | Non
         raise ValueError("cooldown needs steps, the length of the run")
     if steps is not None:
         check_positive_int("steps", steps)
-    return lambda step: factor * warmup_lr(step, d_model, warmup) * cooldown_factor(step, steps or 1, cooldown)
+    return lambda step: (
+        factor
+        * warmup_lr(step, d_model, warmup)
+        * cooldown_factor(step, steps or 1, cooldown)
+    )
 
 
-def make_adam(parameters: Iterable[Tensor], rate: Callable[[int], float], lr: float = 1.0, *,
-              betas: tuple[float, float] = (0.9, 0.98), eps: float = 1e-9,
-              weight_decay: float = 0.0) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """Adam with the paper's betas and eps (AdamW with ``weight_decay``), and a scheduler that sets the
-    rate of step s to ``lr * rate(s)``: (optimizer, scheduler); call ``scheduler.step()`` after each step."""
-    optimizer = (torch.optim.AdamW(parameters, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-                 if weight_decay else torch.optim.Adam(parameters, lr=lr, betas=betas, eps=eps))
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: rate(done + 1))  # done: steps taken
+def make_adam(
+    parameters: Iterable[Tensor],
+    rate: Callable[[int], float],
+    lr: float = 1.0,
+    *,
+    betas: tuple[float, float] = (0.9, 0.98),
+    eps: float = 1e-9,
+    weight_decay: float = 0.0,
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """Adam with the paper's betas and eps (AdamW with ``weight_decay``), and a
+    scheduler that sets the rate of step s to ``lr * rate(s)``: (optimizer, scheduler);
+    call ``scheduler.step()`` after each step."""
+    optimizer = (
+        torch.optim.AdamW(
+            parameters, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay
+        )
+        if weight_decay
+        else torch.optim.Adam(parameters, lr=lr, betas=betas, eps=eps)
+    )
+    # done: steps taken
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda done: rate(done + 1)
+    )
 
 
 # chapters/decoder_only.md: Training
 def warmup_cosine(step: int, warmup: int, steps: int, final: float = 0.1) -> float:
-    """The learning-rate factor of step 1, 2, ...: linear warm-up over ``warmup`` steps, then a
-    cosine decay from 1 to ``final`` at the last step."""
+    """The learning-rate factor of step 1, 2, ...: linear warm-up over ``warmup`` steps,
+    then a cosine decay from 1 to ``final`` at the last step."""
     if step <= warmup:
         return step / warmup
     progress = (step - warmup) / max(1, steps - warmup)  # 0 -> 1

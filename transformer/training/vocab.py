@@ -40,13 +40,21 @@ class Vocab:
             raise ValueError(f"split must be 'word' or 'char', got {split!r}")
         tokens = list(tokens)
         for token in tokens:
-            if not isinstance(token, str) or (split == "char" and len(token) != 1) or token != token.strip():
-                raise ValueError(f"every token must be a {split} (a str), got {token!r}")
+            if (
+                not isinstance(token, str)
+                or (split == "char" and len(token) != 1)
+                or token != token.strip()
+            ):
+                raise ValueError(
+                    f"every token must be a {split} (a str), got {token!r}"
+                )
         self.split = split
         self.itos = list(self.SPECIALS) + tokens  # id -> token
         self.stoi = {token: i for i, token in enumerate(self.itos)}  # token -> id
         if len(self.stoi) != len(self.itos):
-            raise ValueError("tokens must be distinct and must not repeat a special token")
+            raise ValueError(
+                "tokens must be distinct and must not repeat a special token"
+            )
 
     def __len__(self) -> int:
         return len(self.itos)
@@ -58,7 +66,8 @@ class Vocab:
         return text.split() if self.split == "word" else list(text)
 
     def encode(self, text: str) -> list[int]:
-        """The ids of the tokens of ``text``, without specials; an unknown token raises, naming it."""
+        """The ids of the tokens of ``text``, without specials; an unknown token raises,
+        naming it."""
         ids = []
         for token in self.tokenize(text):
             i = self.stoi.get(token)
@@ -68,7 +77,8 @@ class Vocab:
         return ids
 
     def decode(self, ids: Tensor | Sequence[int]) -> str:
-        """The text of a sequence of ids (list or 1-D tensor): stops at ``<eos>``, drops specials."""
+        """The text of a sequence of ids (list or 1-D tensor): stops at ``<eos>``, drops
+        specials."""
         if isinstance(ids, Tensor):
             ids = ids.tolist()
         tokens = []
