@@ -59,12 +59,24 @@ def test_page_renders_with_local_assets_only(doc, visit):
         "() => [...document.images].filter(i => !i.complete || i.naturalWidth === 0).map(i => i.src)"
     )
     assert broken == [], f"figures that did not load: {broken}"
+    # Figures have twice the pixels they are shown with (the book's kernel draws them with
+    # InlineBackend.figure_formats=retina: tools/jupyter/kernels/python3), sharp on high-density screens.
+    soft = page.evaluate(
+        "() => [...document.querySelectorAll('.cell_output img')].filter(i => i.getBoundingClientRect().width > 0"
+        " && i.naturalWidth < 1.5 * i.getBoundingClientRect().width).map(i => i.src)"
+    )
+    assert soft == [], f"figures with fewer pixels than a high-density screen shows them with: {soft}"
     assert v.errors == [], f"console errors: {v.errors}"
     assert v.outside == [], f"requests that left the local server: {v.outside}"
     if doc in SCREENSHOT_PAGES:  # scrolled to the first displayed equation, to show it typeset
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.locator("div.math").first.scroll_into_view_if_needed()
         page.screenshot(path=str(SCREENSHOTS / f"{Path(doc).name}.png"))
+    # On a phone (390 px) the page does not slide sideways: code blocks, tables and equations wider
+    # than the screen scroll in their own boxes, and inline code breaks (tools/site.css).
+    page.set_viewport_size({"width": 390, "height": 844})
+    width = page.evaluate("() => document.documentElement.scrollWidth")
+    assert width <= 391, f"at 390 px the page is {width} px wide: it slides sideways"
 
 
 # Every display equation (MathJax's CHTML output in a `div.math`): how far its box reaches past the
