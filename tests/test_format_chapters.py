@@ -94,3 +94,13 @@ def test_bad_arguments_exit_2(tmp_path):
     with pytest.raises(SystemExit) as stop:
         fc.main([str(tmp_path / "missing.md")])
     assert stop.value.code == 2
+
+
+def test_a_glue_call_that_also_assigns_a_name_is_not_moved(tmp_path):
+    # glue("x", y := 2, ...) defines y: an assert after it reads y, so moving the call past the
+    # assert would break the cell (chapters/detection.md had one).
+    path = _chapter(tmp_path, _cell('glue("x", y := 2, display=False)\nassert y == 2'))
+    assert fc.main(["--tag-plumbing", str(path)]) == 0
+    text = path.read_text()
+    assert ":tags: [remove-input]" not in text
+    assert 'glue("x", y := 2, display=False)\nassert y == 2\n```' in text

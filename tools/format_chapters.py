@@ -353,6 +353,8 @@ def _is_quiet_glue(statement: ast.stmt) -> bool:
     if _call_name(statement) != "glue":
         return False
     call = statement.value  # type: ignore[attr-defined]
+    if any(isinstance(node, ast.NamedExpr) for node in ast.walk(call)):
+        return False  # it also assigns a name (glue("x", y := ...)): what follows may read it
     return any(k.arg == "display" and isinstance(k.value, ast.Constant) and k.value.value is False
                for k in call.keywords)
 
