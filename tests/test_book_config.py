@@ -158,3 +158,18 @@ def test_the_chapters_are_numbered_and_the_introduction_and_the_back_matter_are_
         assert part.get("numbered", False) is numbered, f"part {part['caption']!r}: numbered should be {numbered}"
     assert all(entry["file"].startswith("chapters/") for part in toc["parts"] if part.get("numbered")
                for entry in part["chapters"])
+
+
+def test_the_prefaces_ways_through_the_book_name_the_parts_chapter_numbers():
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    first, ranges = 1, {}
+    for part in toc["parts"]:
+        if part.get("numbered"):
+            ranges[part["caption"]] = (first, first + len(part["chapters"]) - 1)
+            first += len(part["chapters"])
+    preface = (ROOT / "preface.md").read_text()
+    start, _ = ranges["Inputs"]
+    _, end = ranges["The paper's experiment"]
+    assert f"(chapters {start} to {end})" in preface
+    for caption in ("Cost and scale", "Beyond the original"):
+        assert "(chapters {} to {})".format(*ranges[caption]) in preface, caption
