@@ -64,3 +64,13 @@ def test_book_workflow_builds_the_repository_buttons():
     make = next(cmd for cmd in commands(build) if cmd.startswith("make book"))
     assert "REPOSITORY_URL=https://github.com/${{ github.repository }}" in make
     assert "BOOK_EXECUTION=cache" in make
+
+
+def test_the_repository_tracks_no_symbolic_link():
+    # A link committed by mistake (a fetched folder linked into a worktree) breaks every other clone:
+    # set-up then writes through it. The ignored folders of set-up are ignored as links too.
+    import subprocess
+
+    listing = subprocess.run(["git", "ls-files", "-s"], cwd=WORKFLOWS.parent.parent, capture_output=True, text=True, check=True).stdout
+    links = [line.split("\t", 1)[1] for line in listing.splitlines() if line.startswith("120000 ")]
+    assert links == [], f"symbolic links in the repository: {links}"
