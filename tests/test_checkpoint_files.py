@@ -100,6 +100,27 @@ def test_a_save_that_fails_midway_keeps_the_last_checkpoint_and_leaves_no_partia
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
 
 
+def test_ctrl_c_during_a_save_waits_for_the_whole_file_then_stops(tmp_path, monkeypatch):
+    """CI saw it: a Ctrl-C inside torch.save left the zip writer half done, its close failed with a
+    RuntimeError, and the command printed that traceback instead of its one line (exit 1, not 130)."""
+    real_save = torch.save
+
+    def interrupted_save(obj, file):
+        file.write(b"")  # the save has begun when the Ctrl-C comes
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # Python runs the handler between bytecodes: here, inside the save
+        real_save(obj, file)
+
+    monkeypatch.setattr(torch, "save", interrupted_save)
+    path = tmp_path / "x.pt"
+    with pytest.raises(KeyboardInterrupt):
+        save_torch_file({"a": torch.arange(5)}, path)
+    monkeypatch.undo()
+    assert torch.equal(read_torch_file(path)["a"], torch.arange(5))  # saved whole, then stopped
+    assert [p.name for p in tmp_path.iterdir()] == ["x.pt"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+
+
 def test_a_save_removes_the_partial_files_of_killed_saves_but_not_those_of_running_ones(tmp_path):
     finished = subprocess.Popen([sys.executable, "-c", "pass"])
     finished.wait()  # its process id is free now: the file stands for a killed save

@@ -8,20 +8,18 @@ Defined in the book's chapter "Long runs" (chapters/long_runs.md).
 """
 
 
-__all__ = ['build_parser', 'ctrl_c_held', 'main']
+__all__ = ['build_parser', 'main']
 
 
 import argparse
-import contextlib
 import os
-import signal
 import sys
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from transformer.cli.options import CommandParser, positive_int
+from transformer.training.checkpoint import ctrl_c_held
 from transformer.files import read_lines
 from transformer.training.loop import free_cores
 from transformer.generation.quantize import quantize_int8
@@ -97,26 +95,6 @@ def build_parser(
         "replaced by U+FFFD, naming it on stderr (replace)",
     )
     return parser
-
-
-@contextlib.contextmanager
-def ctrl_c_held() -> Iterator[None]:
-    """Hold Ctrl-C (SIGINT) back for the length of the block, and raise it after: the
-    block is done whole or not at all. A Python handler, not a blocked signal: the
-    process's other threads (torch's) can receive the signal too, but Python runs its
-    handlers in the main thread, where this one only notes it. (Outside the main thread,
-    where handlers cannot be set, the block runs as it is.)"""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    came: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if came:
-            raise KeyboardInterrupt  # the Ctrl-C that came during the block
 
 
 def main(

@@ -10,13 +10,16 @@ as a tool" (chapters/package_as_tool.md: ``load_checkpoint``) and, for averaging
 """
 
 
-__all__ = ['save_torch_file', 'read_torch_file', 'BUILDERS', 'save_checkpoint', 'read_checkpoint', 'restore_checkpoint', 'check_resume', 'resume', 'SaveEvery', 'numbers_model', 'model_of', 'load_checkpoint', 'average_checkpoints']
+__all__ = ['ctrl_c_held', 'save_torch_file', 'read_torch_file', 'BUILDERS', 'save_checkpoint', 'read_checkpoint', 'restore_checkpoint', 'check_resume', 'resume', 'SaveEvery', 'numbers_model', 'model_of', 'load_checkpoint', 'average_checkpoints']
 
 
+import contextlib
 import os
 import re
+import signal
+import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, overload
@@ -32,6 +35,26 @@ from transformer.nn.model import Transformer
 
 
 # chapters/training_run.md: Checkpoints
+@contextlib.contextmanager
+def ctrl_c_held() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) back for the length of the block, and raise it after: the
+    block is done whole or not at all. A Python handler, not a blocked signal: the
+    process's other threads (torch's) can receive the signal too, but Python runs its
+    handlers in the main thread, where this one only notes it. (Outside the main thread,
+    where handlers cannot be set, the block runs as it is.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if came:
+            raise KeyboardInterrupt  # the Ctrl-C that came during the block
+
+
 def save_torch_file(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save(obj, path)``, whole or not at all: save to ``.NAME.PID.partial``
     beside ``path``, force it onto the disk, then rename it over ``path``. Partial files
@@ -51,13 +74,15 @@ def save_torch_file(obj: Any, path: str | os.PathLike) -> None:
             stale.unlink(missing_ok=True)
     partial = path.parent / f".{path.name}.{os.getpid()}.partial"
     try:
-        with open(partial, "wb") as file:
-            torch.save(obj, file)
-            file.flush()
-            # on the disk, not only in the system's cache, before it replaces anything
-            os.fsync(file.fileno())
-        # atomic: readers see the old file or the new one, never a mix
-        os.replace(partial, path)
+        # a Ctrl-C waits for the save's end, so that it stops the program, not torch.save
+        with ctrl_c_held():
+            with open(partial, "wb") as file:
+                torch.save(obj, file)
+                file.flush()
+                # on the disk, not only in the system's cache, before it replaces anything
+                os.fsync(file.fileno())
+            # atomic: readers see the old file or the new one, never a mix
+            os.replace(partial, path)
     finally:
         # a save that failed (disk full) leaves nothing behind
         partial.unlink(missing_ok=True)
