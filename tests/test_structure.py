@@ -91,11 +91,15 @@ def test_imports_run_one_way():
 
 
 def test_the_modules_at_the_top_import_no_subpackage_but_to_run_a_command():
-    # checks.py, paths.py and files.py sit below everything; train.py and translate.py only run cli's commands.
+    # checks.py, paths.py, files.py and interrupts.py sit below everything; train.py and translate.py only
+    # run cli's commands, through interrupts.run_command (which imports the command with Ctrl-C held)
     graph = import_graph(MODULES)
-    for name in ("checks", "paths", "files"):
+    for name in ("checks", "paths", "files", "interrupts"):
         assert graph[name] == set(), graph[name]
-    assert graph["train"] == {"cli.train"} and graph["translate"] == {"cli.translate"}
+    for name in ("train", "translate"):
+        assert graph[name] == {"interrupts"}, graph[name]
+        text = (PACKAGE / f"{name}.py").read_text()
+        assert "run_command(" in text and f'"transformer.cli.{name}"' in text, text
     importers = [a for a, imported in graph.items() if imported & {"train", "translate", "__main__"}]
     assert importers == []
 

@@ -636,6 +636,32 @@ def test_ctrl_c_stops_train_with_130_and_one_line_naming_what_was_kept(tmp_path)
     assert sorted(path.name for path in folder.iterdir()) == ["checkpoint.pt"]  # no partial file left
 
 
+@pytest.mark.parametrize("entry", [["-m", "transformer", "train"], ["-m", "transformer.train"]])
+@pytest.mark.parametrize("delay", [0.0, 0.3])
+def test_ctrl_c_while_the_command_imports_torch_is_one_line_and_130(tmp_path, entry, delay):
+    """The first seconds of a command go to importing torch. A Ctrl-C then used to print Python's
+    KeyboardInterrupt traceback from inside torch's import (or, once, to be lost in it: the run went
+    on). ``-X importtime`` shows on stderr when the import of torch has begun; the Ctrl-C follows."""
+    process = subprocess.Popen([sys.executable, "-X", "importtime", *entry, *TINY, "--steps", "5000",
+                                "--checkpoint-dir", str(tmp_path / "run")],
+                               cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=interruptible)
+    said = []
+    for line in process.stderr:  # import time: self [us] | cumulative | imported package
+        said.append(line)
+        if line.startswith("import time:") and line.split("|")[-1].strip() == "torch._utils":
+            break  # torch's own modules are being imported
+    else:
+        raise AssertionError(f"torch's import never showed: {''.join(said)[-2000:]}")
+    time.sleep(delay)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=TIMEOUT)
+    lines = [line for line in err.splitlines() if not line.startswith("import time:")]
+    prog = "transformer train" if entry[-1] == "train" else "python -m transformer.train"
+    assert process.returncode == 130 and lines == [f"{prog}: interrupted (Ctrl-C)"], err[-3000:]
+    assert not (tmp_path / "run").exists()  # stopped before it began
+
+
 def test_ctrl_c_before_a_run_keeps_nothing_and_says_so(monkeypatch, capsys):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

@@ -524,8 +524,10 @@ def render_init(modules: list[Module]) -> str:
                          "The names here are the ones a package user reaches for; everything else is imported "
                          "from its\nsubpackage: " + ", ".join(f"``{PACKAGE}.{name}``" for name in SUBPACKAGES) + ".")
     lines += [
+        "import importlib as _importlib",
         "from importlib.metadata import PackageNotFoundError as _PackageNotFoundError",
         "from importlib.metadata import version as _version",
+        "from typing import TYPE_CHECKING as _TYPE_CHECKING",
         "",
         "try:",
         '    __version__ = _version("transformer-book")  # from the installed package\'s metadata',
@@ -533,7 +535,39 @@ def render_init(modules: list[Module]) -> str:
         '    __version__ = "0+unknown"',
         "",
     ]
-    return _with_all(lines, [(module.dotted, module.top_level) for module in modules if module.top_level])
+    imports = [(module.dotted, module.top_level) for module in modules if module.top_level]
+    exported = [name for _, names in imports for name in names]
+    lines += ["#: Each name -> the module that defines it, imported when the name is first used: `import "
+              "transformer`",
+              "#: imports no torch, so that the `transformer` command starts at once and can hold Ctrl-C "
+              "while it",
+              "#: imports torch (transformer/interrupts.py).",
+              "_WHERE = {"] + [f"    {name!r}: {module!r}," for module, names in imports for name in names] + ["}"]
+    lines += [f"_SUBPACKAGES = {tuple(SUBPACKAGES)!r}", ""]
+    lines += ["if _TYPE_CHECKING:  # what type checkers and editors read"]
+    lines += ["    " + line for module, names in imports for line in _from_import(module, names).splitlines()]
+    lines += [
+        "",
+        "",
+        "def __getattr__(name: str) -> object:",
+        '    """A name of ``__all__`` or a subpackage, imported on first use (PEP 562)."""',
+        "    if name in _WHERE:",
+        "        value = getattr(_importlib.import_module(_WHERE[name]), name)",
+        "    elif name in _SUBPACKAGES:",
+        '        value = _importlib.import_module(f"{__name__}.{name}")',
+        "    else:",
+        '        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")',
+        "    globals()[name] = value  # the next use finds it without this function",
+        "    return value",
+        "",
+        "",
+        "def __dir__() -> list[str]:",
+        "    return sorted({*globals(), *_WHERE, *_SUBPACKAGES})",
+        "",
+        "",
+        "__all__ = [",
+    ] + [f"    {name!r}," for name in exported] + ["]", ""]
+    return "\n".join(lines)
 
 
 def render_subpackage_init(name: str, modules: list[Module]) -> str:

@@ -5,43 +5,110 @@ The names here are the ones a package user reaches for; everything else is impor
 subpackage: ``transformer.nn``, ``transformer.generation``, ``transformer.training``, ``transformer.tasks``, ``transformer.interop``, ``transformer.cli``, ``transformer.book``.
 """
 
+import importlib as _importlib
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 try:
     __version__ = _version("transformer-book")  # from the installed package's metadata
 except _PackageNotFoundError:  # the source folder on sys.path, not installed
     __version__ = "0+unknown"
 
-from transformer.nn.embedding import TokenEmbedding
-from transformer.nn.positional import SinusoidalPositionalEncoding, LearnedPositionalEncoding
-from transformer.nn.attention import scaled_dot_product_attention, causal_mask, padding_mask
-from transformer.nn.multihead import MultiHeadAttention
-from transformer.nn.feedforward import PositionwiseFeedForward
-from transformer.nn.residual import LayerNorm
-from transformer.nn.encoder import LayerOptions, EncoderLayer, Encoder
-from transformer.nn.decoder import DecoderLayer, Decoder
-from transformer.nn.model import Transformer
-from transformer.training.losses import label_smoothed_cross_entropy
-from transformer.training.schedules import make_adam
-from transformer.training.loop import run_steps
-from transformer.generation.decoding import greedy_decode, beam_search
-from transformer.tasks.numbers_fit import fit
-from transformer.training.config import TrainConfig
-from transformer.training.checkpoint import save_checkpoint, load_checkpoint, average_checkpoints
-from transformer.nn.cache import DecoderCache
-from transformer.generation.quantize import quantize_int8
-from transformer.tasks.translation import fit_translation, load_translator
-from transformer.tasks.classifier import train_classifier
-from transformer.nn.encoder_only import SequenceClassifier
-from transformer.tasks.language_model import train_language_model
-from transformer.nn.decoder_only import DecoderOnlyLM
-from transformer.generation.sampling import sample
-from transformer.nn.relative import RelativeMultiHeadAttention, RotaryMultiHeadAttention
-from transformer.nn.vision import VisionTransformer
-from transformer.nn.captioner import ImageCaptioner
-from transformer.interop.huggingface_in import from_huggingface
-from transformer.interop.huggingface_out import to_huggingface
+#: Each name -> the module that defines it, imported when the name is first used: `import transformer`
+#: imports no torch, so that the `transformer` command starts at once and can hold Ctrl-C while it
+#: imports torch (transformer/interrupts.py).
+_WHERE = {
+    'TokenEmbedding': 'transformer.nn.embedding',
+    'SinusoidalPositionalEncoding': 'transformer.nn.positional',
+    'LearnedPositionalEncoding': 'transformer.nn.positional',
+    'scaled_dot_product_attention': 'transformer.nn.attention',
+    'causal_mask': 'transformer.nn.attention',
+    'padding_mask': 'transformer.nn.attention',
+    'MultiHeadAttention': 'transformer.nn.multihead',
+    'PositionwiseFeedForward': 'transformer.nn.feedforward',
+    'LayerNorm': 'transformer.nn.residual',
+    'LayerOptions': 'transformer.nn.encoder',
+    'EncoderLayer': 'transformer.nn.encoder',
+    'Encoder': 'transformer.nn.encoder',
+    'DecoderLayer': 'transformer.nn.decoder',
+    'Decoder': 'transformer.nn.decoder',
+    'Transformer': 'transformer.nn.model',
+    'label_smoothed_cross_entropy': 'transformer.training.losses',
+    'make_adam': 'transformer.training.schedules',
+    'run_steps': 'transformer.training.loop',
+    'greedy_decode': 'transformer.generation.decoding',
+    'beam_search': 'transformer.generation.decoding',
+    'fit': 'transformer.tasks.numbers_fit',
+    'TrainConfig': 'transformer.training.config',
+    'save_checkpoint': 'transformer.training.checkpoint',
+    'load_checkpoint': 'transformer.training.checkpoint',
+    'average_checkpoints': 'transformer.training.checkpoint',
+    'DecoderCache': 'transformer.nn.cache',
+    'quantize_int8': 'transformer.generation.quantize',
+    'fit_translation': 'transformer.tasks.translation',
+    'load_translator': 'transformer.tasks.translation',
+    'train_classifier': 'transformer.tasks.classifier',
+    'SequenceClassifier': 'transformer.nn.encoder_only',
+    'train_language_model': 'transformer.tasks.language_model',
+    'DecoderOnlyLM': 'transformer.nn.decoder_only',
+    'sample': 'transformer.generation.sampling',
+    'RelativeMultiHeadAttention': 'transformer.nn.relative',
+    'RotaryMultiHeadAttention': 'transformer.nn.relative',
+    'VisionTransformer': 'transformer.nn.vision',
+    'ImageCaptioner': 'transformer.nn.captioner',
+    'from_huggingface': 'transformer.interop.huggingface_in',
+    'to_huggingface': 'transformer.interop.huggingface_out',
+}
+_SUBPACKAGES = ('nn', 'generation', 'training', 'tasks', 'interop', 'cli', 'book')
+
+if _TYPE_CHECKING:  # what type checkers and editors read
+    from transformer.nn.embedding import TokenEmbedding
+    from transformer.nn.positional import SinusoidalPositionalEncoding, LearnedPositionalEncoding
+    from transformer.nn.attention import scaled_dot_product_attention, causal_mask, padding_mask
+    from transformer.nn.multihead import MultiHeadAttention
+    from transformer.nn.feedforward import PositionwiseFeedForward
+    from transformer.nn.residual import LayerNorm
+    from transformer.nn.encoder import LayerOptions, EncoderLayer, Encoder
+    from transformer.nn.decoder import DecoderLayer, Decoder
+    from transformer.nn.model import Transformer
+    from transformer.training.losses import label_smoothed_cross_entropy
+    from transformer.training.schedules import make_adam
+    from transformer.training.loop import run_steps
+    from transformer.generation.decoding import greedy_decode, beam_search
+    from transformer.tasks.numbers_fit import fit
+    from transformer.training.config import TrainConfig
+    from transformer.training.checkpoint import save_checkpoint, load_checkpoint, average_checkpoints
+    from transformer.nn.cache import DecoderCache
+    from transformer.generation.quantize import quantize_int8
+    from transformer.tasks.translation import fit_translation, load_translator
+    from transformer.tasks.classifier import train_classifier
+    from transformer.nn.encoder_only import SequenceClassifier
+    from transformer.tasks.language_model import train_language_model
+    from transformer.nn.decoder_only import DecoderOnlyLM
+    from transformer.generation.sampling import sample
+    from transformer.nn.relative import RelativeMultiHeadAttention, RotaryMultiHeadAttention
+    from transformer.nn.vision import VisionTransformer
+    from transformer.nn.captioner import ImageCaptioner
+    from transformer.interop.huggingface_in import from_huggingface
+    from transformer.interop.huggingface_out import to_huggingface
+
+
+def __getattr__(name: str) -> object:
+    """A name of ``__all__`` or a subpackage, imported on first use (PEP 562)."""
+    if name in _WHERE:
+        value = getattr(_importlib.import_module(_WHERE[name]), name)
+    elif name in _SUBPACKAGES:
+        value = _importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # the next use finds it without this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE, *_SUBPACKAGES})
+
 
 __all__ = [
     'TokenEmbedding',

@@ -12,11 +12,10 @@ __all__ = ['COMMANDS', 'command']
 
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
 
-from transformer.cli.options import CommandParser
+from transformer.interrupts import ctrl_c_held, run_command
 
 
 # chapters/scaling_out.md: Putting it together
@@ -41,6 +40,15 @@ def command(argv: Sequence[str] | None = None) -> int:
     (Not named ``main``: in this chapter's notebook, that is the trainer's.)
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in COMMANDS:
+        # imported there: each command loads only what it needs
+        return run_command(COMMANDS[argv[0]][0], argv[1:], f"transformer {argv[0]}")
+    try:
+        with ctrl_c_held():
+            from transformer.cli.options import CommandParser  # noqa: PLC0415 (torch)
+    except KeyboardInterrupt:
+        print("transformer: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
     listing = "\n".join(
         f"  {name:<10} {meaning}" for name, (_, meaning) in COMMANDS.items()
     )
@@ -53,24 +61,13 @@ def command(argv: Sequence[str] | None = None) -> int:
     if not argv:
         parser.print_help(sys.stderr)
         return 2
-    if argv[0] not in COMMANDS:
-        try:
-            if argv[0].startswith("-"):
-                # -h, --help and --version end here, as does an unknown option
-                parser.parse_args(argv[:1])
-            parser.error(
-                f"unknown command {argv[0]!r} (choose from {', '.join(COMMANDS)})"
-            )
-        except SystemExit as stop:
-            return int(stop.code or 0)
     try:
-        # imported here: each command loads only what it needs
-        run = importlib.import_module(COMMANDS[argv[0]][0]).main
-        return run(argv[1:], prog=f"transformer {argv[0]}")
-    # Ctrl-C where the command keeps nothing: a request to stop, not a crash
-    except KeyboardInterrupt:
-        print(f"transformer {argv[0]}: interrupted (Ctrl-C)", file=sys.stderr)
-        return 130
+        if argv[0].startswith("-"):
+            # -h, --help and --version end here, as does an unknown option
+            parser.parse_args(argv[:1])
+        parser.error(f"unknown command {argv[0]!r} (choose from {', '.join(COMMANDS)})")
+    except SystemExit as stop:
+        return int(stop.code or 0)
 
 
 # chapters/classify_command.md: Labelling: `transformer classify`

@@ -9,10 +9,14 @@ Defined in the book's chapter "Scaling out" (chapters/scaling_out.md).
 __all__ = []
 
 
-import transformer.cli.train as _command
+import sys
+
+from transformer.interrupts import run_command
 
 
 # chapters/scaling_out.md: Putting it together
 # `python -m transformer.train`, not a notebook
 if __name__ == "__main__" and __spec__ is not None:
-    raise SystemExit(_command.main())
+    raise SystemExit(
+        run_command("transformer.cli.train", sys.argv[1:], "python -m transformer.train")
+    )

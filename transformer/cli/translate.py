@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from transformer.cli.options import CommandParser, positive_int
-from transformer.training.checkpoint import ctrl_c_held
+from transformer.interrupts import ctrl_c_held
 from transformer.files import read_lines
 from transformer.training.loop import free_cores
 from transformer.generation.quantize import quantize_int8

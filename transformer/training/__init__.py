@@ -9,7 +9,7 @@ from transformer.training.schedules import warmup_lr, cooldown_factor, warmup_ra
 from transformer.training.loop import (DivergedError, first_non_finite, optimizer_step, train_step, Callback, run_steps,
     Progress, Evaluate, run_settings, free_cores)
 from transformer.training.config import TrainConfig, make_model, make_optimizer
-from transformer.training.checkpoint import (ctrl_c_held, save_torch_file, read_torch_file, BUILDERS, save_checkpoint,
+from transformer.training.checkpoint import (save_torch_file, read_torch_file, BUILDERS, save_checkpoint,
     read_checkpoint, restore_checkpoint, check_resume, resume, SaveEvery, numbers_model, model_of, load_checkpoint,
     average_checkpoints)
 from transformer.training.distributed import (shard_batch, DataParallelHooks, data_parallel_options, world_size_of_run,
@@ -40,7 +40,6 @@ __all__ = [
     'TrainConfig',
     'make_model',
     'make_optimizer',
-    'ctrl_c_held',
     'save_torch_file',
     'read_torch_file',
     'BUILDERS',

@@ -10,16 +10,13 @@ as a tool" (chapters/package_as_tool.md: ``load_checkpoint``) and, for averaging
 """
 
 
-__all__ = ['ctrl_c_held', 'save_torch_file', 'read_torch_file', 'BUILDERS', 'save_checkpoint', 'read_checkpoint', 'restore_checkpoint', 'check_resume', 'resume', 'SaveEvery', 'numbers_model', 'model_of', 'load_checkpoint', 'average_checkpoints']
+__all__ = ['save_torch_file', 'read_torch_file', 'BUILDERS', 'save_checkpoint', 'read_checkpoint', 'restore_checkpoint', 'check_resume', 'resume', 'SaveEvery', 'numbers_model', 'model_of', 'load_checkpoint', 'average_checkpoints']
 
 
-import contextlib
 import os
 import re
-import signal
-import threading
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, overload
@@ -28,6 +25,7 @@ import importlib
 import torch
 from torch import Tensor, nn
 
+from transformer.interrupts import ctrl_c_held
 from transformer.training.config import TrainConfig, make_model
 from transformer.training.loop import Callback, DivergedError, first_non_finite
 from transformer.training.vocab import Vocab
@@ -35,26 +33,6 @@ from transformer.nn.model import Transformer
 
 
 # chapters/training_run.md: Checkpoints
-@contextlib.contextmanager
-def ctrl_c_held() -> Iterator[None]:
-    """Hold Ctrl-C (SIGINT) back for the length of the block, and raise it after: the
-    block is done whole or not at all. A Python handler, not a blocked signal: the
-    process's other threads (torch's) can receive the signal too, but Python runs its
-    handlers in the main thread, where this one only notes it. (Outside the main thread,
-    where handlers cannot be set, the block runs as it is.)"""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    came: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if came:
-            raise KeyboardInterrupt  # the Ctrl-C that came during the block
-
-
 def save_torch_file(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save(obj, path)``, whole or not at all: save to ``.NAME.PID.partial``
     beside ``path``, force it onto the disk, then rename it over ``path``. Partial files
