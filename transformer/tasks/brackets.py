@@ -3,8 +3,8 @@
 """The balanced-brackets task: encoding, balanced sequences and near misses drawn at random,
 and a data set whose splits share no sequence.
 
-Defined in the book's chapter "Encoder-only: a sequence classifier"
-(chapters/encoder_only.md).
+Defined in the book's chapter "A task for a classifier: balanced brackets"
+(chapters/brackets.md).
 """
 
 
