@@ -465,5 +465,8 @@ def test_with_few_examples_the_other_checks_come_before_the_batch_size():
     tokens, labels = tiny_task(0)
     with pytest.raises(ValueError, match="lr must be a number > 0"):
         train_classifier(model, tokens[:10], labels[:10], lr=-1.0)  # the default batch_size, 128, is > 10 too
+    wrong = labels[:10].clone().index_fill_(0, torch.tensor([3]), 7)  # the user trial's case: a label out of range
+    with pytest.raises(ValueError, match="labels must be class ids below the model's 2 classes, got 7"):
+        train_classifier(model, tokens[:10], wrong)
     with pytest.raises(ValueError, match="batch_size must be at most the number of examples, 10, got 128"):
         train_classifier(model, tokens[:10], labels[:10])

@@ -180,9 +180,8 @@ def train_classifier(
         ``eval_every`` steps and at the end.
     """
     _check_training_args(
-        inputs, labels, steps, batch_size, lr, warmup, eval_every, clip, pad_id
+        model, inputs, labels, steps, batch_size, lr, warmup, eval_every, clip, pad_id
     )
-    _check_labels(model, inputs, labels)
     device = next(model.parameters()).device
     history: dict[str, list] = {
         key: []
@@ -249,6 +248,7 @@ def train_classifier(
 
 
 def _check_training_args(
+    model: nn.Module,
     inputs: Tensor,
     labels: Tensor,
     steps: Any,
@@ -271,6 +271,7 @@ def _check_training_args(
         raise ValueError(f"lr must be a number > 0, got {lr!r}")
     if clip is not None and not clip > 0:
         raise ValueError(f"clip must be > 0 or None, got {clip!r}")
+    _check_labels(model, inputs, labels)
     # last: with few examples, the default batch would hide every other check
     if batch_size > len(inputs):
         raise ValueError(
