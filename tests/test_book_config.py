@@ -98,6 +98,35 @@ def test_the_notebook_download_extension_offers_the_executed_notebook(tmp_path):
     assert other == {}
 
 
+def test_the_notebook_offered_has_the_caches_outputs_when_the_build_read_them_from_the_cache(tmp_path):
+    """MyST-NB writes jupyter_execute/ from the notebook as it read it; in cache mode the outputs it
+    renders are in a merged copy, so the download had none (caught by the browser test on a cache build)."""
+    from types import SimpleNamespace
+
+    import nbformat
+    from jupyter_cache import get_cache
+    from jupyter_cache.base import CacheBundleIn
+
+    from tools.ipynb_download import offer_notebook
+
+    read = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(6 * 7)")])
+    read.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    executed = nbformat.reads(nbformat.writes(read), as_version=4)
+    executed.cells[0].execution_count = 1
+    executed.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="42\n")]
+    cache = get_cache(str(tmp_path / "cache"))
+    cache.cache_notebook_bundle(CacheBundleIn(executed, str(tmp_path / "a.md")), check_validity=False)
+    path = tmp_path / "jupyter_execute" / "chapters" / "a.ipynb"
+    path.parent.mkdir(parents=True)
+    nbformat.write(read, path)  # as MyST-NB writes it in cache mode: no outputs
+    config = SimpleNamespace(execution_mode="cache", execution_cache_path=str(tmp_path / "cache"))
+    app, context = SimpleNamespace(outdir=str(tmp_path / "html"), env=SimpleNamespace(mystnb_config=config)), {}
+    offer_notebook(app, "chapters/a", "page.html", context, None)
+    offered = nbformat.read(tmp_path / "html" / "_sources" / "chapters" / "a.ipynb", as_version=4)
+    assert offered.cells[0].execution_count == 1 and offered.cells[0].outputs[0]["text"] == "42\n"
+    assert nbformat.read(path, as_version=4).cells[0].outputs == []  # MyST-NB's own file left alone
+
+
 def test_binder_environment_installs_the_book_with_jupytext():
     requirements = (ROOT / "binder" / "requirements.txt").read_text().splitlines()
     assert "-r ../requirements.txt" in requirements
