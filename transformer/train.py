@@ -18,5 +18,7 @@ from transformer.interrupts import run_command
 # `python -m transformer.train`, not a notebook
 if __name__ == "__main__" and __spec__ is not None:
     raise SystemExit(
-        run_command("transformer.cli.train", sys.argv[1:], "python -m transformer.train")
+        run_command(
+            "transformer.cli.train", sys.argv[1:], "python -m transformer.train"
+        )
     )

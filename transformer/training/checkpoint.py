@@ -52,12 +52,12 @@ def save_torch_file(obj: Any, path: str | os.PathLike) -> None:
             stale.unlink(missing_ok=True)
     partial = path.parent / f".{path.name}.{os.getpid()}.partial"
     try:
-        # a Ctrl-C waits for the save's end, so that it stops the program, not torch.save
+        # a Ctrl-C waits for the save's end: it stops the program, not torch.save
         with ctrl_c_held():
             with open(partial, "wb") as file:
                 torch.save(obj, file)
                 file.flush()
-                # on the disk, not only in the system's cache, before it replaces anything
+                # on the disk, not only in the system's cache, before the rename
                 os.fsync(file.fileno())
             # atomic: readers see the old file or the new one, never a mix
             os.replace(partial, path)
