@@ -113,12 +113,20 @@ def test_ctrl_c_during_a_save_waits_for_the_whole_file_then_stops(tmp_path, monk
 
     monkeypatch.setattr(torch, "save", interrupted_save)
     path = tmp_path / "x.pt"
-    with pytest.raises(KeyboardInterrupt):
-        save_torch_file({"a": torch.arange(5)}, path)
-    monkeypatch.undo()
-    assert torch.equal(read_torch_file(path)["a"], torch.arange(5))  # saved whole, then stopped
-    assert [p.name for p in tmp_path.iterdir()] == ["x.pt"]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            save_torch_file({"a": torch.arange(5)}, path)
+        assert torch.equal(read_torch_file(path)["a"], torch.arange(5))  # saved whole, then stopped
+        assert [p.name for p in tmp_path.iterdir()] == ["x.pt"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+        # a process that ignores SIGINT (started in the background) saves and goes on
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        save_torch_file({"a": torch.arange(6)}, path)
+        assert torch.equal(read_torch_file(path)["a"], torch.arange(6))
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def test_a_save_removes_the_partial_files_of_killed_saves_but_not_those_of_running_ones(tmp_path):

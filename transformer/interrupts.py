@@ -28,9 +28,12 @@ def ctrl_c_held() -> Iterator[None]:
     """Hold Ctrl-C (SIGINT) back for the length of the block, and raise it after: the
     block is done whole or not at all. A Python handler, not a blocked signal: the
     process's other threads (torch's) can receive the signal too, but Python runs its
-    handlers in the main thread, where this one only notes it. (Outside the main thread,
-    where handlers cannot be set, the block runs as it is.)"""
-    if threading.current_thread() is not threading.main_thread():
+    handlers in the main thread, where this one only notes it. After the block the
+    signal goes to the handler that was there before: Python's raises KeyboardInterrupt,
+    and a process that ignores SIGINT (started in the background) goes on. (Outside the
+    main thread, where handlers cannot be set, the block runs as it is.)"""
+    main_thread = threading.current_thread() is threading.main_thread()
+    if not main_thread or signal.getsignal(signal.SIGINT) is None:  # None: not Python's
         yield
         return
     came: list[int] = []
@@ -39,8 +42,8 @@ def ctrl_c_held() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-        if came:
-            raise KeyboardInterrupt  # the Ctrl-C that came during the block
+        if came:  # the Ctrl-C that came during the block, now
+            signal.raise_signal(signal.SIGINT)
 
 
 # chapters/scaling_out.md: Putting it together
