@@ -1,6 +1,6 @@
 # The two commands of the README:
 #   make book   set up .venv, export the package, execute the chapters that changed (side by side), build _build/html
-#   make test   set up .venv, check the export, run ruff, mypy, pytest, then nbval (every chapter), the strict book build (every chapter executed anew), a browser test
+#   make test   set up .venv, check the export, run ruff, mypy, pytest, then nbval (every chapter executed anew), the strict book build of nbval's outputs, a browser test
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -45,32 +45,38 @@ export JUPYTER_PATH := $(CURDIR)/tools/jupyter
 # its key changed: the chapter, the package, the files its cells read (data/, models/, benchmarks/) or
 # the requirements (Python's and npm's). A failing cell fails it, naming the chapter, once the others
 # have run. Then the strict build below reads the executed notebooks (BOOK_EXECUTION=cache), a warning
-# still failing it. A second `make book` with nothing changed executes nothing; `make test`'s build
-# executes every chapter anew.
+# still failing it. A second `make book` with nothing changed executes nothing; `make test` executes
+# every chapter anew (under nbval, below).
 BOOK_JOBS ?= $(shell nproc)
 book: setup export assets
 	$(BIN)/python -m tools.execute_book --jobs $(BOOK_JOBS)
 	TIMEFORMAT='make book: the build read the executed chapters in %0R s'; \
 		time $(MAKE) --no-print-directory html BOOK_EXECUTION=cache
 
-# nbval (every chapter on torch's plain kernels), then the strict build (every chapter executed anew on
-# this CPU's own), each with its chapters side by side, TEST_JOBS at a time and one thread each
-# (OMP_NUM_THREADS=1, which free_cores() honours; most cells run on one thread). One after the other,
-# each on every core, rather than the two beside each other on one core each: the long chapters of
-# the one no longer wait while the other has finished (about 5 minutes less on 2 cores).
+# nbval executes every chapter anew on torch's plain kernels, TEST_JOBS chapters at a time and one
+# thread each (OMP_NUM_THREADS=1, which free_cores() honours; most cells run on one thread), and keeps
+# each notebook whose cells all passed with its outputs (tools/nbval_save.py); the strict build then
+# reads those outputs instead of executing every chapter a second time (tools/execute_book.py
+# --executed; a chapter nbval did not keep is executed there). So each chapter runs once in `make test`.
+# The native arithmetic path is checked by the unit tests (the layers against torch.nn on this CPU's
+# kernels), by `make book`, and, for every claim about a trained model, by the robustness table
+# (benchmarks/robustness.py: seeds and both paths).
 TEST_JOBS := $(shell [ "$$(nproc)" -ge 2 ] && echo 2 || echo 1)
+NBVAL_EXECUTED := _build/nbval-executed
 test: setup export-check lint typecheck unit
-	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory nbval NBVAL_JOBS=$(TEST_JOBS)
-	$(MAKE) --no-print-directory strict-book
+	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory nbval NBVAL_JOBS=$(TEST_JOBS) NBVAL_SAVE=$(NBVAL_EXECUTED)
+	$(MAKE) --no-print-directory strict-book STRICT_EXECUTED=$(NBVAL_EXECUTED)
 	$(MAKE) --no-print-directory browser
 
-# The strict build of `make test`: the build's cache emptied, every chapter executed into it anew by
-# tools/execute_book.py (TEST_JOBS at a time), then the strict build reads them (a warning or a failing
-# cell fails). It leaves the cache full, so a `make book` after it executes nothing.
+# The strict build of `make test`: the build's cache emptied, every chapter put into it anew by
+# tools/execute_book.py (from nbval's run when STRICT_EXECUTED names its folder, else executed,
+# TEST_JOBS at a time), then the strict build reads them (a warning or a failing cell fails). It leaves
+# the cache full, so a `make book` after it executes nothing.
+STRICT_EXECUTED ?=
 strict-book: setup export-check assets
 	rm -rf _build/.jupyter_cache
 	TIMEFORMAT='strict-book: the chapters executed in %0R s'; \
-		time $(BIN)/python -m tools.execute_book --jobs $(TEST_JOBS)
+		time $(BIN)/python -m tools.execute_book --jobs $(TEST_JOBS) $(if $(STRICT_EXECUTED),--executed $(STRICT_EXECUTED))
 	$(MAKE) --no-print-directory html BOOK_EXECUTION=cache
 
 # Create the environment once; reinstall when the requirements change.
@@ -168,16 +174,20 @@ notebooks: setup
 # paths, so a claim that holds only for one CPU's rounding fails here, on any machine. Every chapter of
 # _toc.yml, in reading order (tools/nbval_chapters.py; a test compares the list with _toc.yml): the
 # claims about trained models are the ones at stake, and the other chapters add a few seconds each.
-# pytest runs the notebooks in the order named, so the chapters run in the book's order.
-# NBVAL_JOBS > 1 runs that many chapters at a time (pytest-xdist, one chapter a worker).
+# pytest runs the notebooks in the order named: the longest first (by benchmarks/chapter_times.json),
+# so that no long chapter starts last. NBVAL_JOBS > 1 runs that many chapters at a time (pytest-xdist,
+# one chapter a worker). NBVAL_SAVE=DIR keeps each notebook whose cells all passed, with its outputs,
+# in DIR (tools/nbval_save.py), for the strict build.
 NBVAL_ENV ?= ATEN_CPU_CAPABILITY=default
 NBVAL_NOTEBOOKS := _build/nbval
 NBVAL_JOBS ?= 1
+NBVAL_SAVE ?=
 nbval: setup
-	rm -rf $(NBVAL_NOTEBOOKS) $(NBVAL_NOTEBOOKS).txt
+	rm -rf $(NBVAL_NOTEBOOKS) $(NBVAL_NOTEBOOKS).txt $(NBVAL_SAVE)
 	mkdir -p $(dir $(NBVAL_NOTEBOOKS))
-	$(BIN)/python -m tools.notebooks --out $(NBVAL_NOTEBOOKS) $$($(BIN)/python -m tools.nbval_chapters) > $(NBVAL_NOTEBOOKS).txt
-	TIMEFORMAT='nbval: every chapter in %0R s'; time $(NBVAL_ENV) $(BIN)/python -m pytest --nbval-lax \
+	$(BIN)/python -m tools.notebooks --out $(NBVAL_NOTEBOOKS) $$($(BIN)/python -m tools.nbval_chapters --longest-first) > $(NBVAL_NOTEBOOKS).txt
+	TIMEFORMAT='nbval: every chapter in %0R s'; time $(NBVAL_ENV) $(BIN)/python -m pytest --nbval-lax -p tools.nbval_save \
+		$(if $(NBVAL_SAVE),--nbval-save $(NBVAL_SAVE)) \
 		$(if $(filter-out 1,$(NBVAL_JOBS)),-n $(NBVAL_JOBS) --dist loadfile) $$(cat $(NBVAL_NOTEBOOKS).txt)
 
 # The book on a busier machine: every chapter executed under nbval with the book's per-cell limit

@@ -1,8 +1,11 @@
 """`make book`'s executor (tools/execute_book.py): a chapter is executed again when, and only when,
 its key changes (the chapter, the package, the files its cells read, the requirements)."""
 
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,8 @@ import pytest
 from tests.test_exporter import HEADER, code
 from tools import execute_book
 from tools.execute_book import chapter_key, inputs_digest
+from tools.nbval_save import SECONDS_KEY
+from tools.notebooks import write_notebooks
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -109,3 +114,61 @@ def test_chapters_are_executed_once_per_change_and_a_failing_one_is_named(book, 
     assert [Path(r.uri).name for r in records] == ["a.md"]  # b's earlier outputs are dropped
     outputs = get_cache(str(cache)).get_cache_bundle(records[0].pk).nb.cells[0].outputs
     assert outputs[0]["text"] == "1\n"
+
+
+def run_nbval(book: Path, names: list[str], save: Path) -> subprocess.CompletedProcess:
+    """nbval over the chapters' notebooks, as `make nbval` runs it, keeping what passed in ``save``."""
+    notebooks = write_notebooks([book / "chapters" / name for name in names], book / "_build" / "nbval")
+    (book / "pytest.ini").write_text("[pytest]\n")
+    env = {**os.environ, "JUPYTER_PATH": str(ROOT / "tools" / "jupyter"), "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "pytest", "--nbval-lax", "-p", "tools.nbval_save",
+                           "--nbval-save", str(save), "-p", "no:cacheprovider", "-q", "--rootdir", str(book),
+                           "-c", str(book / "pytest.ini"), *map(str, notebooks)],
+                          cwd=book, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow  # pytest and three kernels in a process, then two more kernels
+def test_nbval_keeps_the_notebooks_that_passed_and_the_build_caches_them_without_executing(book, capsys,
+                                                                                          monkeypatch):
+    (book / "chapters" / "b.md").write_text(chapter("assert 1 + 1 == 3, 'arithmetic'"))
+    (book / "chapters" / "c.md").write_text(chapter("from IPython.display import display\n"
+                                                   "display({'text/plain': 'shown'}, raw=True)\n3 * 7"))
+    save = book / "_build" / "nbval-executed"
+    run = run_nbval(book, ["a.md", "b.md", "c.md"], save)
+    assert run.returncode == 1 and "arithmetic" in run.stdout, run.stdout + run.stderr  # b failed
+    assert sorted(p.name for p in save.iterdir()) == ["a.ipynb", "c.ipynb"]  # b, which failed, is not kept
+    import nbformat
+
+    kept = nbformat.read(str(save / "c.ipynb"), as_version=4)
+    outputs = kept.cells[[c.cell_type for c in kept.cells].index("code")].outputs
+    assert [o.output_type for o in outputs] == ["display_data", "execute_result"]
+    assert outputs[0].data["text/plain"] == "shown" and outputs[1].data["text/plain"] == "21"
+    assert kept.metadata[SECONDS_KEY] >= 0
+
+    # the build caches a and c from nbval's run (a after an edit of the chapter is executed again)
+    monkeypatch.setenv("JUPYTER_PATH", str(ROOT / "tools" / "jupyter"))
+    (book / "chapters" / "a.md").write_text(chapter("x = 2\nprint(x)"))
+    chapters = [book / "chapters" / name for name in ("a.md", "b.md", "c.md")]
+    cache = book / "_build" / ".jupyter_cache"
+    (book / "chapters" / "b.md").write_text(chapter("y = 2"))
+    assert execute_book.execute_book(chapters, cache, jobs=1, timeout=60, root=book, executed=save) == []
+    out = capsys.readouterr().out
+    assert "1 of 3 chapters taken from nbval's run" in out and "2 of 3 chapters to execute" in out
+    from jupyter_cache import get_cache
+
+    store = get_cache(str(cache))
+    by_name = {Path(r.uri).name: r for r in store.list_cache_records()}
+    assert sorted(by_name) == ["a.md", "b.md", "c.md"]
+    cached = [c for c in store.get_cache_bundle(by_name["c.md"].pk).nb.cells if c.cell_type == "code"]
+    assert cached[0].outputs == outputs  # nbval's outputs, as kept
+    assert by_name["c.md"].data["book_key"] == chapter_key(chapters[2], inputs_digest(book))
+    ran = [c for c in store.get_cache_bundle(by_name["a.md"].pk).nb.cells if c.cell_type == "code"]
+    assert ran[0].outputs[0]["text"] == "2\n"  # the edited a, executed here
+    assert execute_book.execute_book(chapters, cache, jobs=1, timeout=60, root=book, executed=save) == []
+    assert "all 3 chapters up to date" in capsys.readouterr().out
+
+
+def test_executed_must_be_a_folder(tmp_path, capsys):
+    assert execute_book.main(["--executed", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--executed" in err and "missing" in err

@@ -19,7 +19,13 @@ from the cache, so no build reads them. Cells are executed as the build executes
 read by MyST-NB's reader (the cache matches notebooks by their code cells), in the chapter's folder,
 under the per-cell limit of ``_config.yml``.
 
-Usage: python -m tools.execute_book [--jobs N] [--cache _build/.jupyter_cache] [CHAPTER.md ...]
+A chapter that nbval has just executed need not be executed again: ``--executed DIR`` takes the
+outputs nbval's run kept (``tools/nbval_save.py``, ``DIR/<chapter>.ipynb``, written only when every
+cell passed) and caches them under the chapter's key, as if executed here, when the saved notebook's
+code cells are the chapter's, character for character; any other chapter is executed. ``make test``
+so executes each chapter once, under nbval on torch's plain kernels, and its strict build reads them.
+
+Usage: python -m tools.execute_book [--jobs N] [--cache _build/.jupyter_cache] [--executed DIR] [CHAPTER.md ...]
 """
 
 from __future__ import annotations
@@ -92,9 +98,32 @@ def _execute(chapter: str, timeout: int, root: Path) -> tuple[object, float, str
     return notebook, result.time, error
 
 
+def executed_by_nbval(chapter: Path, folder: Path, root: Path = ROOT):
+    """The chapter as the build reads it, with the outputs nbval's run kept in ``folder``, and the
+    seconds it took; ``None`` when ``folder`` has no notebook of the chapter or its code differs."""
+    import nbformat  # noqa: PLC0415
+
+    from tools.nbval_save import SECONDS_KEY  # noqa: PLC0415
+
+    saved_path = Path(folder) / (Path(chapter).stem + ".ipynb")
+    if not saved_path.is_file():
+        return None
+    saved_notebook = nbformat.read(str(saved_path), as_version=4)
+    saved = [cell for cell in saved_notebook.cells if cell.cell_type == "code"]
+    notebook = read_notebook(chapter, root)
+    cells = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    if [cell.source for cell in saved] != [cell.source for cell in cells]:
+        return None
+    for cell, ran in zip(cells, saved, strict=True):
+        cell.outputs, cell.execution_count = ran.outputs, ran.execution_count
+    return notebook, float(saved_notebook.metadata.get(SECONDS_KEY, 0.0))
+
+
 def execute_book(chapters: list[Path], cache_path: Path, jobs: int, timeout: int,
-                 root: Path = ROOT) -> list[str]:
-    """Execute the chapters whose cached outputs are missing or stale; return the failed chapters."""
+                 root: Path = ROOT, executed: Path | None = None) -> list[str]:
+    """Execute the chapters whose cached outputs are missing or stale; return the failed chapters.
+
+    With ``executed`` (a folder of ``tools/nbval_save.py``), a chapter nbval ran is cached from it."""
     from jupyter_cache import get_cache  # noqa: PLC0415
     from jupyter_cache.base import CacheBundleIn  # noqa: PLC0415
 
@@ -110,11 +139,28 @@ def execute_book(chapters: list[Path], cache_path: Path, jobs: int, timeout: int
             record = None
         if record is None or (record.data or {}).get("book_key") != key:
             todo[uri] = key
+    if executed is not None:
+        taken = []
+        for uri in list(todo):
+            found = executed_by_nbval(Path(uri), executed, root)
+            if found is None:
+                continue
+            for pk in [r.pk for r in cache.list_cache_records() if r.uri == uri]:
+                with suppress(KeyError):
+                    cache.remove_cache(pk)
+            cache.cache_notebook_bundle(CacheBundleIn(found[0], uri, data={"execution_seconds": found[1],
+                                                                           "book_key": todo.pop(uri)}),
+                                        check_validity=False, overwrite=True)
+            taken.append(uri)
+        print(f"execute_book: {len(taken)} of {len(chapters)} chapters taken from nbval's run in {executed}",
+              flush=True)
     if not todo:
         print(f"execute_book: all {len(chapters)} chapters up to date in {cache_path}", flush=True)
         return []
     last_time = {r.uri: (r.data or {}).get("execution_seconds", 0.0) for r in records}
-    order = sorted(todo, key=lambda uri: -last_time.get(uri, float("inf")))  # never executed: first
+    recorded = recorded_seconds(root)
+    # the longest first: by the cache's last time, else the committed record; never timed: first
+    order = sorted(todo, key=lambda uri: -last_time.get(uri, recorded.get(Path(uri).stem, float("inf"))))
     print(f"execute_book: {len(order)} of {len(chapters)} chapters to execute, {jobs} at a time"
           + (" (one thread each)" if jobs > 1 else ""), flush=True)
     failed, start = [], time.perf_counter()
@@ -145,6 +191,16 @@ def execute_book(chapters: list[Path], cache_path: Path, jobs: int, timeout: int
     return failed
 
 
+def recorded_seconds(root: Path = ROOT) -> dict[str, float]:
+    """Each chapter's seconds in ``benchmarks/chapter_times.json`` (the build's last record), by name."""
+    import json  # noqa: PLC0415
+
+    try:
+        return dict(json.loads((Path(root) / "benchmarks" / "chapter_times.json").read_text())["seconds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
 def default_jobs() -> int:
     """One job a core this process may use (``nproc``)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -155,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("chapters", nargs="*", type=Path, help="chapters to execute (default: the book's)")
     parser.add_argument("--jobs", type=int, default=default_jobs(), help="chapters at a time (default: nproc)")
     parser.add_argument("--cache", type=Path, default=ROOT / "_build" / ".jupyter_cache")
+    parser.add_argument("--executed", type=Path, default=None, metavar="DIR",
+                        help="cache the chapters nbval executed, kept in DIR by tools/nbval_save.py")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         print(f"execute_book: --jobs must be at least 1, got {args.jobs}", file=sys.stderr)
@@ -166,7 +224,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.jobs > 1:
         os.environ["OMP_NUM_THREADS"] = "1"  # the kernels inherit it: one thread per chapter, one chapter a core
-    return 1 if execute_book(chapters, args.cache, min(args.jobs, len(chapters)), cell_timeout()) else 0
+    if args.executed is not None and not args.executed.is_dir():
+        print(f"execute_book: --executed must be a folder of nbval's notebooks, got {args.executed} "
+              "(not a folder)", file=sys.stderr)
+        return 2
+    return 1 if execute_book(chapters, args.cache, min(args.jobs, len(chapters)), cell_timeout(),
+                             executed=args.executed) else 0
 
 
 if __name__ == "__main__":

@@ -11,7 +11,11 @@ to update. ``make busy-check`` executes the same chapters beside busy processes.
 
 ``tests/test_nbval_chapters.py`` compares the list with ``_toc.yml``.
 
-Usage: python -m tools.nbval_chapters   (prints the chapters' paths, one a line)
+``--longest-first`` prints them by their time in ``benchmarks/chapter_times.json``, the longest first (a
+chapter without a record first of all): pytest runs notebooks in the order named, and with two workers
+a long chapter that starts last keeps one core busy alone.
+
+Usage: python -m tools.nbval_chapters [--longest-first]   (prints the chapters' paths, one a line)
 """
 
 from __future__ import annotations
@@ -29,12 +33,26 @@ def nbval_chapters(root: Path = ROOT) -> list[Path]:
     return chapter_paths(Path(root))
 
 
-def main() -> int:
+def longest_first(paths: list[Path], seconds: dict[str, float]) -> list[Path]:
+    """``paths`` by their ``seconds`` (by chapter name), the longest first; an unrecorded one first."""
+    return sorted(paths, key=lambda path: -seconds.get(path.stem, float("inf")))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args not in ([], ["--longest-first"]):
+        print(f"tools/nbval_chapters.py: expected no argument or --longest-first, got {' '.join(args)}",
+              file=sys.stderr)
+        return 2
     try:
         paths = nbval_chapters()
     except ChapterError as err:
         print(f"tools/nbval_chapters.py: {err}", file=sys.stderr)
         return 1
+    if args:
+        from tools.execute_book import recorded_seconds  # noqa: PLC0415
+
+        paths = longest_first(paths, recorded_seconds(ROOT))
     for path in paths:
         print(path.relative_to(ROOT))
     return 0
