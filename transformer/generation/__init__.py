@@ -7,7 +7,7 @@ from transformer.generation.topk import block_top_k
 from transformer.generation.quantize import quantize_int8
 from transformer.generation.compiled import (static_cache, decode_step, compile_step, static_greedy_decode,
     PackedLinear, prepack)
-from transformer.generation.sampling import top_k_filter, check_top_p, top_p_filter, sample_steps, sample
+from transformer.generation.sampling import top_k_filter, check_top_p, top_p_filter, draw_tokens, sample_steps, sample
 
 __all__ = [
     'output_limits',
@@ -26,6 +26,7 @@ __all__ = [
     'top_k_filter',
     'check_top_p',
     'top_p_filter',
+    'draw_tokens',
     'sample_steps',
     'sample',
 ]

@@ -7,7 +7,7 @@ Defined in the book's chapter "Sampling" (chapters/sampling.md).
 """
 
 
-__all__ = ['top_k_filter', 'check_top_p', 'top_p_filter', 'sample_steps', 'sample']
+__all__ = ['top_k_filter', 'check_top_p', 'top_p_filter', 'draw_tokens', 'sample_steps', 'sample']
 
 
 import numbers
@@ -90,15 +90,16 @@ def top_p_filter(logits: Tensor, p: float | None) -> Tensor:
 
 
 # chapters/sampling.md: Temperature, top-k and top-p
-def _next_token(
+def draw_tokens(
     logits: Tensor,
-    temperature: float,
-    top_k: int | None,
-    top_p: float | None,
-    generator: torch.Generator | None,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
 ) -> Tensor:
     """Draw one token per row from softmax(top_p(top_k(logits) / temperature)): logits
-    (B, V) -> (B,)."""
+    (B, V) -> (B,). The one step of ``sample``; the knobs are trusted (``sample``
+    checks them)."""
     scores = top_k_filter(logits.float(), top_k) / temperature  # (B, V)
     probabilities = top_p_filter(scores, top_p).softmax(dim=-1)  # (B, V)
     return torch.multinomial(probabilities, 1, generator=generator).squeeze(1)  # (B,)
@@ -166,7 +167,7 @@ def sample_steps(
             new = tokens if cache is None else tokens[:, cache.length :]
             # (B, V): the scores of the next token
             logits = model(new, cache=cache)[:, -1]
-            drawn = _next_token(logits, temperature, top_k, top_p, generator)  # (B,)
+            drawn = draw_tokens(logits, temperature, top_k, top_p, generator)  # (B,)
             tokens = torch.cat([tokens, drawn[:, None]], dim=1)
             yield tokens
 

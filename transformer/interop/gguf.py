@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from transformer.interop.bert import file_sha256
-from transformer.generation.sampling import sample
+from transformer.generation.sampling import sample_steps
 from transformer.nn.modern import LlamaLM
 from transformer.paths import book_root
 
@@ -281,10 +281,18 @@ def chat(
     **knobs: Any,
 ) -> str:
     """The assistant's next turn after ``messages``: ``chat_prompt`` encoded by
-    ``tokenizer``, continued by ``sample`` with its ``knobs`` (``temperature``,
-    ``top_k``, ``top_p``, ``generator``), and cut at the model's end of turn,
-    ``<|im_end|>`` (if it comes within ``max_new_tokens``)."""
+    ``tokenizer``, continued by ``sample_steps`` with its ``knobs`` (``temperature``,
+    ``top_k``, ``top_p``, ``generator``) up to the model's end of turn, ``<|im_end|>``,
+    or ``max_new_tokens`` tokens.
+
+    The drawing stops at the end of turn: the tokens are ``sample``'s, cut there,
+    without the steps after it (whose tokens nobody reads)."""
     prompt = torch.tensor([tokenizer.encode(chat_prompt(messages)).ids])  # (1, P)
-    new = sample(model, prompt, max_new_tokens, **knobs)[0, prompt.shape[1] :].tolist()
     end = tokenizer.token_to_id("<|im_end|>")
-    return tokenizer.decode(new[: new.index(end)] if end in new else new)
+    new: list[int] = []
+    # (1, P + i) after the i-th draw
+    for tokens in sample_steps(model, prompt, max_new_tokens, **knobs):
+        if (token := int(tokens[0, -1])) == end:
+            break
+        new.append(token)
+    return tokenizer.decode(new)
