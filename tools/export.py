@@ -82,7 +82,7 @@ SUBPACKAGES = {
     "training": "Training any of the models: batches and vocabularies, losses, learning-rate schedules, the "
                 "one training loop, its configuration, checkpoints and data-parallel runs.",
     "tasks": "The tasks the book trains on, each with its data: number words, German-English translation "
-             "(Multi30k and subwords), brackets, classification, sentiment, tagging, language modelling, digit images, "
+             "(Multi30k and subwords), brackets, classification, sentiment, tagging, named entities, language modelling, digit images, "
              "captions and drawings.",
     "interop": "Other libraries' formats and names, in and out: torch.nn, Hugging Face (BERT included), ONNX and CTranslate2.",
     "cli": "The ``transformer`` command: its options and its ``train``, ``translate``, ``classify``, ``export`` and ``generate`` commands.",
