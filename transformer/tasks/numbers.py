@@ -159,7 +159,9 @@ def numbers_with_digits(k: int) -> range:
     """The numbers of 0..999,999 written with ``k`` digits, k from 1 to 6: ``range(0,
     10)`` for 1, ``range(10, 100)`` for 2, ..."""
     longest = len(str(MAX_NUMBER))
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= longest:
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
+        raise ValueError(f"k must be an int in [1, {longest}], got {k!r}")
+    if not 1 <= k <= longest:
         raise ValueError(f"k must be an int in [1, {longest}], got {k!r}")
     return range(0 if k == 1 else 10 ** (k - 1), 10**k)
 

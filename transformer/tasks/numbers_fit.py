@@ -391,8 +391,8 @@ def exact_match_below(
     limits: Sequence[int] = (10, 100, 1_000),
     device: torch.device | str | None = None,
 ) -> dict[int, tuple[int, int]]:
-    """For each limit, ``(right, count)``: how many of the ``numbers`` below it the model
-    writes exactly (greedy decoding), and how many there are.
+    """For each limit, ``(right, count)``: how many of the ``numbers`` below it the
+    model writes exactly (greedy decoding), and how many there are.
 
     Exact match by length, for the short numbers that a uniform test set all but leaves
     out.
