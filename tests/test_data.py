@@ -7,7 +7,8 @@ import torch
 from transformer import padding_mask
 from transformer.training.batch import Batch
 from transformer.training.vocab import Vocab
-from transformer.tasks.numbers import batches, make_batch, number_to_words, source_vocab, split_numbers, target_vocab
+from transformer.tasks.numbers import (batches, make_batch, number_to_words, numbers_with_digits, source_vocab,
+                                       split_numbers, split_numbers_by_length, target_vocab)
 
 # Written out by hand, British usage: "and" before the last part of a group.
 KNOWN = {
@@ -189,6 +190,37 @@ def test_splits_are_disjoint_sized_and_seeded():
 def test_splits_can_take_every_number():
     train, valid, test = split_numbers(600_000, 200_000, 200_000)
     assert sorted(train + valid + test) == list(range(1_000_000))
+
+
+def test_numbers_with_digits_cover_the_million_once():
+    lengths = [numbers_with_digits(k) for k in range(1, 7)]
+    assert [len(r) for r in lengths] == [10, 90, 900, 9_000, 90_000, 900_000]
+    assert [n for r in lengths for n in r] == list(range(1_000_000))
+    for bad in (0, 7, True, 2.0):
+        with pytest.raises(ValueError, match=r"k must be an int in \[1, 6\]"):
+            numbers_with_digits(bad)
+
+
+def test_length_first_split_draws_every_length_alike_and_holds_out_short_numbers():
+    train, valid, test, short_test = split_numbers_by_length(12_000, 300, 700, seed=3)
+    # validation and test: split_numbers' own, for the same arguments
+    assert (valid, test) == split_numbers(12_000, 300, 700, seed=3)[1:]
+    assert len(train) == 12_000 and len(set(short_test)) == len(short_test) == 200
+    assert [sum(len(str(n)) == k for n in short_test) for k in (1, 2, 3)] == [2, 18, 180]
+    assert not (set(valid) | set(test) | set(short_test)) & set(train)
+    counts = [sum(len(str(n)) == k for n in train) for k in range(1, 7)]
+    assert all(abs(c - 2_000) < 150 for c in counts), counts  # a sixth each
+    # the short numbers that may be trained on repeat: 8 of one digit share about 2,000 draws
+    assert len({n for n in train if n < 10}) == 8
+    assert split_numbers_by_length(12_000, 300, 700, seed=3) == (train, valid, test, short_test)
+    assert split_numbers_by_length(12_000, 300, 700, seed=4)[3] != short_test
+
+
+def test_length_first_split_refuses_bad_sizes_as_split_numbers_does():
+    with pytest.raises(ValueError, match="train_size must be an int >= 0"):
+        split_numbers_by_length(-1, 10, 10)
+    with pytest.raises(ValueError, match="more than the 1000000 numbers"):
+        split_numbers_by_length(999_999, 1, 1)
 
 
 @pytest.mark.parametrize("sizes, message", [

@@ -665,7 +665,7 @@ def test_ctrl_c_while_the_command_imports_torch_is_one_line_and_130(tmp_path, en
 def test_ctrl_c_before_a_run_keeps_nothing_and_says_so(monkeypatch, capsys):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
-    monkeypatch.setattr("transformer.cli.train.split_numbers", interrupted)  # Ctrl-C while the data are made
+    monkeypatch.setattr("transformer.cli.train.split_numbers_by_length", interrupted)  # Ctrl-C while the data are made
     assert main([*TINY, "--steps", "3"]) == 130
     assert capsys.readouterr().err == ("python -m transformer.train: interrupted (Ctrl-C); no checkpoint was saved "
                                        "(no --checkpoint-dir)\n")

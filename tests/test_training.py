@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from transformer import (TrainConfig, label_smoothed_cross_entropy, load_checkpoint, fit, run_steps, save_checkpoint,
     make_adam)
 from transformer.training.schedules import cooldown_factor, warmup_lr, warmup_rate
-from transformer.tasks.numbers_fit import evaluate_loss, exact_match, predict, training_batches
+from transformer.tasks.numbers_fit import evaluate_loss, exact_match, exact_match_below, predict, training_batches
 from transformer.training.config import make_model, make_optimizer
 from transformer.nn.modes import evaluating
 from transformer.paths import model_cache_dir
@@ -454,6 +454,14 @@ def test_exact_match_agrees_with_predict(data):
     accuracy = exact_match(model, valid_numbers, SRC, TGT, batch_size=7)
     assert accuracy == sum(a == str(n) for a, n in zip(answers, valid_numbers)) / len(valid_numbers)
     assert 0.0 <= accuracy < 0.5  # three steps teach it next to nothing
+
+
+def test_exact_match_below_counts_the_right_answers_under_each_limit(monkeypatch):
+    numbers = [3, 7, 42, 99, 345, 5000]
+    answers = ["3", "77773", "42", "9", "345", "5000"]  # 7 and 99 wrong
+    monkeypatch.setattr("transformer.tasks.numbers_fit.predict", lambda model, given, *args, **kwargs: answers)
+    assert exact_match_below(None, numbers, SRC, TGT) == {10: (1, 2), 100: (2, 4), 1_000: (3, 5)}
+    assert exact_match_below(None, numbers, SRC, TGT, limits=(1_000_000,)) == {1_000_000: (4, 6)}
 
 
 

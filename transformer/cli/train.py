@@ -29,11 +29,11 @@ from transformer.training.config import TrainConfig, make_model
 from transformer.tasks.multi30k import TranslationConfig, make_translation_model, PAD_ID, load_multi30k
 from transformer.training.checkpoint import average_checkpoints, read_checkpoint
 from transformer.training.loop import DivergedError
-from transformer.tasks.numbers import MAX_NUMBER, number_to_words, source_vocab, split_numbers, target_vocab
+from transformer.tasks.numbers import MAX_NUMBER, number_to_words, source_vocab, split_numbers_by_length, target_vocab
 from transformer.training.distributed import (data_parallel_options, init_distributed, replica_difference,
     world_size_of_run)
 from transformer.nn.model import Transformer
-from transformer.tasks.numbers_fit import check_same_data, exact_match, fit
+from transformer.tasks.numbers_fit import check_same_data, exact_match, exact_match_below, fit
 from transformer.tasks.metrics import corpus_scores
 from transformer.tasks.translation import fit_translation, save_translator, step_files, translate
 from transformer.files import read_parallel
@@ -139,7 +139,7 @@ def check_numbers_arguments(
     answer = len(str(MAX_NUMBER)) + 3
     # the data's longest example may need fewer: find it to name it
     if config.max_len < answer:
-        train, valid, _ = split_numbers(
+        train, valid, _, _ = split_numbers_by_length(
             args.train_size, args.valid_size, 0, seed=config.seed
         )
         longest = max(train + valid, key=lambda n: len(number_to_words(n).split()))
@@ -158,7 +158,9 @@ def check_numbers_arguments(
     if args.resume and saved is not None and os.path.isfile(saved):
         check_same_data(
             read_checkpoint(saved),
-            split_numbers(args.train_size, args.valid_size, 0, seed=config.seed)[0],
+            split_numbers_by_length(
+                args.train_size, args.valid_size, 0, seed=config.seed
+            )[0],
             saved,
         )
     check_machine(config, len(source_vocab()), args.device)
@@ -213,7 +215,8 @@ def run_training(args: argparse.Namespace) -> Transformer:
     config = check_numbers_arguments(args, world_size_of_run())
     rank, world_size, device = init_distributed(args.device, args.init_method)
     try:
-        train_numbers, valid_numbers, _ = split_numbers(
+        # the length first, and a fifth of the numbers below 1,000 held out
+        train_numbers, valid_numbers, _, short_numbers = split_numbers_by_length(
             args.train_size, args.valid_size, 0, seed=config.seed
         )
         model = _train_here(
@@ -230,6 +233,14 @@ def run_training(args: argparse.Namespace) -> Transformer:
             )
             print(
                 f"validation exact match: {accuracy:.1%} of {len(valid_numbers)} numbers"
+            )
+            short = exact_match_below(
+                model, short_numbers, source_vocab(), target_vocab(), device=device
+            )
+            print(
+                "held-out numbers below 10, 100 and 1,000, exact match: "
+                + ", ".join(f"{right}/{count}" for right, count in short.values())
+                + f" ({short[1_000][0] / short[1_000][1]:.1%} below 1,000)"
             )
             # also when --no-progress has shown nothing else
             if args.checkpoint_dir is not None:

@@ -3,11 +3,11 @@
 """
 
 from transformer.tasks.numbers import (MAX_NUMBER, number_to_words, source_vocab, target_vocab, split_numbers,
-    check_numbers, make_batch, batches)
+    numbers_with_digits, split_numbers_by_length, check_numbers, make_batch, batches)
 from transformer.tasks.subwords import (WORD_START, pre_tokenize, word_counts, learn_bpe, bpe_encode, bpe_decode,
     SPECIAL_TOKENS, train_tokenizer, SENTENCE_END, split_encoding, check_text)
 from transformer.tasks.numbers_fit import (training_batches, predict, exact_match, evaluate_loss, data_record,
-    check_same_data, fit)
+    check_same_data, fit, exact_match_below)
 from transformer.tasks.translation import (translate_lines, translate, step_files, fit_translation,
     tokenizer_from_checkpoint, translator_model, load_translator, save_translator)
 from transformer.tasks.multi30k import (MULTI30K_SHA256, MULTI30K_SPLITS, load_multi30k, TranslationConfig,
@@ -51,6 +51,8 @@ __all__ = [
     'source_vocab',
     'target_vocab',
     'split_numbers',
+    'numbers_with_digits',
+    'split_numbers_by_length',
     'check_numbers',
     'make_batch',
     'batches',
@@ -72,6 +74,7 @@ __all__ = [
     'data_record',
     'check_same_data',
     'fit',
+    'exact_match_below',
     'translate_lines',
     'translate',
     'step_files',

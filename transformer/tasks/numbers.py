@@ -9,7 +9,7 @@ with their masks. Defined in the book's chapter "The task: number words to digit
 """
 
 
-__all__ = ['MAX_NUMBER', 'number_to_words', 'source_vocab', 'target_vocab', 'split_numbers', 'check_numbers', 'make_batch', 'batches']
+__all__ = ['MAX_NUMBER', 'number_to_words', 'source_vocab', 'target_vocab', 'split_numbers', 'numbers_with_digits', 'split_numbers_by_length', 'check_numbers', 'make_batch', 'batches']
 
 
 import numbers
@@ -152,6 +152,52 @@ def split_numbers(
     drawn = random.Random(seed).sample(range(MAX_NUMBER + 1), sum(sizes.values()))
     a, b = train_size, train_size + valid_size
     return drawn[:a], drawn[a:b], drawn[b:]
+
+
+# chapters/data.md: Short numbers, drawn often enough
+def numbers_with_digits(k: int) -> range:
+    """The numbers of 0..999,999 written with ``k`` digits, k from 1 to 6: ``range(0,
+    10)`` for 1, ``range(10, 100)`` for 2, ..."""
+    longest = len(str(MAX_NUMBER))
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
+        raise ValueError(f"k must be an int in [1, {longest}], got {k!r}")
+    if not 1 <= k <= longest:
+        raise ValueError(f"k must be an int in [1, {longest}], got {k!r}")
+    return range(0 if k == 1 else 10 ** (k - 1), 10**k)
+
+
+def split_numbers_by_length(
+    train_size: int, valid_size: int, test_size: int, seed: int = 0
+) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Training numbers drawn length first; ``split_numbers``' validation and test sets;
+    and a fifth of the numbers below 1,000, held out.
+
+    Returns ``(train, valid, test, short_test)``. ``valid`` and ``test`` are those of
+    ``split_numbers`` with the same arguments. Each training number is drawn in two
+    steps: its number of digits, uniform over 1 to 6, then a number of that length,
+    uniform among those in none of the other lists. Short numbers repeat.
+    ``short_test`` holds a fifth of each length below 1,000, 200 numbers that are never
+    trained on. Raises ValueError as ``split_numbers`` does.
+    """
+    _, valid, test = split_numbers(train_size, valid_size, test_size, seed)
+    rng = random.Random(seed)
+    lengths = range(1, len(str(MAX_NUMBER)) + 1)
+    # 2, 18 and 180 numbers of 1, 2 and 3 digits
+    short_test = [
+        n
+        for k in lengths[:3]
+        for n in rng.sample(numbers_with_digits(k), len(numbers_with_digits(k)) // 5)
+    ]
+    held_out = set(valid) | set(test) | set(short_test)
+    train = []
+    for _ in range(train_size):
+        # the length first, then a number of that length, drawn again while held out
+        candidates = numbers_with_digits(rng.choice(lengths))
+        n = rng.choice(candidates)
+        while n in held_out:
+            n = rng.choice(candidates)
+        train.append(n)
+    return train, valid, test, short_test
 
 
 # chapters/data.md: Batches

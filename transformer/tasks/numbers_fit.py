@@ -7,7 +7,7 @@ Defined in the book's chapter "Training the model" (chapters/training_run.md).
 """
 
 
-__all__ = ['training_batches', 'predict', 'exact_match', 'evaluate_loss', 'data_record', 'check_same_data', 'fit']
+__all__ = ['training_batches', 'predict', 'exact_match', 'evaluate_loss', 'data_record', 'check_same_data', 'fit', 'exact_match_below']
 
 
 import hashlib
@@ -380,3 +380,29 @@ def fit(
                     path, model, optimizer, scheduler, step, history, **described
                 )
     return model.eval(), history
+
+
+# chapters/training_run.md: Short numbers
+def exact_match_below(
+    model: Transformer,
+    numbers: Sequence[int],
+    src_vocab: Vocab,
+    tgt_vocab: Vocab,
+    limits: Sequence[int] = (10, 100, 1_000),
+    device: torch.device | str | None = None,
+) -> dict[int, tuple[int, int]]:
+    """For each limit, ``(right, count)``: how many of the ``numbers`` below it the
+    model writes exactly (greedy decoding), and how many there are.
+
+    Exact match by length, for the short numbers that a uniform test set all but leaves
+    out.
+    """
+    numbers = check_numbers(numbers)
+    answers = predict(model, numbers, src_vocab, tgt_vocab, device=device)
+    return {
+        limit: (
+            sum(a == str(n) for n, a in zip(numbers, answers) if n < limit),
+            sum(n < limit for n in numbers),
+        )
+        for limit in limits
+    }
