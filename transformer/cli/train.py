@@ -67,7 +67,10 @@ def build_numbers_parser(
         "--train-size",
         type=positive_int,
         default=200_000,
-        help="numbers to train on (default: 200000)",
+        help=(
+            "numbers to train on, each drawn length first: a number of digits,"
+            " uniform over 1 to 6, then a number of that length (default: 200000)"
+        ),
     )
     task.add_argument(
         "--valid-size",
