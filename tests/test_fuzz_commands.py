@@ -448,6 +448,12 @@ def test_every_flag_with_edge_values(tmp_path, monkeypatch, where):
     flag_playground(tmp_path)
     flags = flags_with_values(parser_of(base[:3] if where[0] == "train" else base[:1]))
     assert len(flags) >= 2, flags
+    # The base run first, without a Ctrl-C, so that every module the command imports is imported: a
+    # Ctrl-C that lands inside a first import leaves the module half made, and importing it again in
+    # this process can crash it (numpy's C core, re-initialised, segfaults). A command ends its process
+    # after a Ctrl-C, so only this in-process test would import it again.
+    check_run(base, tmp_path, stdin)
+    shutil.rmtree(tmp_path / "out", ignore_errors=True)
     failures = []
     for flag, count in flags:
         for value in EDGE_VALUES:
