@@ -170,3 +170,36 @@ def test_a_micro_batch_that_diverges_stops_the_step_before_the_optimiser_moves()
         optimizer_step(model, _batch(), optimizer, scheduler, accumulate(second_is_nan, 4), step=5)
     assert calls == [2, 2, 2, 2]
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+
+
+class _Kept:
+    """A tensor that autograd keeps for the backward pass, counted while it is kept."""
+
+    now = peak = 0
+
+    def __init__(self, tensor):
+        self.tensor, self.nbytes = tensor, tensor.numel() * tensor.element_size()
+        _Kept.now += self.nbytes
+        _Kept.peak = max(_Kept.peak, _Kept.now)
+
+    def __del__(self):
+        _Kept.now -= self.nbytes
+
+
+def test_a_micro_batch_s_activations_are_freed_before_the_next_one_runs():
+    """What accumulation is for: the most that autograd keeps at once falls about as 1 / k."""
+    batch = _batch(NUMBERS * 4)  # 32 numbers
+
+    def peak_kept(loss_fn):
+        _Kept.now = _Kept.peak = 0
+        model = _model()
+        with torch.autograd.graph.saved_tensors_hooks(_Kept, lambda kept: kept.tensor):
+            loss, _ = loss_fn(model, batch)
+        loss.backward()
+        return _Kept.peak
+
+    whole = peak_kept(_loss())
+    shares = {k: peak_kept(accumulate(_loss(), k)) / whole for k in (1, 2, 4, 8)}
+    assert shares[1] == pytest.approx(1, abs=0.01)
+    assert shares[8] < shares[4] < shares[2] < shares[1]
+    assert all(share < 1 / k + 0.1 for k, share in shares.items() if k > 1), shares
