@@ -12,8 +12,9 @@ from transformer.training.config import TrainConfig, make_model, make_optimizer
 from transformer.training.checkpoint import (save_torch_file, read_torch_file, BUILDERS, save_checkpoint,
     read_checkpoint, restore_checkpoint, check_resume, resume, SaveEvery, numbers_model, model_of, load_checkpoint,
     average_checkpoints)
-from transformer.training.distributed import (shard_batch, DataParallelHooks, data_parallel_options, world_size_of_run,
-    init_distributed, replica_difference)
+from transformer.training.distributed import (shard_batch, target_tokens, DataParallelHooks, data_parallel_options,
+    world_size_of_run, init_distributed, replica_difference)
+from transformer.training.accumulation import accumulate
 
 __all__ = [
     'Vocab',
@@ -54,9 +55,11 @@ __all__ = [
     'load_checkpoint',
     'average_checkpoints',
     'shard_batch',
+    'target_tokens',
     'DataParallelHooks',
     'data_parallel_options',
     'world_size_of_run',
     'init_distributed',
     'replica_difference',
+    'accumulate',
 ]

@@ -7,7 +7,7 @@ Defined in the book's chapter "Scaling out" (chapters/scaling_out.md).
 """
 
 
-__all__ = ['shard_batch', 'DataParallelHooks', 'data_parallel_options', 'world_size_of_run', 'init_distributed', 'replica_difference']
+__all__ = ['shard_batch', 'target_tokens', 'DataParallelHooks', 'data_parallel_options', 'world_size_of_run', 'init_distributed', 'replica_difference']
 
 
 import os
@@ -38,6 +38,15 @@ def shard_batch(batch: Batch, rank: int, world_size: int) -> Batch:
         )
     # (B, ...) -> (B / P, ...)
     return Batch(*(t.tensor_split(world_size)[rank] for t in batch))
+
+
+def target_tokens(batch: Batch, pad_id: int = 0) -> Tensor:
+    """The number of target tokens of ``batch`` that are not padding: the n (or n_p)
+    of the token-weighted gradient, the count the loss averages over.
+
+    Shape: tgt_out (B, T) -> () integer.
+    """
+    return (batch.tgt_out != pad_id).sum()
 
 
 # chapters/scaling_out.md: Weighting the gradients inside DDP
@@ -72,9 +81,7 @@ class DataParallelHooks(Callback):
         """This process's rows of a global batch; remembers its share of the target
         tokens."""
         part = shard_batch(batch, self.rank, self.world_size)
-        tokens = (part.tgt_out != self.pad_id).sum() / (
-            batch.tgt_out != self.pad_id
-        ).sum()
+        tokens = target_tokens(part, self.pad_id) / target_tokens(batch, self.pad_id)
         self.token_share = tokens.item()
         return part
 
