@@ -293,7 +293,11 @@ class BertClassifier(nn.Module):
                 f"encoder must be a TextEncoder (load_minilm()[0]), got {type(encoder).__name__}"
             )
         check_positive_int("num_classes", num_classes)
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        if (
+            isinstance(dropout, bool)
+            or not isinstance(dropout, (int, float))
+            or not 0 <= dropout < 1
+        ):
             raise ValueError(f"dropout must be a number in [0, 1), got {dropout!r}")
         if isinstance(pad_id, bool) or not isinstance(pad_id, int) or pad_id < 0:
             raise ValueError(f"pad_id must be an int >= 0, got {pad_id!r}")
@@ -306,6 +310,7 @@ class BertClassifier(nn.Module):
         """The class scores of each row of ``input_ids`` (B, S), padded with
         ``pad_id``: (B, num_classes)."""
         attention_mask = (input_ids != self.pad_id).long()  # (B, S), 1 = token
-        hidden = self.encoder(input_ids, attention_mask=attention_mask)  # (B, S, d_model)
+        # (B, S, d_model)
+        hidden = self.encoder(input_ids, attention_mask=attention_mask)
         pooled = mean_pool(hidden, attention_mask)  # (B, d_model)
         return self.head(self.dropout(pooled))  # (B, d_model) -> (B, num_classes)
