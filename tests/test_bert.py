@@ -14,13 +14,17 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # nothing in these tests may reach the netwo
 
 import pytest
 import torch
-from transformers import BertConfig, BertModel, BertTokenizerFast
+import torch.nn.functional as F
+from transformers import BertConfig, BertForSequenceClassification, BertModel, BertTokenizerFast
 
 from tools import fetch_minilm
 from transformer import from_huggingface
-from transformer.interop.bert import (MINILM_SHA256, bert_names, embed_sentences, load_bert, load_minilm, mean_pool,
+from transformer.interop.bert import (MINILM_SHA256, BertClassifier, bert_names, embed_sentences, load_bert, load_minilm, mean_pool,
                                       minilm_folder, text_encoder_from_bert)
 from transformer.nn.text_encoder import TextEncoder
+from transformer.tasks.classifier import classification_loss
+from transformer.training.loop import optimizer_step
+from transformer.training.schedules import make_adam
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -115,6 +119,52 @@ def test_paraphrases_are_nearer_than_unrelated_sentences(minilm):
     similarity = e @ e.T
     assert similarity[0, 1] > 0.6 and similarity[2, 3] > 0.6
     assert max(similarity[0, 2], similarity[0, 4], similarity[2, 4], similarity[1, 3]) < 0.3
+
+
+def test_the_first_fine_tuning_step_equals_bert_for_sequence_classifications(minilm):
+    """One AdamW step of the book's ``BertClassifier`` (make_adam, optimizer_step, classification_loss, as the
+    sentiment chapter fine-tunes) against ``BertForSequenceClassification`` on the same weights and head: its
+    encoder, dropout and classification layer, the mean over the tokens written out in place of its [CLS]
+    pooler (which the book's classifier does not use); dropout off on both (eval mode)."""
+    folder, _, tokenizer, _ = minilm
+    reference = BertForSequenceClassification.from_pretrained(folder, num_labels=2).eval()
+    book = BertClassifier(load_minilm(folder)[0], num_classes=2).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # a head far from zero, so that every gradient is clearly not zero
+        reference.classifier.weight.copy_(0.05 * torch.randn(2, 384, generator=generator))
+        reference.classifier.bias.copy_(torch.tensor([0.3, -0.3]))
+        book.head.load_state_dict(reference.classifier.state_dict())
+    ids, mask = padded_batch(tokenizer)
+    labels = torch.tensor([1, 1, 0, 0, 0, 1])
+    settings = dict(lr=5e-5, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
+    names = {f"bert.{theirs}": f"encoder.{ours}" for theirs, ours in bert_names(6).items()}
+    names |= {"classifier.weight": "head.weight", "classifier.bias": "head.bias"}
+    before = {name: p.detach().clone() for name, p in reference.named_parameters()}
+
+    adamw = torch.optim.AdamW(reference.parameters(), **settings)
+    hidden = reference.bert(input_ids=ids, attention_mask=mask).last_hidden_state  # (N, S, 384)
+    pooled = torch.stack([hidden[i, mask[i] == 1].mean(0) for i in range(len(ids))])  # (N, 384)
+    expected = F.cross_entropy(reference.classifier(reference.dropout(pooled)), labels)
+    expected.backward()
+    expected_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), 1.0)
+    adamw.step()
+
+    lr = settings.pop("lr")
+    optimizer, scheduler = make_adam(book.parameters(), lambda step: 1.0, lr, **settings)
+    loss, _, grad_norm = optimizer_step(book, (ids, labels), optimizer, scheduler, classification_loss, clip=1.0)
+
+    assert isinstance(optimizer, torch.optim.AdamW)
+    assert loss == pytest.approx(expected.item(), abs=1e-5) and loss > 0.1
+    assert grad_norm == pytest.approx(expected_norm.item(), rel=1e-4) and grad_norm > 1  # the clip acted
+    ours = dict(book.named_parameters())
+    assert set(ours) == set(names.values())
+    for theirs, name in names.items():
+        after = reference.get_parameter(theirs).detach()
+        # the step itself, to 1/200 of the rate (an entry moves by up to about lr)
+        torch.testing.assert_close(ours[name].detach() - before[theirs], after - before[theirs],
+                                   atol=lr / 200, rtol=0, msg=lambda m: f"{name}: {m}")
+    moved = (book.encoder.encoder.layers[0].self_attn.w_q.weight - before["bert.encoder.layer.0.attention.self.query.weight"])
+    assert moved.abs().max() > lr / 2
 
 
 def test_the_tokenizer_gives_bert_tokenizer_fasts_ids(minilm):

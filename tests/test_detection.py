@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from transformer.nn.detector import DigitDetector
-from transformer.tasks.detection import (CANVAS, MAX_DIGITS, box_cxcywh_to_xyxy, box_iou, box_xyxy_to_cxcywh,
+from transformer.tasks.detection import (CANVAS, DIGIT_SIZES, MAX_DIGITS, _place_squares, box_cxcywh_to_xyxy, box_iou, box_xyxy_to_cxcywh,
                                          check_boxes, coco_average_precision, detection_loss, generalized_box_iou,
                                          hungarian_match, make_digit_scenes, match_cost, non_maximum_suppression,
                                          predicted_set, set_loss, tight_box, train_detector)
@@ -67,6 +67,59 @@ def test_tight_box_and_bad_scene_input(digits):
         make_digit_scenes(torch.zeros(2, 1, 16, 16), torch.tensor([1, 2]), 3, 0)
     with pytest.raises(ValueError, match="one integer digit"):
         make_digit_scenes(digits[0][:2], torch.tensor([1.0, 2.0]), 3, 0)
+
+
+def test_the_default_scenes_are_those_made_before_the_crowded_options(scenes):
+    # recorded from make_digit_scenes before it took digits= and overlap= (commit 41be2ad)
+    assert sum(len(c) for c in scenes.classes) == 486
+    assert torch.cat(scenes.classes)[:12].tolist() == [6, 8, 5, 8, 7, 3, 0, 9, 9, 7, 8, 9]
+    assert (torch.cat(scenes.boxes)[:2] * CANVAS).tolist() == [[12.5, 20.5, 7.0, 7.0], [26.5, 20.5, 7.0, 9.0]]
+    assert scenes.images.double().sum().item() == pytest.approx(13531.2038, abs=1e-3)
+
+
+@pytest.mark.parametrize("overlap", [0.0, 0.25, 0.5])
+def test_squares_share_at_most_the_allowed_overlap(overlap):
+    generator, shared = torch.Generator().manual_seed(0), []
+    for _ in range(30):
+        squares = _place_squares(6, overlap, generator)
+        assert len(squares) == 6
+        for x, y, size in squares:
+            assert DIGIT_SIZES[0] <= size <= DIGIT_SIZES[1] and 0 <= x <= CANVAS - size and 0 <= y <= CANVAS - size
+        for (x, y, s), (u, v, r) in itertools.combinations(squares, 2):
+            inter = max(0, min(x + s, u + r) - max(x, u)) * max(0, min(y + s, v + r) - max(y, v))
+            assert inter <= overlap * min(s, r) ** 2
+            shared.append(inter / min(s, r) ** 2)
+    # the bound is reached, not merely respected: overlapping scenes do overlap
+    assert max(shared) > overlap - 0.15 if overlap else max(shared) == 0
+
+
+def test_crowded_scenes_hold_the_asked_number_of_digits_and_overlap(digits):
+    crowded = make_digit_scenes(*digits, count=60, seed=3, digits=(5, 8), overlap=0.25)
+    assert {len(c) for c in crowded.classes} == set(range(5, 9))
+    overlapping = 0
+    for classes, boxes in zip(crowded.classes, crowded.boxes):
+        corners = box_cxcywh_to_xyxy(boxes)
+        assert len(boxes) == len(classes) and bool(((corners >= 0) & (corners <= 1)).all())
+        overlapping += int((box_iou(corners, corners).triu(diagonal=1) > 0).sum())
+    assert overlapping > 60  # many pairs of digits share pixels
+    # the ink of a digit under another stays visible: the darker of the two
+    assert float(crowded.images.max()) <= 1.0
+    exact = make_digit_scenes(*digits, count=30, seed=3, digits=(3, 3))
+    assert all(len(c) == 3 for c in exact.classes)
+
+
+@pytest.mark.parametrize("arguments, error, message", [
+    (dict(digits=(0, 4)), ValueError, r"digits must be \(fewest, most\).*got \(0, 4\)"),
+    (dict(digits=(5, 4)), ValueError, r"digits must be .*got \(5, 4\)"),
+    (dict(digits=4), ValueError, r"digits must be .*got 4"),
+    (dict(digits=(1.0, 4)), ValueError, r"digits must be .*got \(1.0, 4\)"),
+    (dict(overlap=1.0), ValueError, r"overlap must be a number in \[0, 1\), got 1.0"),
+    (dict(overlap=-0.1), ValueError, r"overlap must be .*got -0.1"),
+    (dict(overlap="0.2"), TypeError, r"overlap must be a number in \[0, 1\), got '0.2'"),
+])
+def test_bad_crowding_arguments_are_refused_by_name(digits, arguments, error, message):
+    with pytest.raises(error, match=message):
+        make_digit_scenes(*digits, count=2, seed=0, **arguments)
 
 
 # --- boxes

@@ -8,6 +8,8 @@ from transformer.generation.quantize import quantize_int8
 from transformer.generation.compiled import (static_cache, decode_step, compile_step, static_greedy_decode,
     PackedLinear, prepack)
 from transformer.generation.sampling import top_k_filter, check_top_p, top_p_filter, draw_tokens, sample_steps, sample
+from transformer.generation.text_measures import (repeated_windows, repeats, repeat_rate, words_of, whole_words,
+    real_word_rate)
 
 __all__ = [
     'output_limits',
@@ -29,4 +31,10 @@ __all__ = [
     'draw_tokens',
     'sample_steps',
     'sample',
+    'repeated_windows',
+    'repeats',
+    'repeat_rate',
+    'words_of',
+    'whole_words',
+    'real_word_rate',
 ]

@@ -3,7 +3,7 @@
 """DETR (Carion et al. 2020): the patch encoder reads the image; the Decoder turns learned object
 queries, decoded in parallel, into one class (or "no object") and one box each.
 
-Defined in the book's chapter "In place of CNNs: the Transformer finds the digits"
+Defined in the book's chapter "Finding the digits: DETR against a sliding window"
 (chapters/detection.md).
 """
 

@@ -4,7 +4,7 @@
 the scenes; boxes, IoU and generalised IoU (Rezatofighi et al. 2019); the Hungarian matching; the
 set loss; training; COCO average precision (pycocotools); non-maximum suppression for a baseline.
 
-Defined in the book's chapter "In place of CNNs: the Transformer finds the digits"
+Defined in the book's chapter "Finding the digits: DETR against a sliding window"
 (chapters/detection.md).
 """
 
@@ -134,13 +134,64 @@ def tight_box(pixels: Tensor) -> Tensor:
 
 
 # chapters/detection.md: Scenes of digits, with boxes
+def _digit_range(digits: object) -> tuple[int, int]:
+    """``digits``, (fewest, most) digits a scene, if both are whole numbers with 1 <=
+    fewest <= most; otherwise a ValueError naming the argument."""
+    if (
+        not isinstance(digits, tuple)
+        or len(digits) != 2
+        or not all(isinstance(d, int) and not isinstance(d, bool) for d in digits)
+        or not 1 <= digits[0] <= digits[1]
+    ):
+        raise ValueError(
+            f"digits must be (fewest, most) whole numbers with 1 <= fewest <= most, "
+            f"got {digits!r}"
+        )
+    return digits[0], digits[1]
+
+
+def _place_squares(
+    k: int, overlap: float, generator: torch.Generator, tries: int = 10_000
+) -> list[tuple[int, int, int]]:
+    """(x, y, size) of ``k`` squares of ``DIGIT_SIZES`` pixels on the canvas, drawn
+    until each shares at most ``overlap`` of the smaller one's area with every other;
+    after ``tries`` refused draws in a row the scene starts again."""
+    squares: list[tuple[int, int, int]] = []
+    refused = 0
+    while len(squares) < k:
+        size = int(
+            torch.randint(DIGIT_SIZES[0], DIGIT_SIZES[1] + 1, (), generator=generator)
+        )
+        x, y = torch.randint(0, CANVAS - size + 1, (2,), generator=generator).tolist()
+        if all(
+            max(0, min(x + size, u + s) - max(x, u))
+            * max(0, min(y + size, v + s) - max(y, v))
+            <= overlap * min(size, s) ** 2
+            for u, v, s in squares
+        ):
+            squares.append((x, y, size))
+            refused = 0
+        else:
+            refused += 1
+        if refused == tries:  # no room left for another square: start again
+            squares, refused = [], 0
+    return squares
+
+
 def make_digit_scenes(
-    images: Tensor, labels: Tensor, count: int, seed: int
+    images: Tensor,
+    labels: Tensor,
+    count: int,
+    seed: int,
+    digits: tuple[int, int] = (1, MAX_DIGITS),
+    overlap: float = 0.0,
 ) -> DigitScenes:
-    """``count`` scenes of one to four of ``images`` (M, 1, 8, 8) with their ``labels``
-    (M,), drawn from ``seed`` (a generator of its own). Each digit is scaled to a square
-    of ``DIGIT_SIZES`` pixels placed where it overlaps no other digit's square, so every
-    pixel belongs to at most one digit."""
+    """``count`` scenes of ``digits`` (fewest, most) of ``images`` (M, 1, 8, 8) with
+    their ``labels`` (M,), drawn from ``seed`` (a generator of its own). Each digit is
+    scaled to a square of ``DIGIT_SIZES`` pixels placed where no other digit's square
+    covers more than ``overlap`` of the smaller square's area; where squares overlap,
+    the darker ink shows. The defaults, one to four digits that never overlap, make
+    the scenes the detector was trained on: every pixel belongs to at most one digit."""
     images, labels = check_tensor("images", images), check_tensor("labels", labels)
     if (
         images.dim() != 4
@@ -154,6 +205,11 @@ def make_digit_scenes(
         raise ValueError(
             f"labels must be one integer digit per image, got shape {tuple(labels.shape)}"
         )
+    low, high = _digit_range(digits)
+    if isinstance(overlap, bool) or not isinstance(overlap, (int, float)):
+        raise TypeError(f"overlap must be a number in [0, 1), got {overlap!r}")
+    if not 0 <= overlap < 1:
+        raise ValueError(f"overlap must be a number in [0, 1), got {overlap!r}")
     generator = torch.Generator().manual_seed(seed)
     canvas, classes, boxes = (
         torch.zeros(check_positive_int("count", count), 1, CANVAS, CANVAS),
@@ -161,33 +217,21 @@ def make_digit_scenes(
         [],
     )
     for i in range(count):
-        k = int(torch.randint(1, MAX_DIGITS + 1, (), generator=generator))
-        # (x, y, size) of each digit, drawn until k fit
-        squares: list[tuple[int, int, int]] = []
-        while len(squares) < k:
-            size = int(
-                torch.randint(
-                    DIGIT_SIZES[0], DIGIT_SIZES[1] + 1, (), generator=generator
-                )
-            )
-            x, y = torch.randint(
-                0, CANVAS - size + 1, (2,), generator=generator
-            ).tolist()
-            if all(
-                x + size <= u or u + s <= x or y + size <= v or v + s <= y
-                for u, v, s in squares
-            ):
-                squares.append((x, y, size))
+        k = int(torch.randint(low, high + 1, (), generator=generator))
+        squares = _place_squares(k, overlap, generator)
         picks, scene_boxes = (
             torch.randint(0, len(images), (k,), generator=generator),
             [],
         )
         for (x, y, size), pick in zip(squares, picks.tolist()):
-            # (size, size)
+            # (size, size), ink in [0, 1]
             digit = F.interpolate(
                 images[pick][None], size=(size, size), mode="bilinear"
             )[0, 0]
-            canvas[i, 0, y : y + size, x : x + size] = digit
+            # the darker ink where squares overlap (on a blank canvas: the digit)
+            canvas[i, 0, y : y + size, x : x + size] = torch.maximum(
+                canvas[i, 0, y : y + size, x : x + size], digit
+            )
             # (x0, y0, x1, y1)
             scene_boxes.append((tight_box(digit) + torch.tensor([x, y, x, y])) / CANVAS)
         classes.append(labels[picks])
