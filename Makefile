@@ -143,12 +143,14 @@ export-check: $(EXPORT_STAMP)
 
 # The whole suite (slow tests included) and the package's docstring examples, then the 15 slowest tests:
 # TEST_JOBS pytest workers (pytest-xdist), each on one CPU thread, as `make quick` below.
-UNIT := tests transformer --doctest-modules --ignore=tests/browser
+# Without nbval's plugin (-p no:nbval): no unit test runs a notebook, and its import (nbformat's schema
+# checker, about 1.5 s) would be paid by every pytest process.
+UNIT := tests transformer --doctest-modules --ignore=tests/browser -p no:nbval
 unit: setup
 	TIMEFORMAT='make unit: %0R s'; time OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(UNIT) -n $(TEST_JOBS) --durations=15
 
 # The same without the tests marked slow (processes, torch.distributed, the wheel, torch.compile,
-# training runs, translations of a test set, the committed models over a split; see pyproject.toml):
+# training runs, translations of a test set, the committed models over a split, SmolLM2; see pyproject.toml):
 # a check in under a minute while working, which says how long it took. Two pytest workers on two
 # cores or more (pytest-xdist, -n; one on one core), each on one CPU thread: the tests' tensors are
 # tiny, and torch's second thread, spinning while it waits for work, made the run twice as long on a

@@ -121,6 +121,7 @@ def test_paraphrases_are_nearer_than_unrelated_sentences(minilm):
     assert max(similarity[0, 2], similarity[0, 4], similarity[2, 4], similarity[1, 3]) < 0.3
 
 
+@pytest.mark.slow  # a step of MiniLM here and in transformers
 def test_the_first_fine_tuning_step_equals_bert_for_sequence_classifications(minilm):
     """One AdamW step of the book's ``BertClassifier`` (make_adam, optimizer_step, classification_loss, as the
     sentiment chapter fine-tunes) against ``BertForSequenceClassification`` on the same weights and head: its

@@ -304,6 +304,7 @@ def test_a_model_with_a_weight_that_is_not_finite_is_never_saved(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # ends with a process
 def test_loaders_refuse_a_checkpoint_with_a_weight_that_is_not_finite_naming_file_and_tensor(tmp_path):
     path = tmp_path / "nan.pt"
     checkpoint = {"model": _nan_model().state_dict(), "step": 3}

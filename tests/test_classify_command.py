@@ -184,6 +184,7 @@ def one_line_refusal(run: subprocess.CompletedProcess) -> str:
     return lines[1]
 
 
+@pytest.mark.slow  # trains a classifier
 def test_a_finished_run_is_refused_and_resume_continues_it(tmp_path, capsys):
     train = write_lines(tmp_path / "train.jsonl", toy_rows(32, 0))
     valid = write_lines(tmp_path / "valid.jsonl", toy_rows(8, 1))
@@ -272,6 +273,7 @@ def test_a_run_stopped_and_resumed_ends_as_one_that_ran_through(tmp_path, capsys
     assert next(histories) == next(histories)  # five losses, the same
 
 
+@pytest.mark.slow  # trains a classifier
 def test_classify_reads_stdin_and_answers_every_line_on_its_line(tmp_path, capsys):
     train = write_lines(tmp_path / "train.jsonl", toy_rows(32, 0))
     assert command(["train", "--task", "classify", "--train", str(train), "--valid", str(train), *TINY,

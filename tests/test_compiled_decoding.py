@@ -84,6 +84,7 @@ def test_static_greedy_decode_restores_training_mode():
     assert model.training
 
 
+@pytest.mark.slow  # torch.compile traces the step
 def test_the_step_is_one_graph_traced_once():
     """Every step has the same shapes, and the position is a tensor: one graph, no recompiling."""
     model, src = _model(), _src()

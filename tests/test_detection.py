@@ -408,6 +408,7 @@ def test_the_predicted_set_undoes_the_down_weighting_of_no_object():
     assert predicted_set(probs.log(), no_object_weight=1.0).tolist() == [[True, False, True, True]]
 
 
+@pytest.mark.slow  # the committed detector over a split
 def test_the_committed_detector_reproduces_its_recorded_scores():
     """models/digit-detector/results.json, recomputed from the committed weights (a few seconds)."""
     import json

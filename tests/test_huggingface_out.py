@@ -127,6 +127,7 @@ def test_generate_gives_our_greedy_tokens_on_the_whole_test_set(committed, expor
     assert len(test_de) == 1000 and same >= 995, same  # near-ties may flip a token after float rounding
 
 
+@pytest.mark.slow  # transformers' generate
 def test_generate_gives_our_greedy_tokens_on_the_first_sentences(committed, exported, test_de):
     model, tokenizer = committed
     assert hf_greedy(*exported, test_de[:40]) == book_greedy(model, tokenizer, test_de[:40])
@@ -163,6 +164,7 @@ def test_other_models_are_refused():
         marian_config(DecoderOnlyLM(vocab_size=10, d_model=8, num_heads=2, d_ff=16, num_layers=1, max_len=16))
 
 
+@pytest.mark.slow  # the command, then transformers loads its folder
 def test_the_command_writes_a_folder_that_transformers_loads_offline(tmp_path, test_de, committed):
     out = tmp_path / "hf"
     assert command(["export", "huggingface", "--checkpoint", str(MODEL), "--out", str(out)]) == 0

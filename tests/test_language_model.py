@@ -264,6 +264,7 @@ def test_training_learns_a_repetitive_text():
     assert max(history["lr"]) == pytest.approx(1e-2) and history["lr"][-1] < 2e-3  # warm-up, then decay
 
 
+@pytest.mark.slow  # trains twice
 def test_training_is_deterministic_and_leaves_global_state_alone():
     threads, state = torch.get_num_threads(), torch.get_rng_state()
     first, a = tiny_run(seed=3)

@@ -194,6 +194,7 @@ def reference(smollm2):
     return LlamaForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
 
 
+@pytest.mark.slow  # loads SmolLM2 (a 98 MB file)
 def test_the_fetched_file_is_the_pinned_one(smollm2):
     path = smollm2[0]
     assert file_sha256(path) == hashlib.sha256(path.read_bytes()).hexdigest() == SMOLLM2_SHA256
@@ -203,6 +204,7 @@ def test_the_fetched_file_is_the_pinned_one(smollm2):
     assert path.stat().st_size == 98_362_432
 
 
+@pytest.mark.slow  # loads SmolLM2 (a 98 MB file)
 def test_smollm2_has_the_sizes_the_file_declares(smollm2):
     _, metadata, _, model, _ = smollm2
     assert (len(model.decoder.layers), model.embed.d_model, model.vocab_size, model.context_length) == (30, 576, 49152, 8192)
@@ -213,12 +215,14 @@ def test_smollm2_has_the_sizes_the_file_declares(smollm2):
     assert round(sum(p.numel() for p in model.parameters()) / 1e6, 1) == 134.5
 
 
+@pytest.mark.slow  # loads SmolLM2 (a 98 MB file)
 def test_smollm2_cached_decoding_equals_the_full_pass(smollm2):
     model, tokenizer = smollm2[3], smollm2[4]
     ids = torch.tensor([tokenizer.encode("Once upon a time, a small model").ids])
     assert torch.equal(sample(model, ids, 8, top_k=1), sample(model, ids, 8, top_k=1, use_cache=False))
 
 
+@pytest.mark.slow  # loads SmolLM2 (a 98 MB file)
 def test_chat_answers_in_english_and_stops_at_the_end_of_the_turn(smollm2):
     model, tokenizer = smollm2[3], smollm2[4]
     messages = [{"role": "user", "content": "What is the capital of France?"}]
@@ -258,6 +262,7 @@ def test_smollm2_tokenizer_and_chat_format_equal_transformers(smollm2):
 
 # --- bad input ----------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # loads SmolLM2 (a 98 MB file)
 @pytest.mark.parametrize("size", [100, 2_000_000])
 def test_a_truncated_file_is_one_clear_value_error(smollm2, tmp_path, size):
     truncated = tmp_path / "truncated.gguf"
@@ -267,6 +272,7 @@ def test_a_truncated_file_is_one_clear_value_error(smollm2, tmp_path, size):
         read_gguf(truncated)
 
 
+@pytest.mark.slow  # loads SmolLM2 (a 98 MB file)
 def test_a_tampered_copy_is_refused_by_its_sha256(smollm2, tmp_path):
     tampered = tmp_path / "tampered.gguf"
     shutil.copyfile(smollm2[0], tampered)
@@ -293,6 +299,7 @@ def test_a_gguf_file_of_another_architecture_is_one_clear_value_error(tmp_path):
         llama_from_gguf(metadata, tensors)
 
 
+@pytest.mark.slow  # loads SmolLM2 (a 98 MB file)
 def test_a_prompt_longer_than_the_context_is_one_clear_value_error(smollm2):
     with pytest.raises(ValueError, match="tokens reach position 8192, past the model's context of 8192"):
         sample(smollm2[3], torch.zeros(1, 8193, dtype=torch.long), 1)

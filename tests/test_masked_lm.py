@@ -61,6 +61,7 @@ def test_the_loss_is_taken_at_chosen_positions_only():
     assert 0 <= float(metrics["accuracy"]) <= 1
 
 
+@pytest.mark.slow  # trains a masked LM
 def test_padding_changes_no_output_and_the_model_learns_a_copy_task():
     model = small_mlm().eval()
     tokens = torch.randint(FIRST, V, (2, 10))

@@ -43,6 +43,7 @@ def test_every_linear_layer_is_int8_and_nothing_else_changes(committed):
     torch.testing.assert_close(int8.tgt_embed.weight, model.tgt_embed.weight, rtol=0, atol=0)
 
 
+@pytest.mark.slow  # the committed model over 64 test sentences
 def test_int8_next_token_scores_stay_close_to_float32(committed):
     model, int8, tokenizer = committed
     german, english = load_multi30k("test")

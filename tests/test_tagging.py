@@ -151,6 +151,7 @@ def test_tagging_loss_is_the_mean_cross_entropy_of_the_labelled_positions():
     assert math.isclose(metrics["accuracy"].item(), right)
 
 
+@pytest.mark.slow  # trains a tagger
 def test_train_tagger_learns_a_rule_that_needs_the_next_token():
     # label 1 where the next token is 1, else 0; padding and the last position carry no label
     generator = torch.Generator().manual_seed(0)

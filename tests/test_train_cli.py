@@ -589,6 +589,7 @@ def test_translate_refuses_a_gpu_that_is_not_there(monkeypatch, capsys):
 
 # --- a run that diverges (issue 47) -----------------------------------------------------------
 
+@pytest.mark.slow  # trains until the loss is not finite
 def test_a_diverging_run_exits_2_with_one_line_and_leaves_only_finite_checkpoints(tmp_path):
     folder = tmp_path / "run"
     run = subprocess.run([sys.executable, "-m", "transformer", "train", *TINY, "--steps", "30", "--save-every", "1",
@@ -616,6 +617,7 @@ def test_a_run_that_diverges_before_its_first_save_says_nothing_was_saved(tmp_pa
 
 # --- Ctrl-C (issue 47) --------------------------------------------------------------------------
 
+@pytest.mark.slow  # trains, then a Ctrl-C
 def test_ctrl_c_stops_train_with_130_and_one_line_naming_what_was_kept(tmp_path):
     folder = tmp_path / "run"
     process = subprocess.Popen([sys.executable, "-m", "transformer", "train", *TINY, "--steps", "5000",
@@ -636,6 +638,7 @@ def test_ctrl_c_stops_train_with_130_and_one_line_naming_what_was_kept(tmp_path)
     assert sorted(path.name for path in folder.iterdir()) == ["checkpoint.pt"]  # no partial file left
 
 
+@pytest.mark.slow  # starts a process four times
 @pytest.mark.parametrize("entry", [["-m", "transformer", "train"], ["-m", "transformer.train"]])
 @pytest.mark.parametrize("delay", [0.0, 0.3])
 def test_ctrl_c_while_the_command_imports_torch_is_one_line_and_130(tmp_path, entry, delay):

@@ -285,6 +285,7 @@ def test_greedy_translation_is_the_most_likely_token_step_by_step_in_the_input_o
     assert translate(model, tokenizer, GERMAN[::-1]) == expected[::-1]
 
 
+@pytest.mark.slow  # beam search over many batch sizes
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_translation_batches_hold_at_most_batch_tokens_tokens_of_hypotheses(committed, monkeypatch, beam_size):
     model, tokenizer = committed
@@ -615,6 +616,7 @@ def test_translate_command_help_says_how_it_reads_and_cuts_lines(capsys):
     assert "stdin (UTF-8)" in shown and "cut at sentence ends" in shown and "--errors {strict,replace}" in shown
 
 
+@pytest.mark.slow  # the committed translator, four times
 def test_translate_command_runs_on_the_free_cores_unless_told(committed, monkeypatch, capsys):
     import transformer.cli.translate as module
 
@@ -835,6 +837,7 @@ def test_translate_lines_gives_the_lines_of_translate_in_order():
     assert one_by_one == whole and len(whole) == len(sentences) and whole[1] == "" and whole[-2] == ""
 
 
+@pytest.mark.slow  # a process translating until a Ctrl-C
 def test_ctrl_c_stops_translate_with_130_and_one_line_and_keeps_every_line_written(tmp_path):
     (tmp_path / "de.txt").write_text("\n".join(load_multi30k("val")[0][:300]) + "\n", encoding="utf-8")
     with open(tmp_path / "de.txt", "rb") as german:
