@@ -67,6 +67,30 @@ def test_scheduler_sets_factor_times_the_formula_on_the_optimizer():
         scheduler.step()
 
 
+@pytest.mark.parametrize("weight_decay", [0.0, 0.01])
+def test_make_adam_foreach_gives_the_same_weights_bit_for_bit(weight_decay):
+    # sentiment's fine-tuning asks for foreach=True to save time; it must change nothing
+    torch.manual_seed(0)
+    start = [torch.randn(300, 16), torch.randn(16), torch.randn(7, 16)]
+    grads = [[torch.randn_like(w) for w in start] for _ in range(5)]
+    weights = {}
+    for foreach in (None, False, True):
+        params = [torch.nn.Parameter(w.clone()) for w in start]
+        optimizer, scheduler = make_adam(
+            params, lambda s: min(1.0, s / 3), 1e-2, weight_decay=weight_decay, foreach=foreach
+        )
+        assert optimizer.defaults["foreach"] is foreach
+        for step_grads in grads:
+            for p, g in zip(params, step_grads):
+                p.grad = g.clone()
+            optimizer.step()
+            scheduler.step()
+        weights[foreach] = [p.detach() for p in params]
+    assert not torch.equal(weights[None][0], start[0])  # the steps moved the weights
+    for foreach in (False, True):
+        assert all(torch.equal(a, b) for a, b in zip(weights[None], weights[foreach]))
+
+
 def test_make_optimizer_uses_the_papers_adam():
     model = make_model(tiny_config(), SRC, TGT)
     optimizer, scheduler = make_optimizer(tiny_config(lr_factor=0.5), model)

@@ -68,9 +68,10 @@ def fit_logistic_regression(
     # the loss, with its gradient written out: (softmax - one-hot) / M times x
     def closure() -> Tensor:
         with torch.no_grad():
-            p = torch.softmax(model(x), dim=-1)  # (M, C)
+            logits = model(x)  # (M, C), once for the loss and its gradient
+            p = torch.softmax(logits, dim=-1)  # (M, C)
             loss = (
-                nn.functional.cross_entropy(model(x), y)
+                nn.functional.cross_entropy(logits, y)
                 + weight_decay / 2 * model.weight.pow(2).sum()
             )
             p[torch.arange(len(y)), y] -= 1

@@ -77,16 +77,25 @@ def make_adam(
     betas: tuple[float, float] = (0.9, 0.98),
     eps: float = 1e-9,
     weight_decay: float = 0.0,
+    foreach: bool | None = None,
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """Adam with the paper's betas and eps (AdamW with ``weight_decay``), and a
     scheduler that sets the rate of step s to ``lr * rate(s)``: (optimizer, scheduler);
-    call ``scheduler.step()`` after each step."""
+    call ``scheduler.step()`` after each step. ``foreach=True`` asks torch for its
+    multi-tensor update: the same arithmetic, the same weights bit for bit
+    (tests/test_training.py), in less time on the CPU when a model has large tensors
+    (a pretrained embedding table)."""
     optimizer = (
         torch.optim.AdamW(
-            parameters, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay
+            parameters,
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            foreach=foreach,
         )
         if weight_decay
-        else torch.optim.Adam(parameters, lr=lr, betas=betas, eps=eps)
+        else torch.optim.Adam(parameters, lr=lr, betas=betas, eps=eps, foreach=foreach)
     )
     # done: steps taken
     return optimizer, torch.optim.lr_scheduler.LambdaLR(
