@@ -21,7 +21,7 @@ from transformer.training.checkpoint import read_torch_file, save_torch_file
 from transformer.tasks.numbers import source_vocab, target_vocab
 from transformer.tasks.numbers_fit import fit
 from transformer.tasks.translation import load_translator, translate
-from transformer.training.checkpoint import (average_checkpoints, check_resume, load_checkpoint, read_checkpoint,
+from transformer.training.checkpoint import (Resume, SaveCheckpoint, average_checkpoints, check_resume, load_checkpoint, read_checkpoint,
                                              save_checkpoint)
 from transformer.training.config import TrainConfig, make_model
 from transformer.training.loop import DivergedError
@@ -176,7 +176,7 @@ def test_every_loader_names_a_bad_file_and_says_what_it_is(tmp_path, name, write
     write(path)
     message = f"{path} cannot be read as a torch checkpoint: {what}"
     loaders = [read_checkpoint, load_checkpoint, load_translator, lambda p: average_checkpoints([p]),
-               lambda p: fit(SMALL, [1, 2, 3], progress=False, resume_from=p)]
+               lambda p: fit(SMALL, [1, 2, 3], progress=False, callbacks=[Resume(p)])]
     for load in loaders:
         with pytest.raises(ValueError) as err:
             load(path)
@@ -330,9 +330,9 @@ def test_a_run_resumes_with_a_lower_rate_from_its_first_step_on(tmp_path):
     config = TrainConfig(**{**vars(SMALL), "steps": 4, "eval_size": 0})
     numbers, checks = list(range(1, 40)), list(range(40, 48))
     fit(TrainConfig(**{**vars(config), "steps": 2}), numbers, checks, progress=False,
-        checkpoint_path=tmp_path / "run.pt")
+        callbacks=[SaveCheckpoint(tmp_path / "run.pt")])
     lower = TrainConfig(**{**vars(config), "lr_factor": config.lr_factor / 10, "clip": None})
-    _, resumed = fit(lower, numbers, checks, progress=False, resume_from=tmp_path / "run.pt")
+    _, resumed = fit(lower, numbers, checks, progress=False, callbacks=[Resume(tmp_path / "run.pt")])
     _, straight = fit(lower, numbers, checks, progress=False)  # the lower rate's schedule from step 1
     assert resumed["step"] == [1, 2, 3, 4]
     assert resumed["lr"][2:] == straight["lr"][2:] and resumed["lr"][2] < resumed["lr"][1]

@@ -15,7 +15,7 @@ from transformer.tasks.numbers_fit import evaluate_loss, exact_match, exact_matc
 from transformer.training.config import make_model, make_optimizer
 from transformer.nn.modes import evaluating
 from transformer.paths import model_cache_dir
-from transformer.training.checkpoint import SaveEvery
+from transformer.training.checkpoint import Resume, SaveCheckpoint, SaveEvery
 from transformer.training.loop import Callback, Evaluate, train_step
 from transformer.tasks.numbers import make_batch, source_vocab, split_numbers, target_vocab
 from transformer.training.losses import seq2seq_loss
@@ -133,10 +133,11 @@ def test_an_interrupted_run_with_a_cooldown_resumes_exactly(data, tmp_path):
             return batch
 
     with pytest.raises(KeyboardInterrupt):
-        fit(config, train_numbers, valid_numbers, progress=False, checkpoint_path=tmp_path / "run.pt",
-            checkpoint_every=5, callbacks=[StopAfterFive()])
+        fit(config, train_numbers, valid_numbers, progress=False,
+            callbacks=[SaveCheckpoint(tmp_path / "run.pt", 5), StopAfterFive()])
     assert torch.load(tmp_path / "run.pt", weights_only=True)["step"] == 5
-    resumed_model, resumed = fit(config, train_numbers, valid_numbers, progress=False, resume_from=tmp_path / "run.pt")
+    resumed_model, resumed = fit(config, train_numbers, valid_numbers, progress=False,
+                                 callbacks=[Resume(tmp_path / "run.pt")])
     assert resumed["loss"] == straight["loss"] and resumed["lr"] == straight["lr"]
     assert resumed["lr"][-1] < resumed["lr"][5] / 5  # the cooldown did happen
     for a, b in zip(straight_model.state_dict().values(), resumed_model.state_dict().values()):
@@ -389,9 +390,10 @@ def test_resumed_run_continues_the_same_loss_trajectory(data, tmp_path):
     config = tiny_config(dropout=0.1, steps=2 * k, cooldown=0.0)
     straight_model, straight = fit(config, train_numbers, valid_numbers, progress=False)
     fit(tiny_config(dropout=0.1, steps=k, cooldown=0.0), train_numbers, valid_numbers, progress=False,
-          checkpoint_path=tmp_path / "half.pt")
+          callbacks=[SaveCheckpoint(tmp_path / "half.pt")])
     assert load_checkpoint(tmp_path / "half.pt", make_model(config, SRC, TGT)) == k
-    resumed_model, resumed = fit(config, train_numbers, valid_numbers, progress=False, resume_from=tmp_path / "half.pt")
+    resumed_model, resumed = fit(config, train_numbers, valid_numbers, progress=False,
+                                 callbacks=[Resume(tmp_path / "half.pt")])
     assert resumed["step"] == list(range(1, 2 * k + 1))
     assert resumed["loss"] == straight["loss"] and resumed["lr"] == straight["lr"]
     for a, b in zip(straight_model.state_dict().values(), resumed_model.state_dict().values()):
@@ -400,7 +402,7 @@ def test_resumed_run_continues_the_same_loss_trajectory(data, tmp_path):
 
 def test_checkpoints_every_n_steps(data, tmp_path):
     train_numbers, _ = data
-    fit(tiny_config(steps=6), train_numbers, progress=False, checkpoint_path=tmp_path / "run.pt", checkpoint_every=4)
+    fit(tiny_config(steps=6), train_numbers, progress=False, callbacks=[SaveCheckpoint(tmp_path / "run.pt", 4)])
     assert torch.load(tmp_path / "run.pt", weights_only=True)["step"] == 6
 
 
@@ -580,17 +582,17 @@ def test_a_checkpoint_of_fit_rebuilds_its_model_and_refuses_other_settings(tmp_p
 
     config = TrainConfig(**TINY, steps=3, seed=1)
     numbers = list(range(1, 40))
-    model, _ = fit(config, numbers, progress=False, checkpoint_path=tmp_path / "c.pt")
+    model, _ = fit(config, numbers, progress=False, callbacks=[SaveCheckpoint(tmp_path / "c.pt")])
     rebuilt = load_checkpoint(tmp_path / "c.pt")  # from the file alone
     assert isinstance(rebuilt, type(model)) and not rebuilt.training
     batch = make_batch([12, 345], SRC, TGT)
     torch.testing.assert_close(rebuilt(batch.src, batch.tgt_in, batch.src_mask),
                                model(batch.src, batch.tgt_in, batch.src_mask), rtol=0, atol=0)
     # Going on for more steps (or, after a divergence, at a lower rate) is allowed; another width or smoothing is not.
-    fit(TrainConfig(**TINY, steps=4, seed=1), numbers, progress=False, resume_from=tmp_path / "c.pt")
+    fit(TrainConfig(**TINY, steps=4, seed=1), numbers, progress=False, callbacks=[Resume(tmp_path / "c.pt")])
     with pytest.raises(ValueError, match=r"cannot resume from .*c.pt: .* d_model=16 there, 32 here"):
         fit(TrainConfig(**{**TINY, "d_model": 32}, steps=4, seed=1), numbers, progress=False,
-            resume_from=tmp_path / "c.pt")
+            callbacks=[Resume(tmp_path / "c.pt")])
     checkpoint = torch.load(tmp_path / "c.pt", weights_only=True)
     with pytest.raises(ValueError, match="label_smoothing=0.1 there, 0.2 here"):
         check_resume(checkpoint, TrainConfig(**TINY, steps=3, seed=1, label_smoothing=0.2), "c.pt")

@@ -33,7 +33,8 @@ from transformer.tasks.multi30k import (BOS_ID, encode_lines, EOS_ID, make_trans
     token_batches, translation_batches, TranslationConfig)
 from transformer.cli.train import build_multi30k_parser
 from transformer.cli.translate import main
-from transformer.tasks.translation import fit_translation, load_translator, save_translator, translate, translate_lines
+from transformer.tasks.translation import (TranslatorFolder, fit_translation, load_translator, save_translator, translate,
+                                          translate_lines)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -395,12 +396,14 @@ def test_translate_refuses_a_bare_string_and_bad_sizes(committed):
 def test_fit_translation_resumes_exactly_and_keeps_the_last_checkpoints(train_pairs, tokenizer, tmp_path):
     valid = load_multi30k("val")
     short, long_ = (TranslationConfig(**{**TINY, "dropout": 0.1, "steps": n, "keep_last": 2}) for n in (4, 6))
-    fit_translation(short, train_pairs, tokenizer=tokenizer, progress=False, checkpoint_dir=tmp_path / "a",
-                    save_every=2)
+    fit_translation(short, train_pairs, tokenizer=tokenizer, progress=False,
+                    callbacks=[TranslatorFolder(tmp_path / "a", short, every=2)])
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["checkpoint.pt", "step-000002.pt",
                                                                   "step-000004.pt"]
-    resumed, _, resumed_history = fit_translation(long_, train_pairs, progress=False, checkpoint_dir=tmp_path / "a",
-                                                  save_every=4)  # the tokenizer comes from the checkpoint
+    folder = TranslatorFolder(tmp_path / "a", long_, every=4)
+    assert folder.tokenizer.to_str() == tokenizer.to_str()  # the tokenizer comes from the checkpoint
+    resumed, _, resumed_history = fit_translation(long_, train_pairs, tokenizer=folder.tokenizer, progress=False,
+                                                  callbacks=[folder])
     lines: list[str] = []
     straight_config = dataclasses.replace(long_, eval_size=5, eval_every=3)
     straight, _, history = fit_translation(straight_config, train_pairs, valid, tokenizer=tokenizer, progress=False,

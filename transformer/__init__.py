@@ -41,13 +41,13 @@ _WHERE = {
     'beam_search': 'transformer.generation.decoding',
     'fit': 'transformer.tasks.numbers_fit',
     'TrainConfig': 'transformer.training.config',
-    'save_checkpoint': 'transformer.training.checkpoint',
-    'load_checkpoint': 'transformer.training.checkpoint',
-    'average_checkpoints': 'transformer.training.checkpoint',
     'DecoderCache': 'transformer.nn.cache',
     'quantize_int8': 'transformer.generation.quantize',
     'fit_translation': 'transformer.tasks.translation',
     'load_translator': 'transformer.tasks.translation',
+    'save_checkpoint': 'transformer.training.checkpoint',
+    'load_checkpoint': 'transformer.training.checkpoint',
+    'average_checkpoints': 'transformer.training.checkpoint',
     'train_classifier': 'transformer.tasks.classifier',
     'SequenceClassifier': 'transformer.nn.encoder_only',
     'train_language_model': 'transformer.tasks.language_model',
@@ -78,10 +78,10 @@ if _TYPE_CHECKING:  # what type checkers and editors read
     from transformer.generation.decoding import greedy_decode, beam_search
     from transformer.tasks.numbers_fit import fit
     from transformer.training.config import TrainConfig
-    from transformer.training.checkpoint import save_checkpoint, load_checkpoint, average_checkpoints
     from transformer.nn.cache import DecoderCache
     from transformer.generation.quantize import quantize_int8
     from transformer.tasks.translation import fit_translation, load_translator
+    from transformer.training.checkpoint import save_checkpoint, load_checkpoint, average_checkpoints
     from transformer.tasks.classifier import train_classifier
     from transformer.nn.encoder_only import SequenceClassifier
     from transformer.tasks.language_model import train_language_model
@@ -133,13 +133,13 @@ __all__ = [
     'beam_search',
     'fit',
     'TrainConfig',
-    'save_checkpoint',
-    'load_checkpoint',
-    'average_checkpoints',
     'DecoderCache',
     'quantize_int8',
     'fit_translation',
     'load_translator',
+    'save_checkpoint',
+    'load_checkpoint',
+    'average_checkpoints',
     'train_classifier',
     'SequenceClassifier',
     'train_language_model',

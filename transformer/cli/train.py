@@ -27,7 +27,7 @@ from transformer.cli.options import (CommandParser, add_config_options, add_wher
     config_from_args, positive_int, stopped, where_it_starts)
 from transformer.training.config import TrainConfig, make_model
 from transformer.tasks.multi30k import TranslationConfig, make_translation_model, PAD_ID, load_multi30k
-from transformer.training.checkpoint import average_checkpoints, read_checkpoint
+from transformer.training.checkpoint import Resume, SaveCheckpoint, average_checkpoints, read_checkpoint
 from transformer.training.loop import DivergedError
 from transformer.tasks.numbers import MAX_NUMBER, number_to_words, source_vocab, split_numbers_by_length, target_vocab
 from transformer.training.distributed import (data_parallel_options, init_distributed, replica_difference,
@@ -35,7 +35,7 @@ from transformer.training.distributed import (data_parallel_options, init_distri
 from transformer.nn.model import Transformer
 from transformer.tasks.numbers_fit import check_same_data, exact_match, exact_match_below, fit
 from transformer.tasks.metrics import corpus_scores
-from transformer.tasks.translation import fit_translation, save_translator, step_files, translate
+from transformer.tasks.translation import TranslatorFolder, fit_translation, save_translator, step_files, translate
 from transformer.files import read_parallel
 
 
@@ -197,16 +197,22 @@ def _train_here(
         else 0
     )
     parallel = data_parallel_options(rank, world_size, target_vocab().pad_id)
+    checkpoints = [
+        *([Resume(resume)] if resume is not None else []),
+        *(
+            [SaveCheckpoint(path, args.save_every)]
+            if path is not None and rank == 0
+            else []
+        ),
+    ]
     model, _ = fit(
         config,
         train_numbers,
         valid_numbers if rank == 0 else None,
         device=device,
         progress=args.progress and rank == 0 and start < config.steps,
-        resume_from=resume,
-        checkpoint_path=path if rank == 0 else None,
-        checkpoint_every=args.save_every,
-        **parallel,
+        wrap_model=parallel.get("wrap_model"),
+        callbacks=[*checkpoints, *parallel.get("callbacks", [])],
     )
     return model
 
@@ -308,17 +314,26 @@ def train_translator(
             else 0
         )
         try:
+            folder = (
+                None
+                if args.checkpoint_dir is None
+                else TranslatorFolder(
+                    args.checkpoint_dir, config, args.save_every, write=rank == 0
+                )
+            )
             model, tokenizer, _ = fit_translation(
                 config,
                 train,
                 valid if rank == 0 else None,
+                tokenizer=None if folder is None else folder.tokenizer,
                 device=device,
                 progress=args.progress and rank == 0 and start < config.steps,
-                checkpoint_dir=args.checkpoint_dir,
-                save_every=args.save_every,
-                save_checkpoints=rank == 0,
                 log=print if rank == 0 else None,
-                **parallel,
+                wrap_model=parallel.get("wrap_model"),
+                callbacks=[
+                    *([folder] if folder is not None else []),
+                    *parallel.get("callbacks", []),
+                ],
             )
         # what only the data refuse (a --max-len shorter than a sentence), before a step
         except ValueError as err:

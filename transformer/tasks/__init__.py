@@ -8,8 +8,8 @@ from transformer.tasks.subwords import (WORD_START, pre_tokenize, word_counts, l
     SPECIAL_TOKENS, train_tokenizer, SENTENCE_END, split_encoding, check_text)
 from transformer.tasks.numbers_fit import (training_batches, predict, exact_match, evaluate_loss, data_record,
     check_same_data, fit, exact_match_below)
-from transformer.tasks.translation import (translate_lines, translate, step_files, fit_translation,
-    tokenizer_from_checkpoint, translator_model, load_translator, save_translator)
+from transformer.tasks.translation import (translate_lines, translate, fit_translation, tokenizer_from_checkpoint,
+    translator_model, load_translator, save_translator, step_files, TranslatorFolder)
 from transformer.tasks.multi30k import (MULTI30K_SHA256, MULTI30K_SPLITS, load_multi30k, TranslationConfig,
     make_translation_model, encode_lines, pair_batch, token_batches, translation_batches)
 from transformer.tasks.metrics import corpus_scores
@@ -77,12 +77,13 @@ __all__ = [
     'exact_match_below',
     'translate_lines',
     'translate',
-    'step_files',
     'fit_translation',
     'tokenizer_from_checkpoint',
     'translator_model',
     'load_translator',
     'save_translator',
+    'step_files',
+    'TranslatorFolder',
     'MULTI30K_SHA256',
     'MULTI30K_SPLITS',
     'load_multi30k',

@@ -24,14 +24,14 @@ import torch
 from torch import nn
 
 from transformer.checks import check_positive_int
-from transformer.training.checkpoint import SaveEvery, read_checkpoint, restore_checkpoint, resume, save_checkpoint
 from transformer.training.config import TrainConfig, make_model, make_optimizer
 from transformer.tasks.numbers import MAX_NUMBER, check_numbers, make_batch, source_vocab, target_vocab
 from transformer.training.batch import Batch
 from transformer.training.vocab import Vocab
 from transformer.generation.decoding import generated_ids, greedy_decode
 from transformer.training.losses import label_smoothed_cross_entropy, seq2seq_loss
-from transformer.training.loop import Callback, Evaluate, Progress, run_settings, run_steps
+from transformer.training.loop import Callback, Evaluate, Progress, Run, run_settings, run_steps
+from transformer.training.state import checkpoint_state, restore_checkpoint
 from transformer.nn.model import Transformer
 from transformer.nn.modes import evaluating
 
@@ -237,6 +237,16 @@ def check_same_data(
 
 
 # chapters/training_run.md: `fit`
+def _keep_run(state: dict[str, Any], path: Path) -> None:
+    """Write a finished run to the cache at ``path``: saved beside it, then renamed over
+    it (a rename is atomic, so that a chapter stopped during the save leaves no
+    truncated file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    torch.save(state, partial)
+    os.replace(partial, path)
+
+
 def fit(
     config: TrainConfig,
     train_numbers: Sequence[int],
@@ -246,9 +256,6 @@ def fit(
     *,
     device: torch.device | str | None = None,
     progress: bool = True,
-    checkpoint_path: str | Path | None = None,
-    checkpoint_every: int | None = None,
-    resume_from: str | Path | None = None,
     cache_dir: str | Path | None = None,
     load_cached: bool = True,
     wrap_model: Callable[[nn.Module], nn.Module] | None = None,
@@ -262,18 +269,17 @@ def fit(
         ``target_vocab()``.
         device: where to train (default CPU). progress: show a tqdm progress bar (on
         stderr).
-        checkpoint_path: save a checkpoint there at the end (and every
-        ``checkpoint_every`` steps).
-        resume_from: a checkpoint to continue from, up to ``config.steps`` steps in all.
         cache_dir: keep the finished run there, named by a hash of config, data and
             vocabularies; with ``load_cached``, a run found there is loaded instead of
             trained (same result).
         wrap_model: called once on the model before the first step; what it returns
             (e.g. the model in DistributedDataParallel) takes the training steps, while
             validation, checkpoints and the returned model use the model itself.
-        callbacks: more of the training loop's callbacks, after those of progress,
-            validation and saving (e.g. one that takes this process's rows of every
-            global batch).
+        callbacks: more of the training loop's callbacks, after those of progress and
+            validation; each gets the ``Run`` first (``on_fit_begin``): e.g.
+            ``Resume(path)`` to go on from a checkpoint, up to ``config.steps`` steps in
+            all, ``SaveCheckpoint(path, every)`` to save one, or one that takes this
+            process's rows of every global batch.
 
     Returns:
         The model (in eval mode) and the history: per step "step", "loss", "accuracy"
@@ -299,31 +305,37 @@ def fit(
         model = make_model(config, src_vocab, tgt_vocab).to(device)
         optimizer, scheduler = make_optimizer(config, model)
         if cached and load_cached and cached.is_file():
-            checkpoint = read_checkpoint(cached)
+            # tensors and plain values only, no code
+            checkpoint = torch.load(cached, map_location="cpu", weights_only=True)
             restore_checkpoint(checkpoint, model, optimizer, scheduler)
             return model.eval(), checkpoint["history"]
-        history, step = _new_history(), 0
-        if resume_from is not None:
-            checkpoint = read_checkpoint(resume_from)
-            check_same_data(checkpoint, train_numbers, resume_from)
-            step, history = resume(
-                checkpoint, resume_from, model, optimizer, scheduler, config
-            )
+        run = Run(
+            model,
+            optimizer,
+            scheduler,
+            history=_new_history(),
+            # what rebuilds the model
+            about=dict(
+                config=config,
+                src_vocab=src_vocab,
+                tgt_vocab=tgt_vocab,
+                extra={"data": data_record(train_numbers)},
+            ),
+            check=lambda checkpoint, path: check_same_data(
+                checkpoint, train_numbers, path
+            ),
+        )
+        for callback in callbacks:
+            callback.on_fit_begin(run)  # a resumed run: its step, history and states
+        history = run.history
         stream = training_batches(
             train_numbers,
             config.batch_size,
             src_vocab,
             tgt_vocab,
             config.seed,
-            step,
+            run.step,
             device,
-        )
-        # what rebuilds the model
-        described: dict[str, Any] = dict(
-            config=config,
-            src_vocab=src_vocab,
-            tgt_vocab=tgt_vocab,
-            extra={"data": data_record(train_numbers)},
         )
         model.train()
         net = model if wrap_model is None else wrap_model(model)
@@ -342,12 +354,6 @@ def fit(
             )
             return {"valid_exact": f"{history['valid_accuracy'][-1]:.1%}"}
 
-        def save(step: int) -> None:
-            assert checkpoint_path is not None  # save is passed only with it
-            save_checkpoint(
-                checkpoint_path, model, optimizer, scheduler, step, history, **described
-            )
-
         loss_fn = seq2seq_loss(config.label_smoothing, tgt_vocab.pad_id)
         step = run_steps(
             net,
@@ -357,7 +363,7 @@ def fit(
             loss_fn,
             config.steps,
             history,
-            step,
+            run.step,
             clip=config.clip,
             callbacks=[
                 *([Progress()] if progress else []),
@@ -366,19 +372,14 @@ def fit(
                     if valid_numbers and config.eval_size
                     else []
                 ),
-                *(
-                    [SaveEvery(save, checkpoint_every)]
-                    if checkpoint_path is not None and checkpoint_every
-                    else []
-                ),
                 *callbacks,
             ],
         )
-        for path in (checkpoint_path, cached):
-            if path is not None:
-                save_checkpoint(
-                    path, model, optimizer, scheduler, step, history, **described
-                )
+        if cached is not None:
+            state = checkpoint_state(
+                model, optimizer, scheduler, step, history, **run.about
+            )
+            _keep_run(state, cached)
     return model.eval(), history
 
 

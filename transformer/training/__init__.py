@@ -7,10 +7,11 @@ from transformer.training.batch import Batch, pad_rows
 from transformer.training.losses import label_smoothed_cross_entropy, LossFunction, seq2seq_loss
 from transformer.training.schedules import warmup_lr, cooldown_factor, warmup_rate, make_adam, warmup_cosine
 from transformer.training.loop import (DivergedError, first_non_finite, optimizer_step, train_step, Callback, run_steps,
-    Progress, Evaluate, run_settings, free_cores)
+    Progress, Evaluate, Run, run_settings, free_cores)
 from transformer.training.config import TrainConfig, make_model, make_optimizer
+from transformer.training.state import checkpoint_state, restore_checkpoint
 from transformer.training.checkpoint import (save_torch_file, read_torch_file, BUILDERS, save_checkpoint,
-    read_checkpoint, restore_checkpoint, check_resume, resume, SaveEvery, numbers_model, model_of, load_checkpoint,
+    read_checkpoint, check_resume, resume, SaveEvery, Resume, SaveCheckpoint, numbers_model, model_of, load_checkpoint,
     average_checkpoints)
 from transformer.training.distributed import (shard_batch, target_tokens, DataParallelHooks, data_parallel_options,
     world_size_of_run, init_distributed, replica_difference)
@@ -36,20 +37,24 @@ __all__ = [
     'run_steps',
     'Progress',
     'Evaluate',
+    'Run',
     'run_settings',
     'free_cores',
     'TrainConfig',
     'make_model',
     'make_optimizer',
+    'checkpoint_state',
+    'restore_checkpoint',
     'save_torch_file',
     'read_torch_file',
     'BUILDERS',
     'save_checkpoint',
     'read_checkpoint',
-    'restore_checkpoint',
     'check_resume',
     'resume',
     'SaveEvery',
+    'Resume',
+    'SaveCheckpoint',
     'numbers_model',
     'model_of',
     'load_checkpoint',

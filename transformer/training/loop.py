@@ -9,7 +9,7 @@ Defined in the book's chapters "Training" (chapters/training.md) and "Training t
 """
 
 
-__all__ = ['DivergedError', 'first_non_finite', 'optimizer_step', 'train_step', 'Callback', 'run_steps', 'Progress', 'Evaluate', 'run_settings', 'free_cores']
+__all__ = ['DivergedError', 'first_non_finite', 'optimizer_step', 'train_step', 'Callback', 'run_steps', 'Progress', 'Evaluate', 'Run', 'run_settings', 'free_cores']
 
 
 import contextlib
@@ -17,6 +17,7 @@ import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn, Tensor
@@ -167,6 +168,11 @@ class Callback:
         """When step ``step`` raised ``error`` (a divergence, Ctrl-C): the run ends
         there, unfinished."""
 
+    # chapters/training_run.md: What the callbacks see of a run
+    def on_fit_begin(self, run: "Run") -> None:
+        """Once, before the run's first batch is drawn, with its ``Run``: where a resumed
+        run loads its state, and a saving callback takes what it saves."""
+
 
 _END = object()  # what ``next`` gives for a stream that has run out
 
@@ -283,6 +289,25 @@ class Evaluate(Callback):
         if self.every and (step % self.every == 0 or step == self.last):
             return self.validate(step)
         return None
+
+
+# chapters/training_run.md: What the callbacks see of a run
+@dataclass
+class Run:
+    """What a trainer (``fit``, ``fit_translation``) hands its callbacks before the
+    first step: the model (unwrapped), its optimiser and scheduler, the ``step`` it
+    starts from and the ``history`` so far (a callback that resumes the run sets both),
+    ``about``, what describes the model in a checkpoint (``checkpoint_state``'s
+    keywords: config, vocabularies, kind, extra entries), and ``check``, which refuses
+    a checkpoint of another run (other data) before it is resumed."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    step: int = 0
+    history: dict[str, list] = field(default_factory=dict)
+    about: dict[str, Any] = field(default_factory=dict)
+    check: Callable[[dict, Any], None] | None = None
 
 
 # chapters/training_run.md: A run's seed and threads
