@@ -32,7 +32,7 @@ from transformer.tasks.tagging import (CASES, MARKS, MARK_NAMES, TAG_LABELS, IGN
 from transformer.tasks.language_model import (CharVocab, random_windows, loss_by_position, evaluate_language_model,
     next_token_loss, train_language_model)
 from transformer.tasks.digits import DIGITS_SHA256, load_digits, stratified_split
-from transformer.tasks.captioning import caption_batches, caption_scores, PatchFrontEnd, ImageCaptioner
+from transformer.tasks.captioning import caption_batches, caption_scores, train_captioner, PatchFrontEnd, ImageCaptioner
 from transformer.tasks.scenes import (DIGIT_NAMES, LAYOUTS, CELL_SIZE, CANVAS_SIZE, PIXEL_LEVELS, caption, cells_of,
     is_held_out, Scenes, make_scenes, pixel_tokens, CaptionVocab)
 from transformer.tasks.drawing import (PROMPT_WORDS, DRAWING_VOCAB_SIZE, PIXELS, prompt_ids, digit_sequences,
@@ -169,6 +169,7 @@ __all__ = [
     'stratified_split',
     'caption_batches',
     'caption_scores',
+    'train_captioner',
     'PatchFrontEnd',
     'ImageCaptioner',
     'DIGIT_NAMES',
