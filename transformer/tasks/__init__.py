@@ -36,7 +36,7 @@ from transformer.tasks.captioning import caption_batches, caption_scores, train_
 from transformer.tasks.scenes import (DIGIT_NAMES, LAYOUTS, CELL_SIZE, CANVAS_SIZE, PIXEL_LEVELS, caption, cells_of,
     is_held_out, Scenes, make_scenes, pixel_tokens, CaptionVocab)
 from transformer.tasks.drawing import (PROMPT_WORDS, DRAWING_VOCAB_SIZE, PIXELS, prompt_ids, digit_sequences,
-    drawn_images, drawing_batches)
+    drawn_images, drawing_batches, make_drawer, train_drawer)
 from transformer.tasks.detection import (box_cxcywh_to_xyxy, box_xyxy_to_cxcywh, check_boxes, box_iou,
     generalized_box_iou, DIGIT_SIZES, DigitScenes, tight_box, make_digit_scenes, NO_OBJECT_WEIGHT, match_cost,
     hungarian_match, set_loss, detections, predicted_set, coco_average_precision, detection_loss, scene_batches,
@@ -191,6 +191,8 @@ __all__ = [
     'digit_sequences',
     'drawn_images',
     'drawing_batches',
+    'make_drawer',
+    'train_drawer',
     'box_cxcywh_to_xyxy',
     'box_xyxy_to_cxcywh',
     'check_boxes',
