@@ -161,3 +161,88 @@ def test_the_captioner_lives_in_nn_and_plugs_its_front_end_into_transformer():
     assert other.src_embed.vocab_size == 5 and other.encode(torch.randint(0, 5, (2, 64))).shape == (2, 4, 64)
     with pytest.raises(ValueError, match="pixel_levels must be at least 2"):
         ImageCaptioner(16, pixel_levels=1)
+
+
+# --- the committed captioner (models/captioner)
+
+
+def _train_command():
+    """models/captioner/train.py as a module, to use its functions and run its main() in this process."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "models" / "captioner" / "train.py"
+    spec = importlib.util.spec_from_file_location("captioner_train", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _committed():
+    """The committed captioner, its checkpoint and its recorded scores."""
+    import json
+    from pathlib import Path
+
+    from transformer.training.checkpoint import load_checkpoint, read_checkpoint
+
+    folder = Path(__file__).resolve().parent.parent / "models" / "captioner"
+    model = ImageCaptioner(len(CaptionVocab()), max_len=_train_command().MAX_LEN)
+    load_checkpoint(folder / "model.pt", model)
+    return model.eval(), read_checkpoint(folder / "model.pt"), json.loads((folder / "results.json").read_text())
+
+
+def test_train_captioner_repeats_a_run_and_refuses_no_steps():
+    from transformer.tasks.captioning import train_captioner
+
+    images, labels = marked_digits()
+    scenes, vocab = make_scenes(images, labels, 64, seed=0), CaptionVocab()
+    src, captions = pixel_tokens(scenes.images), vocab.encode(scenes.captions, 6)
+    (first, history), (second, again) = (train_captioner(src, captions, 3, 5, len(vocab)) for _ in range(2))
+    assert history == again and len(history["loss"]) == 3 and not first.training
+    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), second.state_dict().values()))
+    with pytest.raises(ValueError, match="steps"):
+        train_captioner(src, captions, 0, 5, len(vocab))
+
+
+def test_the_committed_captioner_reproduces_its_recorded_scores():
+    """models/captioner/results.json, recomputed from the committed weights (a few seconds)."""
+    train = _train_command()
+    model, checkpoint, recorded = _committed()
+    assert (checkpoint["step"], checkpoint["seed"]) == (recorded["steps"], recorded["seed"]) == (4000, 0)
+    assert len(checkpoint["history"]["loss"]) == 4000
+    measured = train.scores(model, train.chapter_scenes())
+    for key in ("test_exact", "test_words", "composition_exact", "composition_words"):
+        assert measured[key] == pytest.approx(recorded[key], abs=0.005), key
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--steps", "0"], "--steps must be a positive number, got 0"),
+    (["--out", "{tmp}/file"], "--out must be a folder, got the file {tmp}/file"),
+])
+def test_the_captioner_command_refuses_bad_input_in_one_line(arguments, message, tmp_path, monkeypatch, capsys):
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setattr("sys.argv", ["train.py", *(a.format(tmp=tmp_path) for a in arguments)])
+    with pytest.raises(SystemExit) as ended:
+        _train_command().main()
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"train.py: {message.format(tmp=tmp_path)}"]
+
+
+@pytest.mark.slow
+def test_the_committed_captioner_is_the_recipes_run(tmp_path, monkeypatch):
+    """models/captioner/train.py again (about three minutes on one thread): the same recipe ends at the committed
+    run's scores and final losses, to within what another CPU's rounding moves them."""
+    train = _train_command()
+    _, checkpoint, recorded = _committed()
+    monkeypatch.setattr("sys.argv", ["train.py", "--out", str(tmp_path)])
+    train.main()
+    import json
+
+    rerun = json.loads((tmp_path / "results.json").read_text())
+    for key in ("test_exact", "composition_exact"):
+        assert rerun[key] == pytest.approx(recorded[key], abs=0.02), key
+    from transformer.training.checkpoint import read_checkpoint
+
+    losses = read_checkpoint(tmp_path / "model.pt")["history"]["loss"]
+    committed = checkpoint["history"]["loss"]
+    assert sum(losses[-200:]) / 200 == pytest.approx(sum(committed[-200:]) / 200, abs=0.02)

@@ -58,3 +58,86 @@ def test_sampling_with_cache_equals_without():
     assert torch.equal(fast, slow) and fast.shape == (2, 65)
     with pytest.raises(ValueError, match="max_len"):
         sample(model, prompts, PIXELS + 2)
+
+
+# --- the committed drawer (models/drawer)
+
+
+def _train_command():
+    """models/drawer/train.py as a module, to use its functions and run its main() in this process."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "models" / "drawer" / "train.py"
+    spec = importlib.util.spec_from_file_location("drawer_train", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _committed():
+    """The committed drawer, its checkpoint and its recorded scores."""
+    import json
+    from pathlib import Path
+
+    from transformer.tasks.drawing import make_drawer
+    from transformer.training.checkpoint import load_checkpoint, read_checkpoint
+
+    folder = Path(__file__).resolve().parent.parent / "models" / "drawer"
+    model = make_drawer()
+    load_checkpoint(folder / "model.pt", model)
+    return model.eval(), read_checkpoint(folder / "model.pt"), json.loads((folder / "results.json").read_text())
+
+
+def test_train_drawer_repeats_a_run_and_refuses_no_steps():
+    from transformer.tasks.drawing import train_drawer
+
+    sequences = torch.randint(0, PIXEL_LEVELS, (32, 65), generator=torch.Generator().manual_seed(0))
+    (first, history), (second, again) = (train_drawer(sequences, 3, 5) for _ in range(2))
+    assert history == again and len(history["loss"]) == 3 and not first.training
+    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), second.state_dict().values()))
+    with pytest.raises(ValueError, match="steps"):
+        train_drawer(sequences, 0, 5)
+
+
+def test_the_committed_drawer_reproduces_its_recorded_scores():
+    """models/drawer/results.json, recomputed from the committed weights (a second)."""
+    train = _train_command()
+    model, checkpoint, recorded = _committed()
+    assert (checkpoint["step"], checkpoint["seed"]) == (recorded["steps"], recorded["seed"]) == (1500, 0)
+    assert len(checkpoint["history"]["loss"]) == 1500
+    measured = train.scores(model, train.chapter_sequences())
+    for key in ("held_out_loss", "train_loss"):
+        assert measured[key] == pytest.approx(recorded[key], abs=1e-3), key
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--steps", "0"], "--steps must be a positive number, got 0"),
+    (["--out", "{tmp}/file"], "--out must be a folder, got the file {tmp}/file"),
+])
+def test_the_drawer_command_refuses_bad_input_in_one_line(arguments, message, tmp_path, monkeypatch, capsys):
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setattr("sys.argv", ["train.py", *(a.format(tmp=tmp_path) for a in arguments)])
+    with pytest.raises(SystemExit) as ended:
+        _train_command().main()
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"train.py: {message.format(tmp=tmp_path)}"]
+
+
+@pytest.mark.slow
+def test_the_committed_drawer_is_the_recipes_run(tmp_path, monkeypatch):
+    """models/drawer/train.py again (about two minutes on one thread): the same recipe ends at the committed
+    run's losses, to within what another CPU's rounding moves them."""
+    import json
+
+    from transformer.training.checkpoint import read_checkpoint
+
+    train = _train_command()
+    _, checkpoint, recorded = _committed()
+    monkeypatch.setattr("sys.argv", ["train.py", "--out", str(tmp_path)])
+    train.main()
+    rerun = json.loads((tmp_path / "results.json").read_text())
+    for key in ("held_out_loss", "train_loss"):
+        assert rerun[key] == pytest.approx(recorded[key], abs=0.02), key
+    losses, committed = read_checkpoint(tmp_path / "model.pt")["history"]["loss"], checkpoint["history"]["loss"]
+    assert sum(losses[-200:]) / 200 == pytest.approx(sum(committed[-200:]) / 200, abs=0.02)
