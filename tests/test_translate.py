@@ -33,6 +33,7 @@ from transformer.tasks.multi30k import (BOS_ID, encode_lines, EOS_ID, make_trans
     token_batches, translation_batches, TranslationConfig)
 from transformer.cli.train import build_multi30k_parser
 from transformer.cli.translate import main
+from benchmarks.translation_outputs import DECODINGS, read_outputs
 from transformer.tasks.translation import fit_translation, load_translator, save_translator, translate, translate_lines
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -553,6 +554,32 @@ def test_recorded_results_meet_the_bar():
         assert set(results[model]) == {"valid_greedy", "valid_beam", "test_greedy", "test_beam"}
         for scores in results[model].values():
             assert scores["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|")
+
+
+
+def test_committed_test2016_translations_are_whole_and_scored_as_recorded():
+    german, english = load_multi30k("test")
+    record = json.loads((MODEL.parent / "test2016.json").read_text())
+    assert set(record["decodings"]) == set(DECODINGS) and 0 < record["sample"] <= len(german)
+    for decoding in DECODINGS:
+        lines = read_outputs(MODEL.parent, decoding)
+        assert len(lines) == len(german) and all(lines) and not any("\r" in line for line in lines)
+        recorded = record["decodings"][decoding]
+        assert corpus_scores(lines, english) == {name: recorded[name] for name in corpus_scores(lines, english)}
+
+
+@pytest.mark.slow  # translates the 1,000 sentences of test2016 twice (about half a minute on one thread)
+def test_committed_test2016_translations_are_the_models_line_for_line(committed):
+    """What the chapter samples, in full: the committed lines are what the model writes on this machine, and
+    they score as the GPU's record says."""
+    model, tokenizer = committed
+    german, english = load_multi30k("test")
+    results = json.loads(RESULTS.read_text())["averaged"]
+    for decoding, beam in DECODINGS.items():
+        lines = read_outputs(MODEL.parent, decoding)
+        assert translate(model, tokenizer, german, beam_size=beam) == lines
+        recorded = results["test_greedy" if beam == 1 else "test_beam"]
+        assert corpus_scores(lines, english)["bleu"] == pytest.approx(recorded["bleu"], abs=0.5)
 
 
 # --- the commands -----------------------------------------------------------------------------
