@@ -2,8 +2,8 @@
 
 Decoding the 1,000 test sentences twice (greedy and beam 4) is the longest part of the chapter
 "Translating German"; the chapter reads these files instead, translates the first ``SAMPLE`` sentences
-again live and checks that it gets the same lines, and ``tests/test_translate.py`` (a slow test)
-translates all of them and checks every line and the scores.
+again live and checks that it gets the same lines, and ``tests/test_translate.py`` translates 100
+more, spread over the rest of the file, and checks those lines and the scores.
 
 For each decoding it translates the German side of test2016 with ``translate`` (the function of the
 translate command, with the command's defaults: length penalty 0.6, input length + 50 tokens,
