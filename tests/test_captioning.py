@@ -13,6 +13,8 @@ from transformer.tasks.scenes import (CANVAS_SIZE, DIGIT_NAMES, PIXEL_LEVELS, Ca
                                      pixel_tokens)
 from transformer.nn.vision import patches
 
+from committed_runs import ROOT, plain_path_history, train_command
+
 
 def marked_digits():
     """Ten 8x8 'digits', digit d a block of grey level d + 1 (out of 16) with one dark corner pixel."""
@@ -161,3 +163,70 @@ def test_the_captioner_lives_in_nn_and_plugs_its_front_end_into_transformer():
     assert other.src_embed.vocab_size == 5 and other.encode(torch.randint(0, 5, (2, 64))).shape == (2, 4, 64)
     with pytest.raises(ValueError, match="pixel_levels must be at least 2"):
         ImageCaptioner(16, pixel_levels=1)
+
+
+# --- the committed captioner (models/captioner)
+
+
+FOLDER = ROOT / "models" / "captioner"
+
+
+def _committed():
+    """The committed captioner, its checkpoint and its recorded scores."""
+    import json
+
+    from transformer.training.checkpoint import load_checkpoint, read_checkpoint
+
+    model = ImageCaptioner(len(CaptionVocab()), max_len=train_command(FOLDER).MAX_LEN)
+    load_checkpoint(FOLDER / "model.pt", model)
+    return model.eval(), read_checkpoint(FOLDER / "model.pt"), json.loads((FOLDER / "results.json").read_text())
+
+
+def test_train_captioner_repeats_a_run_and_refuses_no_steps():
+    from transformer.tasks.captioning import train_captioner
+
+    images, labels = marked_digits()
+    scenes, vocab = make_scenes(images, labels, 64, seed=0), CaptionVocab()
+    src, captions = pixel_tokens(scenes.images), vocab.encode(scenes.captions, 6)
+    (first, history), (second, again) = (train_captioner(src, captions, 3, 5, len(vocab)) for _ in range(2))
+    assert history == again and len(history["loss"]) == 3 and not first.training
+    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), second.state_dict().values()))
+    with pytest.raises(ValueError, match="steps"):
+        train_captioner(src, captions, 0, 5, len(vocab))
+
+
+def test_the_committed_captioner_reproduces_its_recorded_scores():
+    """models/captioner/results.json, recomputed from the committed weights (a few seconds)."""
+    train = train_command(FOLDER)
+    model, checkpoint, recorded = _committed()
+    assert (checkpoint["step"], checkpoint["seed"]) == (recorded["steps"], recorded["seed"]) == (4000, 0)
+    assert len(checkpoint["history"]["loss"]) == 4000
+    measured = train.scores(model, train.chapter_scenes())
+    for key in ("test_exact", "test_words", "composition_exact", "composition_words"):
+        assert measured[key] == pytest.approx(recorded[key], abs=0.005), key
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--steps", "0"], "--steps must be a positive number, got 0"),
+    (["--out", "{tmp}/file"], "--out must be a folder, got the file {tmp}/file"),
+])
+def test_the_captioner_command_refuses_bad_input_in_one_line(arguments, message, tmp_path, monkeypatch, capsys):
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setattr("sys.argv", ["train.py", *(a.format(tmp=tmp_path) for a in arguments)])
+    with pytest.raises(SystemExit) as ended:
+        train_command(FOLDER).main()
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"train.py: {message.format(tmp=tmp_path)}"]
+
+
+def test_the_committed_captioner_is_the_recipes_run(tmp_path):
+    """The recipe's 100 warm-up steps (train.py on the plain path, as the README's run; about ten
+    seconds): bit for bit the committed history's first 100 steps, loss, accuracy and gradient norm,
+    so the same initial weights, batches, loss and optimiser; and every later step's rate is the
+    recipe's cosine decay over 4,000 steps (peak 2e-3 after 100 steps of warm-up)."""
+    from transformer.training.schedules import warmup_cosine
+
+    committed = _committed()[1]["history"]
+    start = plain_path_history(FOLDER, 100, tmp_path)
+    assert start == {key: values[:100] for key, values in committed.items()}
+    assert committed["lr"] == [2e-3 * warmup_cosine(step, 100, 4000) for step in range(1, 4001)]

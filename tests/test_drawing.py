@@ -9,6 +9,8 @@ from transformer.nn.decoder_only import DecoderOnlyLM
 from transformer.generation.sampling import sample
 from transformer.tasks.scenes import DIGIT_NAMES, PIXEL_LEVELS
 
+from committed_runs import ROOT, plain_path_history, train_command
+
 
 def test_sequences_round_trip():
     counts = torch.randint(0, 17, (5, 1, 8, 8))
@@ -58,3 +60,69 @@ def test_sampling_with_cache_equals_without():
     assert torch.equal(fast, slow) and fast.shape == (2, 65)
     with pytest.raises(ValueError, match="max_len"):
         sample(model, prompts, PIXELS + 2)
+
+
+# --- the committed drawer (models/drawer)
+
+
+FOLDER = ROOT / "models" / "drawer"
+
+
+def _committed():
+    """The committed drawer, its checkpoint and its recorded scores."""
+    import json
+
+    from transformer.tasks.drawing import make_drawer
+    from transformer.training.checkpoint import load_checkpoint, read_checkpoint
+
+    model = make_drawer()
+    load_checkpoint(FOLDER / "model.pt", model)
+    return model.eval(), read_checkpoint(FOLDER / "model.pt"), json.loads((FOLDER / "results.json").read_text())
+
+
+def test_train_drawer_repeats_a_run_and_refuses_no_steps():
+    from transformer.tasks.drawing import train_drawer
+
+    sequences = torch.randint(0, PIXEL_LEVELS, (32, 65), generator=torch.Generator().manual_seed(0))
+    (first, history), (second, again) = (train_drawer(sequences, 3, 5) for _ in range(2))
+    assert history == again and len(history["loss"]) == 3 and not first.training
+    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), second.state_dict().values()))
+    with pytest.raises(ValueError, match="steps"):
+        train_drawer(sequences, 0, 5)
+
+
+def test_the_committed_drawer_reproduces_its_recorded_scores():
+    """models/drawer/results.json, recomputed from the committed weights (a second)."""
+    train = train_command(FOLDER)
+    model, checkpoint, recorded = _committed()
+    assert (checkpoint["step"], checkpoint["seed"]) == (recorded["steps"], recorded["seed"]) == (1500, 0)
+    assert len(checkpoint["history"]["loss"]) == 1500
+    measured = train.scores(model, train.chapter_sequences())
+    for key in ("held_out_loss", "train_loss"):
+        assert measured[key] == pytest.approx(recorded[key], abs=1e-3), key
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--steps", "0"], "--steps must be a positive number, got 0"),
+    (["--out", "{tmp}/file"], "--out must be a folder, got the file {tmp}/file"),
+])
+def test_the_drawer_command_refuses_bad_input_in_one_line(arguments, message, tmp_path, monkeypatch, capsys):
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setattr("sys.argv", ["train.py", *(a.format(tmp=tmp_path) for a in arguments)])
+    with pytest.raises(SystemExit) as ended:
+        train_command(FOLDER).main()
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"train.py: {message.format(tmp=tmp_path)}"]
+
+
+def test_the_committed_drawer_is_the_recipes_run(tmp_path):
+    """The recipe's first 50 steps, within its warm-up (train.py on the plain path, as the README's
+    run; about ten seconds): bit for bit the committed history's first 50 steps, loss and gradient
+    norm, so the same initial weights, batches, loss and optimiser; and every later step's rate is the recipe's
+    cosine decay over 1,500 steps (peak 3e-3 after 100 steps of warm-up)."""
+    from transformer.training.schedules import warmup_cosine
+
+    committed = _committed()[1]["history"]
+    start = plain_path_history(FOLDER, 50, tmp_path)
+    assert start == {key: values[:50] for key, values in committed.items()}
+    assert committed["lr"] == [3e-3 * warmup_cosine(step, 100, 1500) for step in range(1, 1501)]

@@ -33,6 +33,7 @@ from transformer.tasks.multi30k import (BOS_ID, encode_lines, EOS_ID, make_trans
     token_batches, translation_batches, TranslationConfig)
 from transformer.cli.train import build_multi30k_parser
 from transformer.cli.translate import main
+from benchmarks.translation_outputs import DECODINGS, SAMPLE, read_outputs
 from transformer.tasks.translation import (TranslatorFolder, fit_translation, load_translator, save_translator, translate,
                                           translate_lines)
 
@@ -557,6 +558,34 @@ def test_recorded_results_meet_the_bar():
         assert set(results[model]) == {"valid_greedy", "valid_beam", "test_greedy", "test_beam"}
         for scores in results[model].values():
             assert scores["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|")
+
+
+
+def test_committed_test2016_translations_are_whole_and_scored_as_recorded():
+    german, english = load_multi30k("test")
+    record = json.loads((MODEL.parent / "test2016.json").read_text())
+    assert set(record["decodings"]) == set(DECODINGS) and 0 < record["sample"] <= len(german)
+    for decoding in DECODINGS:
+        lines = read_outputs(MODEL.parent, decoding)
+        assert len(lines) == len(german) and all(lines) and not any("\r" in line for line in lines)
+        recorded = record["decodings"][decoding]
+        assert corpus_scores(lines, english) == {name: recorded[name] for name in corpus_scores(lines, english)}
+
+
+def test_committed_test2016_translations_are_the_models_line_for_line(committed):
+    """Beyond the chapter's live sample (the first SAMPLE lines): every ninth sentence of the rest,
+    100 spread over the file, translated greedy and with beam 4 (a few seconds) are the committed lines
+    word for word; the committed files score as the GPU's record says."""
+    model, tokenizer = committed
+    german, english = load_multi30k("test")
+    picked = range(SAMPLE + 4, len(german), 9)
+    assert len(picked) == 100 and picked[-1] >= len(german) - 9
+    results = json.loads(RESULTS.read_text())["averaged"]
+    for decoding, beam in DECODINGS.items():
+        lines = read_outputs(MODEL.parent, decoding)
+        assert translate(model, tokenizer, [german[i] for i in picked], beam_size=beam) == [lines[i] for i in picked]
+        recorded = results["test_greedy" if beam == 1 else "test_beam"]
+        assert corpus_scores(lines, english)["bleu"] == pytest.approx(recorded["bleu"], abs=0.5)
 
 
 # --- the commands -----------------------------------------------------------------------------

@@ -35,11 +35,11 @@ from transformer.tasks.entities import (WNUT16_FILE, WNUT16_SHA256, ENTITY_TYPES
 from transformer.tasks.language_model import (CharVocab, random_windows, loss_by_position, evaluate_language_model,
     next_token_loss, train_language_model)
 from transformer.tasks.digits import DIGITS_SHA256, load_digits, stratified_split
-from transformer.tasks.captioning import caption_batches, caption_scores, PatchFrontEnd, ImageCaptioner
+from transformer.tasks.captioning import caption_batches, caption_scores, train_captioner, PatchFrontEnd, ImageCaptioner
 from transformer.tasks.scenes import (DIGIT_NAMES, LAYOUTS, CELL_SIZE, CANVAS_SIZE, PIXEL_LEVELS, caption, cells_of,
     is_held_out, Scenes, make_scenes, pixel_tokens, CaptionVocab)
 from transformer.tasks.drawing import (PROMPT_WORDS, DRAWING_VOCAB_SIZE, PIXELS, prompt_ids, digit_sequences,
-    drawn_images, drawing_batches)
+    drawn_images, drawing_batches, make_drawer, train_drawer)
 from transformer.tasks.detection import (box_cxcywh_to_xyxy, box_xyxy_to_cxcywh, check_boxes, box_iou,
     generalized_box_iou, DIGIT_SIZES, DigitScenes, tight_box, make_digit_scenes, NO_OBJECT_WEIGHT, match_cost,
     hungarian_match, set_loss, detections, predicted_set, coco_average_precision, detection_loss, scene_batches,
@@ -195,6 +195,7 @@ __all__ = [
     'stratified_split',
     'caption_batches',
     'caption_scores',
+    'train_captioner',
     'PatchFrontEnd',
     'ImageCaptioner',
     'DIGIT_NAMES',
@@ -216,6 +217,8 @@ __all__ = [
     'digit_sequences',
     'drawn_images',
     'drawing_batches',
+    'make_drawer',
+    'train_drawer',
     'box_cxcywh_to_xyxy',
     'box_xyxy_to_cxcywh',
     'check_boxes',

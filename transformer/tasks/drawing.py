@@ -8,7 +8,7 @@ Defined in the book's chapter "Two modalities: the Transformer draws a digit"
 """
 
 
-__all__ = ['PROMPT_WORDS', 'DRAWING_VOCAB_SIZE', 'PIXELS', 'prompt_ids', 'digit_sequences', 'drawn_images', 'drawing_batches']
+__all__ = ['PROMPT_WORDS', 'DRAWING_VOCAB_SIZE', 'PIXELS', 'prompt_ids', 'digit_sequences', 'drawn_images', 'drawing_batches', 'make_drawer', 'train_drawer']
 
 
 import itertools
@@ -18,7 +18,11 @@ import torch
 from torch import Tensor
 
 from transformer.checks import check_positive_int, check_tensor, check_token_tensor
+from transformer.nn.decoder_only import DecoderOnlyLM
+from transformer.tasks.language_model import next_token_loss
 from transformer.tasks.scenes import CELL_SIZE, DIGIT_NAMES, PIXEL_LEVELS, pixel_tokens
+from transformer.training.loop import run_settings, run_steps
+from transformer.training.schedules import make_adam, warmup_cosine
 
 
 # chapters/drawing.md: A digit as a sentence
@@ -83,3 +87,51 @@ def drawing_batches(
             torch.randint(0, len(sequences), (batch_size,), generator=generator)
         ]
         yield rows[:, :-1], rows[:, 1:]
+
+
+# chapters/drawing.md: Training
+def make_drawer() -> DecoderOnlyLM:
+    """The chapter's drawer, untrained: d_model 64, 4 heads, 2 layers, d_ff 128,
+    dropout 0.1, learned positions for the 65 tokens of a prompt and a digit."""
+    return DecoderOnlyLM(
+        DRAWING_VOCAB_SIZE,
+        d_model=64,
+        num_heads=4,
+        d_ff=128,
+        num_layers=2,
+        max_len=1 + PIXELS,
+        dropout=0.1,
+    )
+
+
+def train_drawer(
+    sequences: Tensor, steps: int, seed: int
+) -> tuple[DecoderOnlyLM, dict[str, list]]:
+    """A ``make_drawer`` model trained by the chapter's recipe on ``sequences`` (M, 65)
+    (``digit_sequences``), in eval mode, and its history (``run_steps``'s, per step).
+
+    The recipe: Adam (peak rate 3e-3 after 100 steps of warm-up,
+    cosine decay) on ``next_token_loss``, 64 sequences a step, one thread; ``seed``
+    sets the initial weights and the order of the sequences.
+    """
+    steps = check_positive_int("steps", steps)
+    with run_settings(seed, num_threads=1):
+        drawer = make_drawer()
+        optimizer, schedule = make_adam(
+            drawer.parameters(),
+            lambda step: warmup_cosine(step, 100, steps),
+            3e-3,
+            eps=1e-8,
+        )
+        history: dict[str, list] = {}
+        drawer.train()
+        run_steps(
+            drawer,
+            drawing_batches(sequences, 64, seed),
+            optimizer,
+            schedule,
+            next_token_loss,
+            steps,
+            history,
+        )
+    return drawer.eval(), history
