@@ -13,7 +13,7 @@ from transformer.tasks.scenes import (CANVAS_SIZE, DIGIT_NAMES, PIXEL_LEVELS, Ca
                                      pixel_tokens)
 from transformer.nn.vision import patches
 
-from committed_runs import ROOT, plain_path_history, train_command
+from committed_runs import ROOT, assert_same_start, plain_path_history, train_command
 
 
 def marked_digits():
@@ -228,5 +228,5 @@ def test_the_committed_captioner_is_the_recipes_run(tmp_path):
 
     committed = _committed()[1]["history"]
     start = plain_path_history(FOLDER, 100, tmp_path)
-    assert start == {key: values[:100] for key, values in committed.items()}
+    assert_same_start(start, committed, 100)
     assert committed["lr"] == [2e-3 * warmup_cosine(step, 100, 4000) for step in range(1, 4001)]

@@ -9,7 +9,7 @@ from transformer.nn.decoder_only import DecoderOnlyLM
 from transformer.generation.sampling import sample
 from transformer.tasks.scenes import DIGIT_NAMES, PIXEL_LEVELS
 
-from committed_runs import ROOT, plain_path_history, train_command
+from committed_runs import ROOT, assert_same_start, plain_path_history, train_command
 
 
 def test_sequences_round_trip():
@@ -124,5 +124,5 @@ def test_the_committed_drawer_is_the_recipes_run(tmp_path):
 
     committed = _committed()[1]["history"]
     start = plain_path_history(FOLDER, 50, tmp_path)
-    assert start == {key: values[:50] for key, values in committed.items()}
+    assert_same_start(start, committed, 50)
     assert committed["lr"] == [3e-3 * warmup_cosine(step, 100, 1500) for step in range(1, 1501)]
