@@ -8,6 +8,7 @@ rather than skip."""
 
 import hashlib
 import io
+import json
 import math
 import re
 import tarfile
@@ -18,7 +19,8 @@ import torch
 
 from tools import fetch_reviews
 from transformer.tasks.intervals import bootstrap_interval
-from transformer.tasks.sentiment import REVIEWS_SHA256, Review, read_reviews, reviews_file, split_reviews
+from transformer.tasks.sentiment import (REVIEWS_SHA256, Review, read_reviews, reviews_file, split_reviews,
+                                          write_review_jsonl)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -155,3 +157,29 @@ def test_no_code_of_the_book_names_another_member_of_the_archive():
     for path in files:
         for match in re.finditer("hutto_ICWSM_2014" + r"/(\S*)", path.read_text(encoding="utf-8")):
             assert match.group(1).startswith("movieReviewSnippets_GroundTruth.txt"), (path, match.group(0))
+
+
+def test_the_review_files_hold_each_split_in_order_with_word_labels_and_ids(tmp_path):
+    reviews = [Review(1, 2.5, "Warm and funny."), Review(9000, -3.0, 'Dull, "clever" and long.')]
+    paths = write_review_jsonl({"train": reviews, "test": reviews[::-1]}, tmp_path / "out")
+    assert sorted(paths) == ["test", "train"]
+    rows = [json.loads(line) for line in paths["test"].read_text(encoding="utf-8").splitlines()]
+    assert rows == [{"text": 'Dull, "clever" and long.', "label": "negative", "id": 9000},
+                    {"text": "Warm and funny.", "label": "positive", "id": 1}]
+
+
+@pytest.mark.slow  # the command labels the 1,078 test sentences
+def test_the_committed_sentiment_classifier_reproduces_its_figures(reviews, tmp_path, capsys):
+    from transformer.cli.classify import main as classify
+
+    folder = Path(__file__).resolve().parents[1] / "models" / "sentiment-classifier"
+    recorded = json.loads((folder / "results.json").read_text())
+    splits = split_reviews(reviews)
+    files = write_review_jsonl(splits, tmp_path)
+    assert classify(["--checkpoint", str(folder / "classifier.pt"), "--input", str(files["test"])]) == 0
+    answers = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [answer["id"] for answer in answers] == [review.id for review in splits["test"]]
+    right = [answer["label"] == ("negative", "positive")[review.label] for answer, review in zip(answers, splits["test"])]
+    assert len(right) == recorded["test_sentences"] == 1078
+    assert sum(right) == recorded["test_correct"] and recorded["test_accuracy"] == sum(right) / len(right)
+    assert recorded["test_accuracy"] > 0.65  # well above a coin (the test set is 50 % positive)

@@ -9,10 +9,11 @@ Defined in the book's chapter "Sentiment: what the notes call BERT's job" (chapt
 """
 
 
-__all__ = ['REVIEWS_FILE', 'REVIEWS_SHA256', 'LAST_POSITIVE_ID', 'SENTIMENTS', 'Review', 'reviews_file', 'read_reviews', 'split_reviews']
+__all__ = ['REVIEWS_FILE', 'REVIEWS_SHA256', 'LAST_POSITIVE_ID', 'SENTIMENTS', 'Review', 'reviews_file', 'read_reviews', 'split_reviews', 'write_review_jsonl']
 
 
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,3 +126,20 @@ def split_reviews(
                 "test" if digit < test else "valid" if digit < test + valid else "train"
             ].append(review)
     return splits
+
+
+# chapters/sentiment.md: A split fixed by the text
+def write_review_jsonl(splits: dict[str, list[Review]], out: Path) -> dict[str, Path]:
+    """Write each split to ``out/{name}.jsonl``, one ``{"text", "label", "id"}`` a line,
+    the label a word of ``SENTIMENTS``: the files that ``transformer train --task
+    classify`` and ``transformer classify`` read. Returns the paths, by split."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name, split in splits.items():
+        paths[name] = out / f"{name}.jsonl"
+        with paths[name].open("w", encoding="utf-8") as file:
+            for review in split:
+                line = {"text": review.text, "label": SENTIMENTS[review.label]}
+                file.write(json.dumps({**line, "id": review.id}) + "\n")
+    return paths
