@@ -7,7 +7,8 @@ transformers model (saved to a temporary folder, then ``TransformersConverter``)
 windows of ``--prompt-tokens`` tokens of the held-out tenth of the book's Shakespeare, one per row of
 the batch (different rows, the same length: no padding), each continued greedily by ``--new-tokens``
 tokens; no engine stops at the end-of-text token, so every run writes the same number of tokens.
-``ours packed`` is the same model after ``prepack`` (oneDNN-packed linear layers).
+``ours`` is ``LlamaLM`` as the package builds it, its linear layers packed for oneDNN
+(``PackedLinear``, the default); ``ours unpacked`` is the same model with plain ``nn.Linear`` layers.
 
 For each batch size and number of threads the engines run alternately (the order rotates on every
 repeat, so a change of load on the shared machine hits all of them) and the best of ``--repeats`` is
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import io
 import json
 import os
@@ -55,15 +57,19 @@ def prompts(tokenizer, batch: int, length: int) -> torch.Tensor:
 
 
 def load_engines(folder: Path, threads: list[int]):
-    """(ours, ours packed, transformers' model, {threads: CTranslate2 generator}, tokenizer)."""
+    """(ours, ours unpacked, transformers' model, {threads: CTranslate2 generator}, tokenizer)."""
     import ctranslate2
     import transformers
     from ctranslate2.converters import TransformersConverter
 
-    from transformer.generation.compiled import prepack
+    from transformer.generation.compiled import PackedLinear
     from transformer.interop.gguf import load_smollm2, smollm2_path
 
     model, tokenizer = load_smollm2()
+    unpacked = copy.deepcopy(model)  # the same weights through nn.Linear's F.linear
+    for module in unpacked.modules():
+        if type(module) is PackedLinear:
+            module.__class__ = torch.nn.Linear
     path = smollm2_path()
     with contextlib.redirect_stderr(io.StringIO()):  # the progress bars of transformers' GGUF reader
         reference = transformers.LlamaForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
@@ -83,10 +89,10 @@ def load_engines(folder: Path, threads: list[int]):
     del plain
     generators = {n: ctranslate2.Generator(os.fspath(folder / "ct2"), device="cpu", compute_type="float32",
                                            intra_threads=n, inter_threads=1) for n in threads}
-    return model, prepack(model), reference, generators, tokenizer
+    return model, unpacked, reference, generators, tokenizer
 
 
-def engines(model, packed, reference, generator, tokenizer, new_tokens: int) -> dict[str, Callable]:
+def engines(model, unpacked, reference, generator, tokenizer, new_tokens: int) -> dict[str, Callable]:
     """name -> run(prompt (B, P)) returning the new token ids of each row, ``new_tokens`` of them."""
     from transformer.generation.sampling import sample
 
@@ -108,7 +114,7 @@ def engines(model, packed, reference, generator, tokenizer, new_tokens: int) -> 
                                            include_prompt_in_result=False, max_batch_size=len(pieces))
         return [r.sequences_ids[0] for r in results]
 
-    return {"ours": ours(model), "ours packed": ours(packed), "Hugging Face": hugging_face,
+    return {"ours": ours(model), "ours unpacked": ours(unpacked), "Hugging Face": hugging_face,
             "CTranslate2 float32": ctranslate}
 
 
@@ -160,11 +166,11 @@ def main(argv: list[str] | None = None) -> None:
     results, profiled = [], []
     with tempfile.TemporaryDirectory() as folder:
         start = time.perf_counter()
-        model, packed, reference, generators, tokenizer = load_engines(Path(folder), args.threads)
+        model, unpacked, reference, generators, tokenizer = load_engines(Path(folder), args.threads)
         print(f"three engines from one GGUF file in {time.perf_counter() - start:.0f} s", flush=True)
         for threads in args.threads:
             torch.set_num_threads(threads)
-            runs = engines(model, packed, reference, generators[threads], tokenizer, args.new_tokens)
+            runs = engines(model, unpacked, reference, generators[threads], tokenizer, args.new_tokens)
             for batch in args.batch:
                 prompt = prompts(tokenizer, batch, args.prompt_tokens)  # (batch, P)
                 speed, outputs = measure(runs, prompt, args.repeats, batch * args.new_tokens)

@@ -12,7 +12,7 @@ from tools.chapters import read_chapter
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "smollm2_decoding_results.json"
 CHAPTER = ROOT / "chapters" / "modern_decoder.md"
-ENGINES = {"ours", "ours packed", "Hugging Face", "CTranslate2 float32"}
+ENGINES = {"ours", "ours unpacked", "Hugging Face", "CTranslate2 float32"}
 
 
 def test_the_recorded_measurement_is_complete():

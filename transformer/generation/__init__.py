@@ -6,7 +6,7 @@ from transformer.generation.decoding import output_limits, DecoderState, greedy_
 from transformer.generation.topk import block_top_k
 from transformer.generation.quantize import quantize_int8
 from transformer.generation.compiled import (static_cache, decode_step, compile_step, static_greedy_decode,
-    PackedLinear, prepack)
+    PackedLinear, pack_linear_layers, prepack)
 from transformer.generation.sampling import top_k_filter, check_top_p, top_p_filter, draw_tokens, sample_steps, sample
 from transformer.generation.text_measures import (repeated_windows, repeats, repeat_rate, words_of, whole_words,
     real_word_rate)
@@ -24,6 +24,7 @@ __all__ = [
     'compile_step',
     'static_greedy_decode',
     'PackedLinear',
+    'pack_linear_layers',
     'prepack',
     'top_k_filter',
     'check_top_p',

@@ -7,7 +7,7 @@ Defined in the book's chapter "Fixed shapes: compiled decoding" (chapters/fixed_
 """
 
 
-__all__ = ['static_cache', 'decode_step', 'compile_step', 'static_greedy_decode', 'PackedLinear', 'prepack']
+__all__ = ['static_cache', 'decode_step', 'compile_step', 'static_greedy_decode', 'PackedLinear', 'pack_linear_layers', 'prepack']
 
 
 from collections.abc import Callable
@@ -173,15 +173,25 @@ class PackedLinear(nn.Linear):
         }
 
 
+def pack_linear_layers(model: nn.Module) -> nn.Module:
+    """Make the ``nn.Linear`` layers of ``model`` ``PackedLinear``, in place (where
+    torch has oneDNN; elsewhere nothing changes), and return ``model``: the same
+    parameters, float32 products on the CPU with weights packed once."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if torch.backends.mkldnn.is_available():
+        for module in model.modules():
+            if type(module) is nn.Linear:
+                module.__class__ = PackedLinear
+    return model
+
+
 def prepack(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` whose ``nn.Linear`` layers are ``PackedLinear`` (where torch
-    has oneDNN): the same parameters, float32 products on the CPU with weights packed
-    once."""
+    """A copy of ``model`` whose ``nn.Linear`` layers are ``PackedLinear``
+    (``pack_linear_layers``); ``model`` is left as it is."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     # parameters whose changes are counted, also when called in inference mode
     with torch.inference_mode(False):
         packed = copy.deepcopy(model)
-    if torch.backends.mkldnn.is_available():
-        for module in packed.modules():
-            if type(module) is nn.Linear:
-                module.__class__ = PackedLinear
-    return packed
+    return pack_linear_layers(packed)

@@ -99,7 +99,13 @@ def draw_tokens(
 ) -> Tensor:
     """Draw one token per row from softmax(top_p(top_k(logits) / temperature)): logits
     (B, V) -> (B,). The one step of ``sample``; the knobs are trusted (``sample``
-    checks them)."""
+    checks them).
+
+    ``top_k=1`` leaves one token to draw (or several tied ones): it takes the argmax,
+    the first of tied ones as greedy decoding does, and draws nothing (a greedy step
+    costs no softmax and no random numbers over the vocabulary)."""
+    if top_k == 1:
+        return logits.argmax(dim=-1)  # (B,)
     scores = top_k_filter(logits.float(), top_k) / temperature  # (B, V)
     probabilities = top_p_filter(scores, top_p).softmax(dim=-1)  # (B, V)
     return torch.multinomial(probabilities, 1, generator=generator).squeeze(1)  # (B,)

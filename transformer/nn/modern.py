@@ -18,13 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer.checks import check_number, check_positive_int, check_token_batch
+from transformer.checks import check_bool, check_number, check_positive_int, check_token_batch
 from transformer.nn.cache import DecoderCache
 from transformer.nn.decoder_only import DecoderOnlyLM
 from transformer.nn.encoder import LayerOptions
 from transformer.nn.feedforward import activation_function
 from transformer.nn.multihead import MultiHeadAttention
-from transformer.nn.relative import RotaryMultiHeadAttention
+from transformer.nn.relative import RotaryMultiHeadAttention, rotary
 
 
 # chapters/modern_decoder.md: RMSNorm
@@ -177,13 +177,32 @@ class GroupedQueryAttention(MultiHeadAttention):
         need_weights: bool,
         query_start: int = 0,
     ) -> tuple[Tensor, Tensor | None]:
-        """Give every query head its group's keys and values, then attend as the next
-        class does."""
+        """Give every query head its group's keys and values, then attend as
+        ``MultiHeadAttention`` does (a subclass puts positions in before it calls this).
+
+        The fused path copies no key: the ``H / g`` query heads of a group become the
+        rows of one head, ``(B, g, H / g * L, d_k)``, with the mask's rows beside them.
+        The explicit path, which returns every head's weights, repeats the keys and
+        values."""
         group = self.num_heads // self.num_kv_heads
-        # (B, g, S, d_k) -> (B, H, S, d_k): head i reads i // group
-        k = k.repeat_interleave(group, dim=1)
-        v = v.repeat_interleave(group, dim=1)  # (B, g, S, d_v) -> (B, H, S, d_v)
-        return super().attend(q, k, v, mask, dropout_p, need_weights, query_start)
+        if need_weights:
+            # (B, g, S, d_k) -> (B, H, S, d_k): head i reads i // group
+            k = k.repeat_interleave(group, dim=1)
+            v = v.repeat_interleave(group, dim=1)  # (B, g, S, d_v) -> (B, H, S, d_v)
+            return MultiHeadAttention.attend(
+                self, q, k, v, mask, dropout_p, need_weights, query_start
+            )
+        B, H, L, d_k = q.shape
+        # (B, H, L, d_k) -> (B, g, H / g * L, d_k): a group's heads one after the other
+        rows = q.reshape(B, self.num_kv_heads, group * L, d_k)
+        if mask is not None:  # (..., L, S) -> (B, H, L, S) -> (B, g, H / g * L, S)
+            mask = mask.expand(B, H, L, mask.shape[-1]).reshape(
+                B, self.num_kv_heads, group * L, mask.shape[-1]
+            )
+        heads, _ = MultiHeadAttention.attend(
+            self, rows, k, v, mask, dropout_p, False, query_start
+        )
+        return heads.reshape(B, H, L, v.shape[-1]), None  # (B, H, L, d_v)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, num_kv_heads={self.num_kv_heads}".removeprefix(
@@ -193,8 +212,12 @@ class GroupedQueryAttention(MultiHeadAttention):
 
 class RotaryGroupedQueryAttention(GroupedQueryAttention, RotaryMultiHeadAttention):
     """Grouped-query attention with rotary positions (Llama's attention):
-    ``GroupedQueryAttention``'s projections and groups, then
+    ``GroupedQueryAttention``'s projections and groups, with
     ``RotaryMultiHeadAttention``'s rotation of the queries and keys.
+
+    Unlike ``RotaryMultiHeadAttention``, which rotates every key at every call, the
+    keys are rotated once, when they are projected, at their own positions: a cache
+    holds them rotated, and a step of generation rotates its new position only.
 
     Args:
         d_model, num_heads, dropout, bias, num_kv_heads: as for
@@ -202,6 +225,49 @@ class RotaryGroupedQueryAttention(GroupedQueryAttention, RotaryMultiHeadAttentio
         base: the base of the rotary frequencies, as for ``RotaryMultiHeadAttention``
         (keyword only).
     """
+
+    # the position of the first key the next ``keys_values`` projects: 0, or what
+    # ``forward`` reads from its cache
+    _key_start = 0
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+        cache: Any = None,
+        *,
+        checked: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor | None]:
+        """``MultiHeadAttention.forward``; the new keys stand after the ``query_start``
+        positions a cache holds (self-attention: the queries' own positions)."""
+        self._key_start = 0 if cache is None else cache.query_start
+        return super().forward(
+            query, key, value, mask, need_weights, cache, checked=checked
+        )
+
+    def keys_values(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """``GroupedQueryAttention.keys_values``, the keys rotated at their positions:
+        ``(B, S, d_model)`` -> ``(B, g, S, d_k)`` each."""
+        k, v = super().keys_values(key, value)
+        return rotary(k, start=self._key_start, base=self.base), v
+
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        dropout_p: float,
+        need_weights: bool,
+        query_start: int = 0,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Rotate the queries (positions ``query_start + i``), then attend as
+        ``GroupedQueryAttention`` does; the keys came rotated."""
+        q = rotary(q, start=query_start, base=self.base)  # (B, H, L, d_k)
+        return super().attend(q, k, v, mask, dropout_p, need_weights, query_start)
 
 
 # chapters/modern_decoder.md: Llama's layout: `LlamaLM`
@@ -239,6 +305,10 @@ class LlamaLM(DecoderOnlyLM):
         context_length: the positions the model was trained on; ``forward`` refuses
         tokens past it.
         tie_embeddings: as for ``DecoderOnlyLM``.
+        packed: make the linear layers ``PackedLinear`` (chapter "Fixed shapes"), whose
+            float32 inference on the CPU multiplies by weights packed once for oneDNN
+            (the default, the faster path; training is unchanged); False keeps
+            ``nn.Linear``.
 
     Shape:
         tokens (B, T) integer ids -> logits (B, T, V).
@@ -259,6 +329,7 @@ class LlamaLM(DecoderOnlyLM):
         bias: bool = False,
         activation: str = "silu",
         tie_embeddings: bool = True,
+        packed: bool = True,
     ):
         super().__init__(
             vocab_size,
@@ -273,6 +344,12 @@ class LlamaLM(DecoderOnlyLM):
             tie_embeddings=tie_embeddings,
             options=llama_options(num_kv_heads, rope_base, eps, bias, activation),
         )
+        if check_bool("packed", packed):
+            # imported here: transformer.generation imports transformer.nn, which this
+            # module is part of
+            from transformer.generation.compiled import pack_linear_layers
+
+            pack_linear_layers(self)
 
     @property
     def context_length(self) -> int:
