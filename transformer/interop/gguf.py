@@ -137,9 +137,11 @@ def _field(metadata: dict[str, Any], name: str) -> Any:
     return metadata[name]
 
 
-def llama_from_gguf(metadata: dict[str, Any], tensors: dict[str, Tensor]) -> LlamaLM:
+def llama_from_gguf(
+    metadata: dict[str, Any], tensors: dict[str, Tensor], packed: bool = True
+) -> LlamaLM:
     """The ``LlamaLM`` of a Llama GGUF file's metadata and tensors (from ``read_gguf``),
-    in eval mode.
+    in eval mode; ``packed`` as ``LlamaLM``'s (False: plain ``nn.Linear`` products).
 
     The rows of W^Q and W^K are taken as they are: llama.cpp's converter ordered them
     for rotary pairs of adjacent features, the pairs of the book's ``rotary``.
@@ -177,6 +179,7 @@ def llama_from_gguf(metadata: dict[str, Any], tensors: dict[str, Tensor]) -> Lla
         eps=_field(metadata, "llama.attention.layer_norm_rms_epsilon"),
         bias=any(name.endswith(".bias") for name in tensors),
         tie_embeddings="output.weight" not in tensors,
+        packed=packed,
     )
     state = {gguf_to_book_name(name): tensor for name, tensor in tensors.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
