@@ -7,8 +7,8 @@ transformers model (saved to a temporary folder, then ``TransformersConverter``)
 windows of ``--prompt-tokens`` tokens of the held-out tenth of the book's Shakespeare, one per row of
 the batch (different rows, the same length: no padding), each continued greedily by ``--new-tokens``
 tokens; no engine stops at the end-of-text token, so every run writes the same number of tokens.
-``ours`` is ``LlamaLM`` as the package builds it, its linear layers packed for oneDNN
-(``PackedLinear``, the default); ``ours unpacked`` is the same model with plain ``nn.Linear`` layers.
+``ours`` is ``LlamaLM`` as ``load_smollm2`` builds it, its linear layers packed for oneDNN
+(``PackedLinear``, ``llama_from_gguf``'s default); ``ours unpacked`` is the same model with plain ``nn.Linear`` layers.
 
 For each batch size and number of threads the engines run alternately (the order rotates on every
 repeat, so a change of load on the shared machine hits all of them) and the best of ``--repeats`` is

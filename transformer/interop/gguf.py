@@ -24,7 +24,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from transformer.checks import check_bool
 from transformer.interop.bert import file_sha256
+from transformer.generation.compiled import pack_linear_layers
 from transformer.generation.sampling import sample_steps
 from transformer.nn.modern import LlamaLM
 from transformer.paths import book_root
@@ -141,7 +143,9 @@ def llama_from_gguf(
     metadata: dict[str, Any], tensors: dict[str, Tensor], packed: bool = True
 ) -> LlamaLM:
     """The ``LlamaLM`` of a Llama GGUF file's metadata and tensors (from ``read_gguf``),
-    in eval mode; ``packed`` as ``LlamaLM``'s (False: plain ``nn.Linear`` products).
+    in eval mode; with ``packed`` (the default), its linear layers ``PackedLinear``
+    (``pack_linear_layers``, chapter "Fixed shapes"): the faster products on the CPU,
+    the same tokens; False keeps ``nn.Linear``.
 
     The rows of W^Q and W^K are taken as they are: llama.cpp's converter ordered them
     for rotary pairs of adjacent features, the pairs of the book's ``rotary``.
@@ -150,6 +154,7 @@ def llama_from_gguf(
         ValueError: a file of another architecture, a configuration ``LlamaLM`` cannot
         represent, or tensors that do not fill the model.
     """
+    check_bool("packed", packed)
     if (architecture := metadata.get("general.architecture")) != "llama":
         raise ValueError(
             f"the GGUF file must hold a Llama model (general.architecture 'llama'), "
@@ -179,7 +184,6 @@ def llama_from_gguf(
         eps=_field(metadata, "llama.attention.layer_norm_rms_epsilon"),
         bias=any(name.endswith(".bias") for name in tensors),
         tie_embeddings="output.weight" not in tensors,
-        packed=packed,
     )
     state = {gguf_to_book_name(name): tensor for name, tensor in tensors.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -189,6 +193,8 @@ def llama_from_gguf(
             f"the GGUF file's tensors do not fill a LlamaLM: missing {sorted(set(missing) - tied)}, "
             f"unexpected {sorted(unexpected)}"
         )
+    if packed:
+        pack_linear_layers(model)  # in place
     return model.eval()
 
 

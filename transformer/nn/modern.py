@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer.checks import check_bool, check_number, check_positive_int, check_token_batch
+from transformer.checks import check_number, check_positive_int, check_token_batch
 from transformer.nn.cache import DecoderCache
 from transformer.nn.decoder_only import DecoderOnlyLM
 from transformer.nn.encoder import LayerOptions
@@ -305,10 +305,6 @@ class LlamaLM(DecoderOnlyLM):
         context_length: the positions the model was trained on; ``forward`` refuses
         tokens past it.
         tie_embeddings: as for ``DecoderOnlyLM``.
-        packed: make the linear layers ``PackedLinear`` (chapter "Fixed shapes"), whose
-            float32 inference on the CPU multiplies by weights packed once for oneDNN
-            (the default, the faster path; training is unchanged); False keeps
-            ``nn.Linear``.
 
     Shape:
         tokens (B, T) integer ids -> logits (B, T, V).
@@ -329,7 +325,6 @@ class LlamaLM(DecoderOnlyLM):
         bias: bool = False,
         activation: str = "silu",
         tie_embeddings: bool = True,
-        packed: bool = True,
     ):
         super().__init__(
             vocab_size,
@@ -344,12 +339,6 @@ class LlamaLM(DecoderOnlyLM):
             tie_embeddings=tie_embeddings,
             options=llama_options(num_kv_heads, rope_base, eps, bias, activation),
         )
-        if check_bool("packed", packed):
-            # imported here: transformer.generation imports transformer.nn, which this
-            # module is part of
-            from transformer.generation.compiled import pack_linear_layers
-
-            pack_linear_layers(self)
 
     @property
     def context_length(self) -> int:
