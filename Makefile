@@ -51,7 +51,7 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 # memory 1.0 GB before, 1.3 GB after.
 export JUPYTER_PATH := $(CURDIR)/tools/jupyter
 
-.PHONY: lab book test setup export export-check lint unit quick typecheck notebooks nbval html strict-book assets browser chapter robustness busy-check clean
+.PHONY: lab book book-chapters test setup setup-files export export-check lint unit quick typecheck notebooks nbval html strict-book assets browser chapter robustness busy-check clean
 
 # The chapters are executed into the build's cache, _build/.jupyter_cache, by tools/execute_book.py:
 # BOOK_JOBS at a time (one a core, nproc), each kernel on one thread when more than one runs
@@ -62,10 +62,14 @@ export JUPYTER_PATH := $(CURDIR)/tools/jupyter
 # still failing it. A second `make book` with nothing changed executes nothing; `make test` executes
 # every chapter anew (under nbval, below).
 BOOK_JOBS ?= $(shell nproc)
-book: setup export assets
-	$(BIN)/python -m tools.execute_book --jobs $(BOOK_JOBS)
+# The translator page's assets are made while the chapters execute (BOOK_JOBS + 1 jobs).
+book: setup export
+	@$(MAKE) --no-print-directory $(call jobs,$(shell echo $$(( $(BOOK_JOBS) + 1 )))) book-chapters assets
 	TIMEFORMAT='make book: the build read the executed chapters in %0R s'; \
 		time $(MAKE) --no-print-directory html BOOK_EXECUTION=cache
+
+book-chapters: setup export
+	$(BIN)/python -m tools.execute_book --jobs $(BOOK_JOBS)
 
 # nbval executes every chapter anew on torch's plain kernels, TEST_JOBS chapters at a time and one
 # thread each (OMP_NUM_THREADS=1, which free_cores() honours; most cells run on one thread), and keeps
@@ -98,7 +102,15 @@ strict-book: setup export-check assets
 # (chapters/modern_decoder.md, tests/test_llama.py); its own dependencies are pinned in requirements.txt
 # or come with them, and pip must not move them. binder/postBuild installs the same pin.
 NO_DEPS := accelerate==1.15.0
-setup: $(STAMP) $(MATHJAX) $(MINILM) $(SMOLLM2) $(REVIEWS) $(WNUT16)
+# Set-up runs its independent parts side by side (SETUP_JOBS at a time, each part's output kept
+# together): npm and the exporter's environment install while pip installs the book's, and the four
+# fetches run together once it has. A `make -jN` of the caller's own is kept as it is.
+SETUP_JOBS ?= 4
+jobs = $(if $(filter -j% j%,$(MAKEFLAGS)),,-j$(1))
+setup:
+	@$(MAKE) --no-print-directory $(call jobs,$(SETUP_JOBS)) --output-sync=target setup-files
+setup-files: $(STAMP) $(MATHJAX) $(MINILM) $(SMOLLM2) $(REVIEWS) $(WNUT16) $(EXPORT_STAMP)
+	@:
 # The installs print errors only (-qq, --loglevel=error): the warnings they print otherwise come from
 # the machine's own pip and npm settings (find-links folders that do not exist, npm settings that
 # npm no longer knows), not from the project, and `make book` is meant to show no warnings at all.
