@@ -15,7 +15,10 @@ repeat, so a change of load on the shared machine hits all of them) and the best
 kept: tokens per second are new tokens (batch x new tokens) over the whole call, prompt included. The
 script asserts that transformers writes exactly our tokens, counts the rows where the others do, prints
 the ratios of the issue's targets (ours >= 1.5x ``generate``, >= 1.0x CTranslate2 float32) and, with
-``--profile``, torch.profiler's top operators of our decoding at batch 1 on one thread.
+``--profile``, at batch 1 on one thread: torch.profiler's top operators of our decoding, and each
+engine's milliseconds per token split into the matrix products and the rest, beside the floor that
+reading every weight once sets (the weights' bytes over a bandwidth measured on this machine). Each
+row records the load average of the machine (1 minute) after it ran: the machine is shared.
 
     nice .venv/bin/python -m benchmarks.smollm2_decoding                 # about 5 minutes on 2 cores
     nice .venv/bin/python -m benchmarks.smollm2_decoding --batch 1 --threads 1 --repeats 1
@@ -130,6 +133,75 @@ def measure(runs: dict[str, Callable], prompt: torch.Tensor, repeats: int,
     return {name: tokens / seconds for name, seconds in best.items()}, outputs
 
 
+#: torch's matrix products, and oneDNN's on packed weights: the self CPU time of these is "the products"
+PRODUCT_OPS = ("aten::mm", "aten::addmm", "aten::mv", "mkldnn::_linear_pointwise")
+
+
+def products_ms(run: Callable, prompt: torch.Tensor) -> tuple[float, int]:
+    """Milliseconds ``run(prompt)`` spends in the matrix products (torch.profiler's self CPU time of
+    ``PRODUCT_OPS``), and the operators it calls (torch.profiler's count, nested ones included)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiler
+
+    with profiler(activities=[ProfilerActivity.CPU]) as prof:
+        run(prompt)
+    events = prof.key_averages()
+    return (sum(e.self_cpu_time_total for e in events if e.key in PRODUCT_OPS) / 1e3,
+            sum(e.count for e in events))
+
+
+def weight_floor(model, repeats: int = 5) -> dict:
+    """What reading the weights costs: the bytes of ``model``'s parameters (each once: the tied
+    embedding is the output layer), the bandwidth of this machine on the current thread count, measured
+    two ways (one row through every weight matrix, ``F.linear`` as a decoding step has it, and a copy of
+    256 MB, read and written), and the least milliseconds per token that reading every weight once
+    takes at the products' bandwidth: the floor of a step at batch 1, whatever the engine."""
+    matrices = [p.detach() for p in model.parameters() if p.dim() == 2]
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    matrix_bytes = sum(w.numel() * w.element_size() for w in matrices)
+    rows = [torch.randn(1, w.shape[1]) for w in matrices]  # one row per matrix, (1, in)
+
+    def best(step: Callable) -> float:
+        seconds = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            step()
+            seconds = min(seconds, time.perf_counter() - start)
+        return seconds
+
+    with torch.inference_mode():
+        # (1, in) @ W^T -> (1, out), every matrix once: the weights streamed from memory
+        products = best(lambda: [torch.nn.functional.linear(x, w) for x, w in zip(rows, matrices)])
+        source = torch.randn(64 * 2**20)  # 256 MB
+        target = torch.empty_like(source)
+        copy = best(lambda: target.copy_(source))
+    bandwidth = matrix_bytes / products
+    return {"weight_mb": weight_bytes / 1e6, "products_gb_per_s": bandwidth / 1e9,
+            "copy_gb_per_s": 2 * source.numel() * source.element_size() / copy / 1e9,
+            "floor_ms_per_token": 1e3 * weight_bytes / bandwidth}
+
+
+def breakdown(runs: dict[str, Callable], prompt: torch.Tensor, new_tokens: int, repeats: int) -> dict:
+    """Milliseconds per new token of each engine on ``prompt`` (batch 1, the thread count set; the
+    prompt's pass included, as in the tokens per second): in all (best of ``repeats``, the engines
+    taking turns), and for the engines torch.profiler sees (not CTranslate2), in the matrix products and
+    in the rest of the step, and the operators called per token."""
+    total = {name: float("inf") for name in runs}
+    for repeat in range(repeats):
+        for name in list(runs)[repeat % len(runs):] + list(runs)[:repeat % len(runs)]:
+            start = time.perf_counter()
+            runs[name](prompt)
+            total[name] = min(total[name], 1e3 * (time.perf_counter() - start) / new_tokens)
+    rows = {}
+    for name, ms in total.items():
+        rows[name] = {"total_ms": ms}
+        if name != "CTranslate2 float32":
+            product, calls = products_ms(runs[name], prompt)
+            rows[name] |= {"products_ms": product / new_tokens, "rest_ms": ms - product / new_tokens,
+                           "operators": calls / new_tokens}
+    return rows
+
+
 def profile(model, prompt: torch.Tensor, new_tokens: int, top: int = 8) -> list[dict]:
     """torch.profiler's ``top`` operators by self CPU time in our greedy decoding of ``prompt``."""
     from torch.profiler import ProfilerActivity
@@ -151,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "smollm2_decoding_results.json")
     args = parser.parse_args(argv)
@@ -184,7 +256,7 @@ def main(argv: list[str] | None = None) -> None:
                 same = {name: sum(a == b for a, b in zip(outputs["ours"], rows))
                         for name, rows in outputs.items() if name != "ours"}
                 results.append({"threads": threads, "batch": batch, "tokens_per_second": speed,
-                                "rows_identical_to_ours": same})
+                                "rows_identical_to_ours": same, "load_average": os.getloadavg()[0]})
                 print(f"\n{threads} thread(s), batch {batch}: tokens/s (best of {args.repeats}), rows identical "
                       "to ours", flush=True)
                 for name, value in speed.items():
@@ -197,12 +269,25 @@ def main(argv: list[str] | None = None) -> None:
             met.append(ratio >= target)
             print(f"  {row['threads']} thread(s), batch {row['batch']}: {ours} / {reference_name} = {ratio:.2f} "
                   f"(target >= {target}: {'met' if ratio >= target else 'MISSED'})")
-    if args.profile:
+    per_token: dict = {}
+    if args.profile and 1 in args.threads:
         torch.set_num_threads(1)
-        profiled = profile(model, prompts(tokenizer, 1, args.prompt_tokens), args.new_tokens)
+        prompt = prompts(tokenizer, 1, args.prompt_tokens)  # (1, P)
+        profiled = profile(model, prompt, args.new_tokens)
         print("\nour decoding, batch 1, 1 thread: torch.profiler's top operators by self CPU time")
         for row in profiled:
             print(f"  {row['op']:<28} {row['calls']:6d} calls {row['self_ms']:8.0f} ms  {row['share']:5.1%}")
+        per_token = weight_floor(model)
+        per_token["engines"] = breakdown(engines(model, unpacked, reference, generators[1], tokenizer,
+                                                 args.new_tokens), prompt, args.new_tokens, args.repeats)
+        print(f"\nbatch 1, 1 thread, per new token: {per_token['weight_mb']:.0f} MB of weights read at "
+              f"{per_token['products_gb_per_s']:.1f} GB/s (one row through every matrix; a copy: "
+              f"{per_token['copy_gb_per_s']:.1f} GB/s): a floor of {per_token['floor_ms_per_token']:.1f} ms")
+        for name, row in per_token["engines"].items():
+            split = (f" = products {row['products_ms']:6.1f} + the rest {row['rest_ms']:6.1f}"
+                     if "products_ms" in row else "")
+            print(f"  {name:<20} {row['total_ms']:6.1f} ms{split}, "
+                  f"{row['total_ms'] / per_token['floor_ms_per_token']:.2f} x the floor")
     args.out.write_text(json.dumps({
         "machine": machine,
         "command": "nice python -m benchmarks.smollm2_decoding " + " ".join(
@@ -211,7 +296,7 @@ def main(argv: list[str] | None = None) -> None:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "results": results,
         "targets": [{"ours": o, "reference": r, "least_ratio": t} for (o, r), t in TARGETS.items()],
-        "targets_met": sum(met), "targets_tried": len(met), "profile": profiled,
+        "targets_met": sum(met), "targets_tried": len(met), "profile": profiled, "per_token": per_token,
     }, indent=1) + "\n")
     print(f"\n{sum(met)} of {len(met)} targets met; results in {args.out}")
 

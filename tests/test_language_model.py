@@ -127,6 +127,21 @@ def test_cached_incremental_logits_equal_the_full_pass(position, first, tokens):
     torch.testing.assert_close(torch.cat(steps, dim=1), full)
 
 
+@pytest.mark.parametrize("position", POSITIONS)
+def test_last_gives_the_last_positions_logits_only(position, tokens):
+    model = small(position).eval()
+    with torch.no_grad():
+        full = model(tokens)  # (B, T, V)
+        last = model(tokens, last=True)  # (B, 1, V)
+        cache = model.new_cache()
+        prompt = model(tokens[:, :4], cache=cache, last=True)  # the prompt's pass of generation
+    assert last.shape == (3, 1, V) and prompt.shape == (3, 1, V)
+    torch.testing.assert_close(last, full[:, -1:])
+    torch.testing.assert_close(prompt, full[:, 3:4])
+    with pytest.raises(TypeError, match="last must be a bool"):
+        model(tokens, last="yes")
+
+
 def test_max_len_for_absolute_positions(tokens):
     for position in ("learned", "sinusoidal"):
         model = small(position, max_len=8)

@@ -30,8 +30,9 @@ from transformer.nn.decoder import DecoderLayer
 from transformer.nn.decoder_only import DecoderOnlyLM
 from transformer.nn.encoder import EncoderLayer, LayerOptions
 from transformer.nn.feedforward import PositionwiseFeedForward
-from transformer.nn.modern import (GatedFeedForward, GroupedQueryAttention, LlamaLM, RMSNorm,
+from transformer.nn.modern import (GatedFeedForward, GroupedQueryAttention, LlamaLM, RMSNorm, RotaryAngles,
                                    RotaryGroupedQueryAttention)
+from transformer.nn.relative import rotary
 from transformer.nn.residual import LayerNorm
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -308,3 +309,38 @@ def test_a_gguf_file_of_another_architecture_is_one_clear_value_error(tmp_path):
 def test_a_prompt_longer_than_the_context_is_one_clear_value_error(smollm2):
     with pytest.raises(ValueError, match="tokens reach position 8192, past the model's context of 8192"):
         sample(smollm2[3], torch.zeros(1, 8193, dtype=torch.long), 1)
+
+
+# One table of rotary angles for all the layers
+
+
+@pytest.mark.parametrize("d_k", [4, 64])
+def test_the_shared_table_rotates_as_rotary_does(d_k):
+    angles = RotaryAngles(100.0)
+    layer = RotaryGroupedQueryAttention(3 * d_k, 3, num_kv_heads=1, base=100.0, angles=angles)
+    assert layer.angles is angles
+    for start, n in [(0, 5), (5, 1), (6, 1), (3, 40), (100, 2)]:  # grows past its end, then slices
+        x = torch.randn(2, 3, n, d_k)  # (B, heads, S, d_k)
+        torch.testing.assert_close(layer.rotate(x, start), rotary(x, start=start, base=100.0))
+    cos, sin = angles(3, 4, d_k, torch.float64, torch.device("cpu"))  # a table per dtype
+    assert cos.dtype == sin.dtype == torch.float64 and cos.shape == (4, d_k // 2)
+    with torch.inference_mode():  # a table made in inference mode still serves training
+        layer(torch.randn(1, 300, 3 * d_k), torch.randn(1, 300, 3 * d_k), torch.randn(1, 300, 3 * d_k))
+    x = torch.randn(1, 310, 3 * d_k, requires_grad=True)
+    layer(x, x, x).sum().backward()
+    assert x.grad is not None
+
+
+def test_the_layers_of_a_model_share_one_table():
+    model = LlamaLM(50, 16, 4, 32, 3, num_kv_heads=2, context_length=32, rope_base=500.0)
+    tables = {id(layer.self_attn.angles) for layer in model.decoder.layers}
+    assert len(tables) == 1 and model.decoder.layers[0].self_attn.angles.base == 500.0
+
+
+def test_rotary_angles_refuse_bad_input():
+    with pytest.raises(ValueError, match="base must be a number > 1"):
+        RotaryAngles(1.0)
+    with pytest.raises(TypeError, match="angles must be a RotaryAngles or None, got str"):
+        RotaryGroupedQueryAttention(16, 4, num_kv_heads=2, angles="table")
+    with pytest.raises(ValueError, match="angles must have the layer's base=10000.0, got base=500.0"):
+        RotaryGroupedQueryAttention(16, 4, num_kv_heads=2, angles=RotaryAngles(500.0))

@@ -171,8 +171,8 @@ def sample_steps(
         for _ in range(max_new_tokens):
             # all, or those not yet cached
             new = tokens if cache is None else tokens[:, cache.length :]
-            # (B, V): the scores of the next token
-            logits = model(new, cache=cache)[:, -1]
+            # (B, V): the scores of the next token, the only ones read
+            logits = model(new, cache=cache, last=True)[:, -1]
             drawn = draw_tokens(logits, temperature, top_k, top_p, generator)  # (B,)
             tokens = torch.cat([tokens, drawn[:, None]], dim=1)
             yield tokens

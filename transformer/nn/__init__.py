@@ -18,10 +18,11 @@ from transformer.nn.cache import KVCache, DecoderLayerCache, DecoderCache, Fixed
 from transformer.nn.encoder_only import SequenceClassifier, MaskedLanguageModel, TokenClassifier
 from transformer.nn.text_encoder import TextEncoder
 from transformer.nn.decoder_only import DecoderOnlyLM
-from transformer.nn.relative import relative_positions, RelativeMultiHeadAttention, rotary, RotaryMultiHeadAttention
+from transformer.nn.relative import (relative_positions, RelativeMultiHeadAttention, rotary, rotary_angles,
+    rotate_pairs, RotaryMultiHeadAttention)
 from transformer.nn.alibi import alibi_slopes, ALiBiMultiHeadAttention
-from transformer.nn.modern import (RMSNorm, GatedFeedForward, GroupedQueryAttention, RotaryGroupedQueryAttention,
-    llama_options, LlamaLM)
+from transformer.nn.modern import (RMSNorm, GatedFeedForward, GroupedQueryAttention, RotaryAngles,
+    RotaryGroupedQueryAttention, llama_options, LlamaLM)
 from transformer.nn.vision import (patches, PatchEmbedding, sinusoidal_encoding_2d, grid_relations,
     GridRelativeMultiHeadAttention, VisionTransformer)
 from transformer.nn.captioner import PatchFrontEnd, ImageCaptioner
@@ -68,12 +69,15 @@ __all__ = [
     'relative_positions',
     'RelativeMultiHeadAttention',
     'rotary',
+    'rotary_angles',
+    'rotate_pairs',
     'RotaryMultiHeadAttention',
     'alibi_slopes',
     'ALiBiMultiHeadAttention',
     'RMSNorm',
     'GatedFeedForward',
     'GroupedQueryAttention',
+    'RotaryAngles',
     'RotaryGroupedQueryAttention',
     'llama_options',
     'LlamaLM',

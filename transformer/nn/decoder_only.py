@@ -123,7 +123,9 @@ class DecoderOnlyLM(nn.Module):
         layer."""
         return DecoderCache(len(self.decoder.layers))
 
-    def forward(self, tokens: Tensor, cache: DecoderCache | None = None) -> Tensor:
+    def forward(
+        self, tokens: Tensor, cache: DecoderCache | None = None, *, last: bool = False
+    ) -> Tensor:
         """Logits of the next token at every position.
 
         Args:
@@ -131,9 +133,13 @@ class DecoderOnlyLM(nn.Module):
                 the ``cache.length`` cached ones; they get the positions that follow.
             cache: optional ``DecoderCache`` of ``new_cache()``; it grows by T
             positions.
+            last: only the last position's logits, ``(B, 1, V)``: all that a step of
+                generation reads, and the output layer multiplies one row per sequence
+                instead of T (the layers below still run every position).
 
         Returns:
-            Logits ``(B, T, V)``; row t depends on the tokens up to position t only.
+            Logits ``(B, T, V)`` (``(B, 1, V)`` with ``last``); row t depends on the
+            tokens up to position t only.
         """
         check_token_batch("tokens", tokens, self.vocab_size)
         if tokens.shape[1] == 0:
@@ -155,4 +161,6 @@ class DecoderOnlyLM(nn.Module):
                 )
             x = add_positions(self.positional_encoding, x, start)  # (B, T, d_model)
         h = self.decoder(self.dropout(x), cache=cache)  # (B, T, d_model)
+        if check_bool("last", last):
+            h = h[:, -1:]  # (B, 1, d_model)
         return self.output(h)  # (B, T, d_model) @ E^T -> (B, T, V)

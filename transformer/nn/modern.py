@@ -8,7 +8,7 @@ Defined in the book's chapter "From the paper's decoder to today's" (chapters/mo
 """
 
 
-__all__ = ['RMSNorm', 'GatedFeedForward', 'GroupedQueryAttention', 'RotaryGroupedQueryAttention', 'llama_options', 'LlamaLM']
+__all__ = ['RMSNorm', 'GatedFeedForward', 'GroupedQueryAttention', 'RotaryAngles', 'RotaryGroupedQueryAttention', 'llama_options', 'LlamaLM']
 
 
 import functools
@@ -24,7 +24,7 @@ from transformer.nn.decoder_only import DecoderOnlyLM
 from transformer.nn.encoder import LayerOptions
 from transformer.nn.feedforward import activation_function
 from transformer.nn.multihead import MultiHeadAttention
-from transformer.nn.relative import RotaryMultiHeadAttention, rotary
+from transformer.nn.relative import RotaryMultiHeadAttention, rotary_angles, rotate_pairs
 
 
 # chapters/modern_decoder.md: RMSNorm
@@ -210,6 +210,41 @@ class GroupedQueryAttention(MultiHeadAttention):
         )
 
 
+class RotaryAngles:
+    """The cosines and sines of the rotary angles of positions 0, 1, 2, ...
+    (``rotary_angles``), computed once and read by every layer that holds this object.
+
+    Every layer of a model rotates its queries and keys at the same positions: a table
+    shared by the layers (``llama_options`` gives them one) computes the angles of a
+    position once, where ``rotary`` computes them again in every layer at every step.
+    It holds one table per width, dtype and device, grown by doubling when a position
+    past its end is asked for; what it returns is ``rotary_angles``'s, sliced.
+
+    Args:
+        base: the base of the frequencies, as for ``rotary``.
+    """
+
+    def __init__(self, base: float = 10000.0):
+        self.base = check_number("base", base, low=1.0)
+        # (d, dtype, device) -> cos and sin of positions 0 .. n - 1, (n, d/2) each
+        self._tables: dict[tuple[Any, ...], tuple[Tensor, Tensor]] = {}
+
+    def __call__(
+        self, start: int, n: int, d: int, dtype: torch.dtype, device: torch.device
+    ) -> tuple[Tensor, Tensor]:
+        """cos and sin of positions ``start .. start + n - 1``, ``(n, d/2)`` each:
+        views of the table."""
+        key = (d, dtype, device)
+        held = self._tables.get(key)
+        if held is None or held[0].shape[0] < start + n:
+            size = max(start + n, 0 if held is None else 2 * held[0].shape[0])
+            # a table of constants, usable inside and outside torch.inference_mode
+            with torch.inference_mode(False), torch.no_grad():
+                held = rotary_angles(0, size, d, self.base, dtype, device)
+            self._tables[key] = held
+        return held[0][start : start + n], held[1][start : start + n]
+
+
 class RotaryGroupedQueryAttention(GroupedQueryAttention, RotaryMultiHeadAttention):
     """Grouped-query attention with rotary positions (Llama's attention):
     ``GroupedQueryAttention``'s projections and groups, with
@@ -217,18 +252,41 @@ class RotaryGroupedQueryAttention(GroupedQueryAttention, RotaryMultiHeadAttentio
 
     Unlike ``RotaryMultiHeadAttention``, which rotates every key at every call, the
     keys are rotated once, when they are projected, at their own positions: a cache
-    holds them rotated, and a step of generation rotates its new position only.
+    holds them rotated, and a step of generation rotates its new position only. The
+    angles come from a ``RotaryAngles`` table, which the layers of a model share.
 
     Args:
         d_model, num_heads, dropout, bias, num_kv_heads: as for
         ``GroupedQueryAttention``.
         base: the base of the rotary frequencies, as for ``RotaryMultiHeadAttention``
         (keyword only).
+        angles: the ``RotaryAngles`` of that base to read (keyword only); None: a table
+            of the layer's own.
     """
 
     # the position of the first key the next ``keys_values`` projects: 0, or what
     # ``forward`` reads from its cache
     _key_start = 0
+
+    def __init__(
+        self, *args: Any, angles: RotaryAngles | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        if angles is not None and not isinstance(angles, RotaryAngles):
+            raise TypeError(
+                f"angles must be a RotaryAngles or None, got {type(angles).__name__}"
+            )
+        if angles is not None and angles.base != self.base:
+            raise ValueError(
+                f"angles must have the layer's base={self.base}, got base={angles.base}"
+            )
+        self.angles = RotaryAngles(self.base) if angles is None else angles
+
+    def rotate(self, x: Tensor, start: int) -> Tensor:
+        """Queries or keys ``(B, heads, S, d_k)``, row n rotated at position
+        ``start + n``: ``rotary(x, start, base)``, the angles read from the table."""
+        cos, sin = self.angles(start, x.shape[-2], x.shape[-1], x.dtype, x.device)
+        return rotate_pairs(x, cos, sin)  # (B, heads, S, d_k)
 
     def forward(
         self,
@@ -252,7 +310,7 @@ class RotaryGroupedQueryAttention(GroupedQueryAttention, RotaryMultiHeadAttentio
         """``GroupedQueryAttention.keys_values``, the keys rotated at their positions:
         ``(B, S, d_model)`` -> ``(B, g, S, d_k)`` each."""
         k, v = super().keys_values(key, value)
-        return rotary(k, start=self._key_start, base=self.base), v
+        return self.rotate(k, self._key_start), v
 
     def attend(
         self,
@@ -266,7 +324,7 @@ class RotaryGroupedQueryAttention(GroupedQueryAttention, RotaryMultiHeadAttentio
     ) -> tuple[Tensor, Tensor | None]:
         """Rotate the queries (positions ``query_start + i``), then attend as
         ``GroupedQueryAttention`` does; the keys came rotated."""
-        q = rotary(q, start=query_start, base=self.base)  # (B, H, L, d_k)
+        q = self.rotate(q, query_start)  # (B, H, L, d_k)
         return super().attend(q, k, v, mask, dropout_p, need_weights, query_start)
 
 
@@ -280,7 +338,7 @@ def llama_options(
 ) -> LayerOptions:
     """The ``LayerOptions`` of a Llama layer: pre-LN with RMSNorm, grouped-query
     attention with rotary positions (``rope_base``), a gated feed-forward network
-    (SwiGLU with "silu") and no biases."""
+    (SwiGLU with "silu") and no biases. Its layers share one ``RotaryAngles``."""
     return LayerOptions(
         norm_first=True,
         activation=activation,
@@ -288,7 +346,10 @@ def llama_options(
         norm=functools.partial(RMSNorm, eps=eps),
         feed_forward=GatedFeedForward,
         self_attention=functools.partial(
-            RotaryGroupedQueryAttention, num_kv_heads=num_kv_heads, base=rope_base
+            RotaryGroupedQueryAttention,
+            num_kv_heads=num_kv_heads,
+            base=rope_base,
+            angles=RotaryAngles(rope_base),
         ),
     )
 
@@ -344,7 +405,9 @@ class LlamaLM(DecoderOnlyLM):
     def context_length(self) -> int:
         return self.max_len
 
-    def forward(self, tokens: Tensor, cache: DecoderCache | None = None) -> Tensor:
+    def forward(
+        self, tokens: Tensor, cache: DecoderCache | None = None, *, last: bool = False
+    ) -> Tensor:
         """``DecoderOnlyLM.forward``, after checking that the tokens end inside the
         context."""
         check_token_batch("tokens", tokens, self.vocab_size)
@@ -354,4 +417,4 @@ class LlamaLM(DecoderOnlyLM):
                 f"tokens reach position {end - 1}, past the model's context of {self.context_length} "
                 f"positions (0..{self.context_length - 1})"
             )
-        return super().forward(tokens, cache=cache)
+        return super().forward(tokens, cache=cache, last=last)

@@ -9,7 +9,7 @@ Defined in the book's chapter "Positional encodings compared" (chapters/position
 """
 
 
-__all__ = ['relative_positions', 'RelativeMultiHeadAttention', 'rotary', 'RotaryMultiHeadAttention']
+__all__ = ['relative_positions', 'RelativeMultiHeadAttention', 'rotary', 'rotary_angles', 'rotate_pairs', 'RotaryMultiHeadAttention']
 
 
 import math
@@ -190,13 +190,41 @@ def rotary(x: Tensor, start: int = 0, base: float = 10000.0) -> Tensor:
             f"got dtype {x.dtype} and shape {tuple(x.shape)}"
         )
     start, base = check_non_negative_int("start", start), _check_base(base)
-    n, d = x.shape[-2], x.shape[-1]
+    cos, sin = rotary_angles(start, x.shape[-2], x.shape[-1], base, x.dtype, x.device)
+    return rotate_pairs(x, cos, sin)
+
+
+def rotary_angles(
+    start: int,
+    n: int,
+    d: int,
+    base: float,
+    dtype: torch.dtype,
+    device: torch.device | None = None,
+) -> tuple[Tensor, Tensor]:
+    """cos and sin of the angles (start + n') * theta_i, theta_i = base ** (-2i / d), of
+    the n positions from ``start``: ``(n, d/2)`` each, in ``dtype``, computed in at
+    least single precision. What ``rotary`` computes at each call; a caller that
+    rotates many tensors at the same positions can compute them once. Its arguments
+    are trusted (``rotary`` checks them)."""
     # angles in at least single precision
-    dtype = torch.promote_types(x.dtype, torch.float32)
-    position = torch.arange(start, start + n, device=x.device, dtype=dtype)  # (S,)
-    theta = base ** (-torch.arange(0, d, 2, device=x.device, dtype=dtype) / d)  # (d/2,)
+    angle_dtype = torch.promote_types(dtype, torch.float32)
+    position = torch.arange(start, start + n, device=device, dtype=angle_dtype)  # (S,)
+    # (d/2,)
+    theta = base ** (-torch.arange(0, d, 2, device=device, dtype=angle_dtype) / d)
     angle = position.unsqueeze(1) * theta  # (S, 1) * (d/2,) -> (S, d/2)
-    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    return angle.cos().to(dtype), angle.sin().to(dtype)
+
+
+def rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate feature pair (2i, 2i+1) of row n by the angle whose cosine and sine are
+    ``cos[n, i]`` and ``sin[n, i]``: the arithmetic of ``rotary``, its arguments
+    trusted.
+
+    Shape:
+        x (..., S, d), cos and sin (S, d/2) -> (..., S, d).
+    """
+    d = x.shape[-1]
     # (..., S, d) -> 2 x (..., S, d/2)
     x_even, x_odd = x.unflatten(-1, (d // 2, 2)).unbind(-1)
     rotated = torch.stack(
