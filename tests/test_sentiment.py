@@ -1,6 +1,8 @@
-"""Tests for transformer/tasks/sentiment.py and transformer/tasks/intervals.py (chapters/sentiment.md):
-the review file is read only when it is the pinned one, the split is fixed, disjoint and near 80/10/10,
-and the bootstrap interval agrees with the closed form of a proportion's standard error.
+"""Tests for transformer/tasks/sentiment.py, transformer/tasks/intervals.py and
+transformer/tasks/fine_tuning.py (chapters/sentiment.md): the review file is read only when it is the
+pinned one, the split is fixed, disjoint and near 80/10/10, the bootstrap interval agrees with the closed
+form of a proportion's standard error, and the committed fine-tuning of MiniLM
+(benchmarks/sentiment_fine_tune_results.json) is the chapter's recipe and gives its recorded accuracy.
 
 The real file is Pang and Lee's sentences in Hutto and Gilbert's copy, which ``make setup`` fetches
 into data/reviews/ (tools/fetch_reviews.py): without it the tests that read it fail, saying so,
@@ -10,13 +12,17 @@ import hashlib
 import io
 import json
 import math
+import os
 import re
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 import torch
 
+from committed_runs import ROOT, assert_same_start
 from tools import fetch_reviews
 from transformer.tasks.intervals import bootstrap_interval
 from transformer.tasks.sentiment import (REVIEWS_SHA256, Review, read_reviews, reviews_file, split_reviews,
@@ -183,3 +189,100 @@ def test_the_committed_sentiment_classifier_reproduces_its_figures(reviews, tmp_
     assert len(right) == recorded["test_sentences"] == 1078
     assert sum(right) == recorded["test_correct"] and recorded["test_accuracy"] == sum(right) / len(right)
     assert recorded["test_accuracy"] > 0.65  # well above a coin (the test set is 50 % positive)
+
+
+# --- the committed fine-tuning of MiniLM (benchmarks/sentiment_fine_tune.py)
+
+FINE_TUNED = ROOT / "benchmarks" / "sentiment_fine_tune_results.json"
+
+
+def test_the_committed_answers_give_the_recorded_accuracy(reviews):
+    committed = json.loads(FINE_TUNED.read_text())
+    test = split_reviews(reviews)["test"]
+    answers = committed["test_answers"]  # (id, label, logit margin) per test sentence, in file order
+    assert [answer[0] for answer in answers] == [review.id for review in test]
+    # the label is the sign of the margin (positive minus negative logit)
+    assert all(margin >= 0 if label else margin <= 0 for _, label, margin in answers)
+    right = sum(answer[1] == review.label for answer, review in zip(answers, test, strict=True))
+    assert committed["test_sentences"] == len(test) == 1078
+    assert committed["test_correct"] == right and committed["test_accuracy"] == right / len(test)
+    assert 0.70 < committed["test_accuracy"] < 0.815  # above the frozen MiniLM's 74 %, below Kim's CNN
+    # one pass over 2,000 sentences in batches of 16, validated halfway and at the end, on the plain path
+    history = committed["history"]
+    assert committed["steps"] == len(history["loss"]) == 125 and history["valid_step"] == [63, 125]
+    assert committed["capability"] == "DEFAULT" and committed["threads"] == 1 and committed["seed"] == 0
+    assert len(committed["train_ids"]) == len(set(committed["train_ids"])) == 2000
+
+
+@pytest.mark.slow  # fine-tunes MiniLM for 8 steps in a process of its own (about 15 s)
+def test_the_committed_fine_tuning_is_the_chapters_recipe(tmp_path):
+    """The script's first 8 steps on the plain path and one thread, as the committed run was made: the
+    same training sentences, the same rates, and losses, accuracies and gradient norms within 1e-3 of
+    the committed run's first 8 (the warm-up's rates do not depend on where a run stops)."""
+    committed = json.loads(FINE_TUNED.read_text())
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    out = tmp_path / "start.json"
+    done = subprocess.run([sys.executable, "-m", "benchmarks.sentiment_fine_tune", "--steps", "8", "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    start = json.loads(out.read_text())
+    assert start["train_ids"] == committed["train_ids"] and start["seed"] == committed["seed"]
+    assert start["history"]["valid_step"] == []  # a stopped run is not validated
+    per_step = [key for key in start["history"] if not key.startswith("valid_")]
+    assert_same_start({key: start["history"][key] for key in per_step},
+                      {key: committed["history"][key] for key in per_step}, 8)
+
+
+def test_the_fine_tuning_script_refuses_no_steps_in_one_line():
+    done = subprocess.run([sys.executable, "-m", "benchmarks.sentiment_fine_tune", "--steps", "0"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip() == "sentiment_fine_tune: --steps must be an int >= 1, got 0"
+
+
+@pytest.mark.slow  # MiniLM embeds 200 review sentences twice (a few seconds)
+def test_embeddings_in_batches_of_one_length_equal_those_of_mixed_batches(reviews):
+    """The chapter embeds in batches of one length in WordPiece tokens, to cut padding: the same
+    embeddings, within float rounding, as batches of 128 sorted by characters, as it used to."""
+    from transformer.interop.bert import embed_sentences, load_minilm
+
+    minilm, wordpiece = load_minilm()
+    sentences = [review.text for review in split_reviews(reviews)["test"][:200]]
+    by_characters = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
+    lengths = [sum(e.attention_mask) for e in wordpiece.encode_batch(sentences)]
+    by_tokens = sorted(range(len(sentences)), key=lengths.__getitem__)
+    embeddings = []
+    for order, size in ((by_characters, 128), (by_tokens, 64)):
+        out = torch.empty(len(sentences), 384)  # (N, d_model)
+        for start in range(0, len(order), size):
+            rows = order[start : start + size]
+            out[rows] = embed_sentences(minilm, wordpiece, [sentences[i] for i in rows])
+        embeddings.append(out)
+    torch.testing.assert_close(embeddings[1], embeddings[0], atol=1e-5, rtol=0)
+
+
+class _Sums(torch.nn.Module):
+    """A stand-in classifier: the scores of a row are (sum of its ids, minus it), padding adding 0."""
+
+    def forward(self, input_ids):
+        total = input_ids.sum(dim=-1).float()  # (B,)
+        return torch.stack([total, -total], dim=-1)  # (B, 2)
+
+
+def test_class_scores_come_back_in_the_order_of_the_rows():
+    from transformer.tasks.fine_tuning import by_length, class_scores
+
+    rows = [[1] * (n % 7 + 1) + [n] for n in range(300)]  # of lengths 2 to 8, in no order
+    batches = by_length(rows, 128)
+    assert sorted(i for batch in batches for i in batch) == list(range(300))
+    assert all(len(rows[a]) <= len(rows[b]) for a, b in zip(sum(batches, []), sum(batches, [])[1:]))
+    expected = torch.tensor([float(sum(row)) for row in rows])
+    torch.testing.assert_close(class_scores(_Sums(), rows), torch.stack([expected, -expected], dim=-1))
+
+
+@pytest.mark.parametrize("stop, message", [(0, "stop must be"), (3, "stop must be at most the run's 2 steps, got 3")])
+def test_fine_tune_refuses_a_stop_outside_the_run(stop, message):
+    from transformer.tasks.fine_tuning import fine_tune
+
+    rows, targets = [[101, 7, 102]] * 32, torch.zeros(32, dtype=torch.long)  # one epoch: 2 steps of 16
+    with pytest.raises(ValueError, match=message):
+        fine_tune(_Sums(), rows, targets, (rows, targets), stop=stop)
