@@ -118,6 +118,28 @@ def test_the_committed_model_reproduces_its_figures():
     assert recorded["valid_mlm_accuracy"] > 3 * recorded["valid_unigram_accuracy"]
 
 
+@pytest.mark.slow  # the longer run's model over the validation emails and captions
+def test_the_longer_run_reproduces_its_figures():
+    from transformer.tasks.email import read_emails, split_emails
+
+    folder = ROOT / "models" / "text-mlm"
+    recorded = json.loads((folder / "results.json").read_text())
+    model, tokenizer = load_mlm(folder)
+    mask_id = tokenizer.token_to_id(MASK_TOKEN)
+    emails = token_windows([m.text for m in split_emails(read_emails())["valid"]], tokenizer, 64)
+    captions = token_windows(caption_texts("val"), tokenizer, 64)
+    assert (len(emails), len(captions)) == (recorded["windows"]["valid"], recorded["caption_windows"]["valid"])
+    assert abs(mlm_accuracy(model, emails, mask_id, FIRST) - recorded["valid_mlm_accuracy"]) < 1e-3
+    assert abs(mlm_accuracy(model, captions, mask_id, FIRST) - recorded["valid_caption_accuracy"]) < 1e-3
+    # the curve ends at the recorded figures, and the emails' accuracy is past the 1,500-step model's
+    assert recorded["curve"]["step"][-1] == recorded["steps"]
+    assert recorded["curve"]["valid_emails"][-1] == recorded["valid_mlm_accuracy"]
+    short = json.loads((ROOT / "models" / "spam-mlm" / "results.json").read_text())
+    assert recorded["valid_mlm_accuracy"] > short["valid_mlm_accuracy"] + 0.02
+    assert recorded["valid_mlm_accuracy"] > 5 * recorded["valid_unigram_accuracy"]
+    assert recorded["curve"]["train_loss"][-1] < recorded["unigram_nats"] - 1.0
+
+
 def test_the_unigram_yardsticks_against_hand_counts():
     train = torch.tensor([[5, 5, 5, 6, 0], [7, 5, 6, 0, 0]])  # 5 four times, 6 twice, 7 once; 0 is padding
     valid = torch.randint(FIRST, 10, (200, 20))
