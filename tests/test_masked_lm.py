@@ -1,14 +1,19 @@
-"""Tests for transformer/tasks/masked_lm.py (chapters/pretraining.md) and its committed model, models/spam-mlm."""
+"""Tests for transformer/tasks/masked_lm.py (chapters/pretraining.md) and its committed models, models/spam-mlm and
+models/text-mlm."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 import torch
 
 from transformer.tasks.classifier import SequenceClassifier
-from transformer.tasks.masked_lm import (IGNORE, MASK_TOKEN, MaskedLanguageModel, classifier_from_mlm, first_tokens,
-                                         load_mlm, mask_tokens, mlm_accuracy, mlm_loss, token_windows, train_mlm)
+from transformer.tasks.masked_lm import (CAPTIONS_PER_TEXT, IGNORE, MASK_TOKEN, MaskedLanguageModel, caption_texts,
+                                         classifier_from_mlm, first_tokens, load_mlm, mask_tokens, mlm_accuracy, mlm_loss,
+                                         mlm_right, token_windows, train_mlm, unigram_entropy, unigram_guess)
+from transformer.training.checkpoint import SaveCheckpoint, load_checkpoint
+from transformer.training.loop import Evaluate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,6 +116,76 @@ def test_the_committed_model_reproduces_its_figures():
     assert len(windows) == recorded["windows"]["valid"]
     assert abs(mlm_accuracy(model, windows, mask_id, FIRST) - recorded["valid_mlm_accuracy"]) < 1e-3
     assert recorded["valid_mlm_accuracy"] > 3 * recorded["valid_unigram_accuracy"]
+
+
+@pytest.mark.slow  # the longer run's model over the validation emails and captions
+def test_the_longer_run_reproduces_its_figures():
+    from transformer.tasks.email import read_emails, split_emails
+
+    folder = ROOT / "models" / "text-mlm"
+    recorded = json.loads((folder / "results.json").read_text())
+    model, tokenizer = load_mlm(folder)
+    mask_id = tokenizer.token_to_id(MASK_TOKEN)
+    emails = token_windows([m.text for m in split_emails(read_emails())["valid"]], tokenizer, 64)
+    captions = token_windows(caption_texts("val"), tokenizer, 64)
+    assert (len(emails), len(captions)) == (recorded["windows"]["valid"], recorded["caption_windows"]["valid"])
+    assert abs(mlm_accuracy(model, emails, mask_id, FIRST) - recorded["valid_mlm_accuracy"]) < 1e-3
+    assert abs(mlm_accuracy(model, captions, mask_id, FIRST) - recorded["valid_caption_accuracy"]) < 1e-3
+    # the curve ends at the recorded figures, and the emails' accuracy is past the 1,500-step model's
+    assert recorded["curve"]["step"][-1] == recorded["steps"]
+    assert recorded["curve"]["valid_emails"][-1] == recorded["valid_mlm_accuracy"]
+    short = json.loads((ROOT / "models" / "spam-mlm" / "results.json").read_text())
+    assert recorded["valid_mlm_accuracy"] > short["valid_mlm_accuracy"] + 0.02
+    assert recorded["valid_mlm_accuracy"] > 5 * recorded["valid_unigram_accuracy"]
+    assert recorded["curve"]["train_loss"][-1] < recorded["unigram_nats"] - 1.0
+
+
+def test_the_unigram_yardsticks_against_hand_counts():
+    train = torch.tensor([[5, 5, 5, 6, 0], [7, 5, 6, 0, 0]])  # 5 four times, 6 twice, 7 once; 0 is padding
+    valid = torch.randint(FIRST, 10, (200, 20))
+    unigram, accuracy = unigram_guess(train, valid, MASK, FIRST, 10)
+    _, targets = mask_tokens(valid, MASK, FIRST, 10, generator=torch.Generator().manual_seed(0))
+    chosen = targets[targets != IGNORE]
+    assert unigram == 5 and accuracy == pytest.approx((chosen == 5).sum().item() / len(chosen))
+    p = torch.tensor([4, 2, 1], dtype=torch.float64) / 7
+    assert unigram_entropy(train, 10) == pytest.approx(-(p * p.log()).sum().item())
+    assert unigram_entropy(torch.arange(1, 9)[None], 10) == pytest.approx(math.log(8))  # uniform over 8
+
+
+def test_mlm_right_is_the_accuracy_token_by_token():
+    model, windows = small_mlm().eval(), torch.randint(FIRST, V, (40, 12))
+    right = mlm_right(model, windows, MASK, FIRST, batch_size=16)
+    _, targets = mask_tokens(windows[:16], MASK, FIRST, V, generator=torch.Generator().manual_seed(0))
+    assert right.dtype == torch.bool and len(right) > (targets != IGNORE).sum()  # every batch's chosen tokens
+    assert mlm_accuracy(model, windows, MASK, FIRST, batch_size=16) == right.sum().item() / len(right)
+
+
+def test_captions_are_joined_eight_at_a_time_in_file_order():
+    from transformer.tasks.multi30k import load_multi30k
+
+    english = load_multi30k("val")[1]
+    texts = caption_texts("val")
+    assert CAPTIONS_PER_TEXT == 8 and len(texts) == -(-len(english) // 8)
+    assert texts[0] == " ".join(english[:8]) and texts[-1] == " ".join(english[8 * (len(texts) - 1):])
+    with pytest.raises(ValueError, match="split must be one of"):
+        caption_texts("tset")
+
+
+def test_train_mlm_hands_its_run_to_callbacks_that_measure_and_save(tmp_path):
+    model, rows = small_mlm(), torch.randint(FIRST, V, (64, 16))
+    measured = []
+
+    def measure(step):
+        measured.append((step, model.training))
+        return {}
+
+    history = train_mlm(model, rows, MASK, FIRST, steps=6, batch_size=8, warmup=2,
+                        callbacks=[Evaluate(measure, 3), SaveCheckpoint(tmp_path / "run.pt", 3)])
+    assert measured == [(3, True), (6, True)] and len(history["loss"]) == 6
+    saved = load_checkpoint(tmp_path / "run.pt", kind="masked_lm")
+    assert isinstance(saved, MaskedLanguageModel)
+    for name, value in model.state_dict().items():
+        assert torch.equal(saved.state_dict()[name], value), name
 
 
 def test_the_learning_curves_claims_hold_in_its_committed_results():

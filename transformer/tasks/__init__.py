@@ -18,8 +18,8 @@ from transformer.tasks.brackets import (BRACKET_VOCAB, is_balanced, encode_brack
     near_miss, bracket_split, bracket_dataset)
 from transformer.tasks.classifier import accuracy, classification_loss, peak_rate, train_classifier, SequenceClassifier
 from transformer.tasks.masked_lm import (IGNORE, mask_tokens, from_settings, MASK_TOKEN, one_line, email_tokenizer,
-    token_windows, mlm_loss, mlm_accuracy, train_mlm, masked_lm_model, load_mlm, classifier_from_mlm, first_tokens,
-    MaskedLanguageModel)
+    token_windows, mlm_loss, mlm_right, mlm_accuracy, train_mlm, unigram_guess, unigram_entropy, masked_lm_model,
+    load_mlm, CAPTIONS_PER_TEXT, caption_texts, classifier_from_mlm, first_tokens, MaskedLanguageModel)
 from transformer.tasks.email import (FOLDERS, CORPUS_SHA256, corpus_folder, corpus_digest, html_to_text, email_text,
     email_headers, Email, read_emails, duplicate_groups, split_emails, write_spam_jsonl)
 from transformer.tasks.baselines import words, word_vocabulary, bag_of_words, fit_logistic_regression
@@ -118,10 +118,15 @@ __all__ = [
     'email_tokenizer',
     'token_windows',
     'mlm_loss',
+    'mlm_right',
     'mlm_accuracy',
     'train_mlm',
+    'unigram_guess',
+    'unigram_entropy',
     'masked_lm_model',
     'load_mlm',
+    'CAPTIONS_PER_TEXT',
+    'caption_texts',
     'classifier_from_mlm',
     'first_tokens',
     'MaskedLanguageModel',

@@ -9,11 +9,11 @@ Defined in the book's chapter "Pre-training an encoder on real email"
 """
 
 
-__all__ = ['IGNORE', 'mask_tokens', 'from_settings', 'MASK_TOKEN', 'one_line', 'email_tokenizer', 'token_windows', 'mlm_loss', 'mlm_accuracy', 'train_mlm', 'masked_lm_model', 'load_mlm', 'classifier_from_mlm', 'first_tokens', 'MaskedLanguageModel']
+__all__ = ['IGNORE', 'mask_tokens', 'from_settings', 'MASK_TOKEN', 'one_line', 'email_tokenizer', 'token_windows', 'mlm_loss', 'mlm_right', 'mlm_accuracy', 'train_mlm', 'unigram_guess', 'unigram_entropy', 'masked_lm_model', 'load_mlm', 'CAPTIONS_PER_TEXT', 'caption_texts', 'classifier_from_mlm', 'first_tokens', 'MaskedLanguageModel']
 
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -28,9 +28,10 @@ from transformer.nn.encoder_only import MaskedLanguageModel, SequenceClassifier
 from transformer.nn.modes import evaluating
 from transformer.tasks.classifier import peak_rate
 from transformer.training.schedules import make_adam
+from transformer.tasks.multi30k import load_multi30k
 from transformer.tasks.subwords import train_tokenizer
 from transformer.training.checkpoint import load_checkpoint
-from transformer.training.loop import Progress, run_settings, run_steps
+from transformer.training.loop import Callback, Progress, Run, run_settings, run_steps
 
 
 # chapters/pretraining.md: Pre-training an encoder on real email
@@ -147,18 +148,19 @@ def mlm_loss(
     return F.cross_entropy(logits, targets[chosen]), {"accuracy": right}
 
 
-def mlm_accuracy(
+def mlm_right(
     model: MaskedLanguageModel,
     windows: Tensor,
     mask_id: int,
     first_id: int,
     seed: int = 0,
     batch_size: int = 256,
-) -> float:
-    """The share of chosen tokens of ``windows`` that the model predicts, masked by
-    ``mask_tokens`` with generator seed ``seed`` (the same masks every call)."""
+) -> Tensor:
+    """Whether the model predicts each chosen token of ``windows``, masked by
+    ``mask_tokens`` with generator seed ``seed`` (the same masks every call): (chosen,),
+    bools, window by window."""
     generator = torch.Generator().manual_seed(seed)
-    right = total = 0
+    right = []
     with evaluating(model), torch.no_grad():
         for start in range(0, len(windows), batch_size):
             inputs, targets = mask_tokens(
@@ -169,14 +171,25 @@ def mlm_accuracy(
                 generator=generator,
             )
             chosen = targets != IGNORE
-            right += int(
-                (
-                    model.head(model.encode(inputs)[chosen]).argmax(dim=-1)
-                    == targets[chosen]
-                ).sum()
+            right.append(
+                model.head(model.encode(inputs)[chosen]).argmax(dim=-1)
+                == targets[chosen]
             )
-            total += int(chosen.sum())
-    return right / total
+    return torch.cat(right)
+
+
+def mlm_accuracy(
+    model: MaskedLanguageModel,
+    windows: Tensor,
+    mask_id: int,
+    first_id: int,
+    seed: int = 0,
+    batch_size: int = 256,
+) -> float:
+    """The share of chosen tokens of ``windows`` that the model predicts
+    (``mlm_right``)."""
+    right = mlm_right(model, windows, mask_id, first_id, seed, batch_size)
+    return int(right.sum()) / len(right)
 
 
 def _masked_batches(
@@ -212,13 +225,15 @@ def train_mlm(
     seed: int = 0,
     num_threads: int | None = 1,
     progress: bool = False,
+    callbacks: Sequence[Callback] = (),
 ) -> dict[str, list]:
     """Pre-train ``model`` in place on ``windows`` (M, S) with ``mlm_loss``, masks drawn
     afresh per batch.
 
     Adam (betas 0.9, 0.98), warm-up to ``lr`` then 1/sqrt decay with a cooldown over the
-    last quarter (as ``train_classifier``), gradients clipped to norm 1. Returns the
-    history of ``run_steps``.
+    last quarter (as ``train_classifier``), gradients clipped to norm 1. ``callbacks``
+    (measuring on held-out text, saving a checkpoint of kind "masked_lm") see the run
+    after ``Progress``. Returns the history of ``run_steps``.
     """
     check_positive_int("steps", steps)
     check_positive_int("batch_size", batch_size)
@@ -230,6 +245,15 @@ def train_mlm(
         batches = _masked_batches(
             windows, batch_size, mask_id, first_id, model.embed.vocab_size, seed
         )
+        run = Run(
+            model,
+            optimizer,
+            scheduler,
+            history=history,
+            about={"config": model.settings, "kind": "masked_lm"},
+        )
+        for callback in callbacks:
+            callback.on_fit_begin(run)
         model.train()
         run_steps(
             model,
@@ -240,10 +264,34 @@ def train_mlm(
             steps,
             history,
             clip=1.0,
-            callbacks=[Progress()] if progress else [],
+            callbacks=[*([Progress()] if progress else []), *callbacks],
         )
     model.eval()
     return history
+
+
+# chapters/pretraining.md: Training
+def unigram_guess(
+    train: Tensor, valid: Tensor, mask_id: int, first_id: int, vocab_size: int
+) -> tuple[int, float]:
+    """The unigram baseline: the most frequent token of ``train``'s windows (padding
+    left out), and the share of ``valid``'s chosen tokens (``mask_tokens``, seed 0, all
+    windows at once) that are it, the accuracy of always guessing it."""
+    counts = torch.bincount(train[train != 0], minlength=vocab_size)
+    unigram = int(counts.argmax())
+    _, targets = mask_tokens(
+        valid, mask_id, first_id, vocab_size, generator=torch.Generator().manual_seed(0)
+    )
+    return unigram, (targets[targets != IGNORE] == unigram).float().mean().item()
+
+
+def unigram_entropy(windows: Tensor, vocab_size: int) -> float:
+    """The entropy (nats) of the token frequencies of ``windows`` (padding left out):
+    the expected loss at a chosen position of a model that knows only those frequencies,
+    the floor a masked LM's loss must go below to have used the context."""
+    counts = torch.bincount(windows[windows != 0], minlength=vocab_size)
+    frequencies = counts[counts > 0].double() / counts.sum()
+    return -(frequencies * frequencies.log()).sum().item()
 
 
 # chapters/pretraining.md: A longer run, committed
@@ -264,6 +312,22 @@ def load_mlm(folder: Path) -> tuple[MaskedLanguageModel, Any]:
         MaskedLanguageModel, load_checkpoint(folder / "model.pt", kind="masked_lm")
     )
     return model, Tokenizer.from_file(str(folder / "tokenizer.json"))
+
+
+# chapters/pretraining.md: Longer, and on more text
+#: captions joined into one text: a caption is about 14 tokens, 8 fill a window or two
+CAPTIONS_PER_TEXT = 8
+
+
+def caption_texts(split: str, folder: str | Path | None = None) -> list[str]:
+    """Multi30k's English captions of ``split`` (``load_multi30k``: "train" or "val";
+    the test files are not pre-training text), joined ``CAPTIONS_PER_TEXT`` at a time
+    in file order: more text for the masked LM, in windows as long as an email's."""
+    english = load_multi30k(split, folder)[1]
+    return [
+        " ".join(english[i : i + CAPTIONS_PER_TEXT])
+        for i in range(0, len(english), CAPTIONS_PER_TEXT)
+    ]
 
 
 # chapters/pretraining.md: Fine-tuning: spam or ham
