@@ -141,6 +141,15 @@ CLAIMS = [
     Claim("sentiment", "sentiment_bag_lead", ">", 1.0, "reviews: bag of words above the book's encoder (points)"),
     Claim("sentiment", "sentiment_bag_lead", "<", 8.0, "reviews: bag of words above the book's encoder, upper"),
     Claim("sentiment", "sentiment_head_gap", "<", 1.5, "reviews: tuned head within 1.5 points of the raw one"),
+    # SmolLM2 zero-shot: its scores are committed (benchmarks/sentiment_zero_shot_results.json), the same
+    # at every seed and path; the trained models it is compared with are not
+    Claim("sentiment", "zero_shot_positive_margin", ">", 0.0, "reviews: SmolLM2 zero-shot, s > 0 on over 75% of test"),
+    Claim("sentiment", "zero_shot_unsure_margin", ">", 0.0, "reviews: SmolLM2, |s| > 2 on under 5% of test"),
+    Claim("sentiment", "zero_shot_below_trained", ">", 0.0, "reviews: SmolLM2, s > 0, below every trained model - 2"),
+    Claim("sentiment", "zero_shot_threshold_gain", ">", 0.0, "reviews: SmolLM2, threshold from valid, over 8 points"),
+    Claim("sentiment", "zero_shot_above_chance", ">", 0.0, "reviews: SmolLM2, s > t, interval above 65%"),
+    Claim("sentiment", "zero_shot_small_lead", ">", 0.0, "reviews: SmolLM2, s > t, above bag of words, 2,000, + 2"),
+    Claim("sentiment", "zero_shot_below_published", ">", 0.0, "reviews: SmolLM2, s > t, interval below 79.4"),
     Claim("entities", "entities_minilm_lead", ">", 0.0, "tweets: frozen MiniLM's head above the gazetteer, + half-width"),
     Claim("entities", "entities_gazetteer_lead", ">", 0.0, "tweets: gazetteer above the book's encoder (F1 points)"),
     Claim("entities", "entities_below_published", ">", 0.0, "tweets: every model's interval below WNUT 2016's best, ~52"),
