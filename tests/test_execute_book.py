@@ -116,6 +116,20 @@ def test_chapters_are_executed_once_per_change_and_a_failing_one_is_named(book, 
     assert outputs[0]["text"] == "1\n"
 
 
+def test_a_kernel_is_stopped_once_its_last_cell_has_answered(book, monkeypatch):
+    """A graceful shutdown waits for the kernel's interpreter to tear down (with torch loaded, seconds a
+    chapter); the executor kills it instead once every output is in hand, as nbval does: the kernel's
+    exit handlers, which a graceful shutdown runs, never run."""
+    monkeypatch.setenv("JUPYTER_PATH", str(ROOT / "tools" / "jupyter"))
+    torn_down = book / "torn-down"
+    (book / "chapters" / "a.md").write_text(chapter(
+        f"import atexit, pathlib\natexit.register(pathlib.Path({str(torn_down)!r}).touch)\nprint('done')"))
+    notebook, _, error = execute_book._execute(str(book / "chapters" / "a.md"), 60, book)
+    (cell,) = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    assert error is None and cell.outputs[0]["text"] == "done\n"
+    assert not torn_down.exists()
+
+
 def run_nbval(book: Path, names: list[str], save: Path) -> subprocess.CompletedProcess:
     """nbval over the chapters' notebooks, as `make nbval` runs it, keeping what passed in ``save``."""
     notebooks = write_notebooks([book / "chapters" / name for name in names], book / "_build" / "nbval")

@@ -91,8 +91,12 @@ def _execute(chapter: str, timeout: int, root: Path) -> tuple[object, float, str
     from jupyter_cache.executors.utils import single_nb_execution  # noqa: PLC0415
 
     notebook = read_notebook(Path(chapter), root)
+    # The kernel is stopped at once (SIGKILL to its process group) once its last cell has answered,
+    # as nbval stops its kernels: every output is in hand by then, and a graceful shutdown only waits
+    # for the interpreter to tear down torch (1.6 to 2.6 s a chapter measured here, a minute of the
+    # book's wall time over 48 chapters on two cores).
     result = single_nb_execution(notebook, cwd=str(Path(chapter).parent), timeout=timeout, allow_errors=False,
-                                 meta_override=True)
+                                 meta_override=True, shutdown_kernel="immediate")
     # nbclient's message: the failing cell's source and its traceback, without nbclient's own frames.
     error = None if result.err is None else (str(result.err) or result.exc_string or repr(result.err))
     return notebook, result.time, error
