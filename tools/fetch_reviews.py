@@ -25,7 +25,10 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from transformer.tasks.sentiment import REVIEWS_FILE, REVIEWS_SHA256
+from tools.package_constants import package_constant
+
+REVIEWS_FILE = package_constant("transformer.tasks.sentiment", "REVIEWS_FILE")
+REVIEWS_SHA256 = package_constant("transformer.tasks.sentiment", "REVIEWS_SHA256")
 
 SDIST = "vadersentiment==3.3.2"
 SDIST_SHA256 = "5d7c06e027fc8b99238edb0d53d970cf97066ef97654009890b83703849632f9"

