@@ -6,6 +6,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from benchmarks.smollm2_decoding import TARGETS, measure
 from tools.chapters import read_chapter
 
@@ -31,6 +33,13 @@ def test_the_recorded_measurement_is_complete():
               for row in recorded["results"] for t in recorded["targets"])
     assert (recorded["targets_met"], recorded["targets_tried"]) == (met, 4 * len(TARGETS))
     assert recorded["profile"] and all({"op", "calls", "self_ms", "share"} <= op.keys() for op in recorded["profile"])
+    per_token = recorded["per_token"]
+    assert per_token["floor_ms_per_token"] == pytest.approx(per_token["weight_mb"] / per_token["products_gb_per_s"])
+    assert set(per_token["engines"]) == ENGINES
+    for name, row in per_token["engines"].items():
+        if name != "CTranslate2 float32":  # torch.profiler does not see inside CTranslate2
+            assert row["products_ms"] + row["rest_ms"] == pytest.approx(row["total_ms"])
+            assert 0 < row["products_ms"] < row["total_ms"] and row["operators"] > 0
 
 
 def test_the_chapter_glues_the_recorded_figures():
@@ -49,6 +58,13 @@ def test_the_chapter_glues_the_recorded_figures():
         assert glued[f"smollm2_vs_ct2_{key}"] == speed["ours"] / speed["CTranslate2 float32"]
         assert f"{{glue:text}}`smollm2_vs_hf_{key}" in prose and f"{{glue:text}}`smollm2_vs_ct2_{key}" in prose
     assert glued["smollm2_targets_met"] == f"{recorded['targets_met']} of {recorded['targets_tried']}"
+    engines = recorded["per_token"]["engines"]
+    assert glued["smollm2_floor_ms"] == recorded["per_token"]["floor_ms_per_token"]
+    assert glued["smollm2_ct2_total_ms"] == engines["CTranslate2 float32"]["total_ms"]
+    for short, name in (("ours", "ours"), ("plain", "ours unpacked"), ("hf", "Hugging Face")):
+        for field in ("total_ms", "products_ms", "rest_ms", "operators"):
+            assert glued[f"smollm2_{short}_{field}"] == engines[name][field]
+            assert f"{{glue:text}}`smollm2_{short}_{field}" in prose
     assert recorded["machine"].startswith(glued["smollm2_bench_machine"])
 
 
