@@ -189,3 +189,23 @@ def test_prepack_keeps_the_function_and_repacks_a_changed_weight():
     torch.testing.assert_close(x.grad, (2 * linear.weight).sum(0).expand(5, 16), atol=1e-4, rtol=1e-4)
     with torch.inference_mode():
         torch.testing.assert_close(copy.deepcopy(packed)(x.detach()), packed(x.detach()))
+
+
+def test_a_packed_linear_multiplies_a_single_row_by_the_stored_weight():
+    """One row (greedy decoding of one sequence) is a matrix-vector product, where oneDNN's packed layout
+    was slower (benchmarks/smollm2_decoding.py): PackedLinear gives nn.Linear's output bit for bit and
+    packs nothing; the first call of several rows packs."""
+    from torch import nn
+
+    from transformer.generation.compiled import prepack
+
+    torch.manual_seed(0)
+    linear = nn.Linear(16, 300)
+    packed = prepack(linear)
+    with torch.no_grad():
+        for one_row in (torch.randn(16), torch.randn(1, 16), torch.randn(1, 1, 16)):
+            assert torch.equal(packed(one_row), torch.nn.functional.linear(one_row, linear.weight, linear.bias))
+        assert packed._packed is None
+        packed(torch.randn(2, 1, 16))
+        if torch.backends.mkldnn.is_available():
+            assert packed._packed is not None

@@ -133,9 +133,10 @@ def static_greedy_decode(
 # chapters/fixed_shapes.md: Packed weights
 class PackedLinear(nn.Linear):
     """An ``nn.Linear`` whose float32 inference on the CPU multiplies by its weight as
-    oneDNN packed it (made at the first such call, with its number of rows as the hint,
-    and again when the weight changes); training, gradients, other devices and dtypes
-    take ``nn.Linear.forward``."""
+    oneDNN packed it (made at the first such call of more than one row, with its number
+    of rows as the hint, and again when the weight changes); a single row (a
+    matrix-vector product, where reading the weight is the whole cost), training,
+    gradients, other devices and dtypes take ``nn.Linear.forward``."""
 
     # (weight version, weight address, packed weight)
     _packed: tuple[int, int, Tensor] | None = None
@@ -149,6 +150,7 @@ class PackedLinear(nn.Linear):
             or x.dtype != torch.float32
             or weight.dtype != torch.float32
             or weight.is_inference()
+            or x.numel() == x.shape[-1]  # one row: F.linear reads the weight faster
         ):
             return super().forward(x)
         key = (weight._version, weight.data_ptr())
