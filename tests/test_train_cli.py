@@ -593,7 +593,7 @@ def test_translate_refuses_a_gpu_that_is_not_there(monkeypatch, capsys):
 def test_a_diverging_run_exits_2_with_one_line_and_leaves_only_finite_checkpoints(tmp_path):
     folder = tmp_path / "run"
     run = subprocess.run([sys.executable, "-m", "transformer", "train", *TINY, "--steps", "30", "--save-every", "1",
-                          "--lr-factor", "1e5", "--clip", "none", "--checkpoint-dir", str(folder)],
+                          "--lr-factor", "1e8", "--clip", "none", "--checkpoint-dir", str(folder)],
                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
     assert run.returncode == 2 and run.stdout == "", run.stderr
     line = run.stderr.strip()

@@ -588,6 +588,43 @@ def test_committed_test2016_translations_are_the_models_line_for_line(committed)
         assert corpus_scores(lines, english)["bleu"] == pytest.approx(recorded["bleu"], abs=0.5)
 
 
+@pytest.mark.slow  # the whole test set, twice per decoding (about a minute)
+def test_packed_weights_translate_the_whole_test_set_as_plain_ones(committed):
+    """The translate command multiplies by packed weights (pack_linear_layers): on every sentence of
+    Multi30k's test set, greedy and with beam 4, the translations are the plain nn.Linear model's."""
+    from transformer.generation.compiled import PackedLinear, prepack
+
+    model, tokenizer = committed
+    packed = prepack(model)
+    assert type(packed.output) is PackedLinear and type(model.output) is torch.nn.Linear
+    german = load_multi30k("test")[0]
+    for beam in DECODINGS.values():
+        assert translate(packed, tokenizer, german, beam_size=beam) == translate(
+            model, tokenizer, german, beam_size=beam
+        ), f"beam {beam}"
+
+
+def test_the_translate_command_packs_its_float32_model(committed, monkeypatch, capsys):
+    """Without --int8, the command translates with its linear layers PackedLinear (where torch has
+    oneDNN), and writes the plain model's translations."""
+    import transformer.cli.translate as command
+
+    model, tokenizer = committed
+    real, used = command.translate_lines, []
+
+    def spy(net, *args, **kwargs):  # the model the command translates with
+        used.append(net)
+        return real(net, *args, **kwargs)
+
+    monkeypatch.setattr(command, "translate_lines", spy)
+    lines = ["Ein Hund läuft über die Wiese.", "", "Zwei Kinder spielen am Strand."]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(lines) + "\n"))
+    assert main(["--checkpoint", str(MODEL), "--no-progress", "--device", "cpu"]) == 0
+    assert capsys.readouterr().out == "".join(line + "\n" for line in translate(model, tokenizer, lines))
+    kinds = {type(module).__name__ for module in used[0].modules()} & {"Linear", "PackedLinear"}
+    assert kinds == ({"PackedLinear"} if torch.backends.mkldnn.is_available() else {"Linear"})
+
+
 # --- the commands -----------------------------------------------------------------------------
 
 @pytest.mark.slow  # a process
