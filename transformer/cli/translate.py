@@ -142,12 +142,14 @@ def main(
         )
     # threads spinning for a taken core cost the most
     torch.set_num_threads(args.threads or free_cores())
-    written = 0
-    try:
+    if not args.int8:
         # float32 on the CPU multiplies by weights packed once (chapter "Fixed shapes"):
         # the same translations, faster
+        pack_linear_layers(model)  # in place
+    written = 0
+    try:
         for line in translate_lines(
-            quantize_int8(model) if args.int8 else pack_linear_layers(model),
+            quantize_int8(model) if args.int8 else model,
             tokenizer,
             lines,
             args.beam,
