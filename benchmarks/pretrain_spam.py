@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--warmup", type=int, default=100, help="warm-up steps; the 1/sqrt decay starts after them")
     parser.add_argument("--d-model", type=int, default=64)
     parser.add_argument("--num-layers", type=int, default=2)
     parser.add_argument("--length", type=int, default=64, help="tokens per pre-training window")
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         callbacks.append(SaveCheckpoint(args.checkpoint, args.eval_every))
     start = time.perf_counter()
     history = train_mlm(model, train_windows, mask_id, FIRST_ID, steps=args.steps, batch_size=args.batch_size,
-                        lr=args.lr, seed=args.seed, num_threads=args.threads, progress=True, callbacks=callbacks)
+                        lr=args.lr, warmup=args.warmup, seed=args.seed, num_threads=args.threads, progress=True, callbacks=callbacks)
     seconds = time.perf_counter() - start
     unigram, unigram_accuracy = unigram_guess(windows["train"], windows["valid"], mask_id, FIRST_ID, vocab_size)
     results = {
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         "windows": {name: len(part) for name, part in windows.items()},
         "train_seconds": round(seconds, 1),
         "settings": model.settings, "length": args.length, "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
-        "seed": args.seed, "threads": args.threads,
+        "warmup": args.warmup, "seed": args.seed, "threads": args.threads,
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores (shared), "
                    f"torch {torch.__version__}",
         "command": "python -m benchmarks.pretrain_spam " + " ".join(sys.argv[1:] if argv is None else argv),

@@ -62,20 +62,26 @@ TEST_SIZE = 2_000  # test numbers scored per run
 
 
 class UnscaledMultiHeadAttention(MultiHeadAttention):
-    """Multi-head attention without the paper's 1/sqrt(d_k): softmax(Q K^T) V in every head."""
+    """Multi-head attention without the paper's 1/sqrt(d_k): softmax(Q K^T) V in every
+    head."""
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float,
-               need_weights: bool, query_start: int = 0) -> tuple[Tensor, Tensor | None]:
-        # attention divides the scores by sqrt(d_k): multiplying q by it first undoes the division
-        # (exactly, where sqrt(d_k) is a power of two, as the base's d_k = 16)
-        return super().attend(q * q.shape[-1] ** 0.5, k, v, mask, dropout_p, need_weights, query_start)
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+               dropout_p: float, need_weights: bool,
+               query_start: int = 0) -> tuple[Tensor, Tensor | None]:
+        # attention divides the scores by sqrt(d_k): multiplying q by it first undoes
+        # the division (exactly, where sqrt(d_k) is a power of two, as the base's
+        # d_k = 16)
+        q = q * q.shape[-1] ** 0.5
+        return super().attend(q, k, v, mask, dropout_p, need_weights, query_start)
 
 
 def narrow_keys(attention: MultiHeadAttention, d_k: int) -> None:
-    """Make ``attention``'s queries and keys d_k wide per head (W^Q, W^K: d_model x h d_k), values unchanged."""
+    """Make ``attention``'s queries and keys d_k wide per head (W^Q, W^K:
+    d_model x h d_k), values unchanged."""
     for name in ("w_q", "w_k"):
         old = getattr(attention, name)
-        linear = nn.Linear(attention.d_model, attention.num_heads * d_k, bias=old.bias is not None)
+        linear = nn.Linear(attention.d_model, attention.num_heads * d_k,
+                           bias=old.bias is not None)
         nn.init.xavier_uniform_(linear.weight)  # as MultiHeadAttention.reset_parameters
         if linear.bias is not None:
             nn.init.zeros_(linear.bias)

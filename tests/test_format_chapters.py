@@ -104,3 +104,60 @@ def test_a_glue_call_that_also_assigns_a_name_is_not_moved(tmp_path):
     text = path.read_text()
     assert ":tags: [remove-input]" not in text
     assert 'glue("x", y := 2, display=False)\nassert y == 2\n```' in text
+
+
+def _value(source: str) -> object:
+    """What ``source``'s last line evaluates to, the statements before it run."""
+    namespace: dict = {"x": 12.5, "name": "a name"}
+    *body, last = source.strip().split("\n")
+    exec("\n".join(body), namespace)  # noqa: S102 - the test's own literals
+    return eval(last, namespace)  # noqa: S307
+
+
+def test_long_strings_are_cut_at_spaces_and_say_the_same():
+    words = " ".join(f"word{i}" for i in range(30))
+    cases = [
+        f'y = print(f"{{x:>10.2f}} {words} {{{{braces}}}} {{name!r}} {words}")',  # fields, {{ }}
+        f'y = "{words} {words}"',  # outside brackets: the pieces get parentheses
+        f'y = len(r"\\d+ {words} \\s")',  # raw
+        f'y = ("{"x" * 100}")',  # no space: it stays long
+    ]
+    for source in cases:
+        out = fc.format_sources([source])[0]
+        assert fc.same_code(source, out), out
+        long = [line for line in out.splitlines() if len(line) > fc.LINE_LENGTH]
+        assert len(long) == (1 if "x" * 100 in source else 0), out
+    # the cut string reads the same when run: Python is the reference
+    string = f'f"{{x:>10.2f}} {words} {{{{braces}}}} {{name!r}} {words}"'
+    cut = fc.split_long_strings(f"y = ({string})")
+    assert cut.count("\n") >= 1 and _value(f"y = ({string})\ny") == _value(cut + "\ny")
+
+
+def test_an_f_string_piece_without_a_field_is_a_plain_string():
+    source = 'print(f"' + "text " * 20 + '{x}")'
+    out = fc.split_long_strings(source)
+    first, second = out.split("\n")
+    assert first.lstrip().startswith('print("text') and second.lstrip().startswith('f"text')
+    assert fc.same_code(source, out)
+
+
+def test_short_tails_join_the_next_piece():
+    source = 'raise ValueError(\n    f"{x} is " "bad, "\n    "very "\n    "bad"\n)'
+    out = fc.join_short_pieces('raise ValueError(\n    "very "\n    "bad"\n)')
+    assert out == 'raise ValueError(\n    "very bad"\n)'
+    braces = 'print(\n    f"{x} "\n    "{not a field}"\n)'
+    assert fc.join_short_pieces(braces) == braces  # an f would read the plain piece's braces
+    assert fc.same_code(source, fc.format_sources([source])[0])
+
+
+def test_docstrings_with_examples_wrap_their_prose_and_keep_the_examples():
+    example = "        >>> f(1, " + ", ".join(["2"] * 40) + ")"
+    source = ('def f(*a):\n    """' + "Return the thing " * 8 + '.\n\n    Args:\n        a: '
+              + "an argument " * 9 + '\n        b: short.\n\n    Example:\n' + example + '\n        1\n    """\n')
+    out = fc.format_sources([source])[0]
+    assert fc.same_code(source, out) and example in out.split("\n")
+    assert all(len(line) <= fc.LINE_LENGTH for line in out.splitlines() if ">>>" not in line)
+    lines = out.split("\n")
+    entry = next(i for i, line in enumerate(lines) if line.startswith("        a: an argument"))
+    # an entry's words go on one step deeper, and the next entry stays an entry
+    assert lines[entry + 1].startswith("            argument") and "        b: short." in lines

@@ -392,6 +392,16 @@ def test_the_transformer_command_lists_its_commands_and_passes_each_its_options(
     assert translate.returncode == 0 and translate.stdout.startswith("usage: transformer translate")
 
 
+def test_the_command_list_names_every_task_that_train_accepts(capsys):
+    from transformer.__main__ import command
+    from transformer.cli.train import TRAINERS
+
+    assert command(["--help"]) == 0
+    train_line = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("train "))
+    assert sorted(TRAINERS) == ["classify", "multi30k", "numbers", "translation"]
+    assert all(f"--task {task}" in train_line for task in TRAINERS), train_line
+
+
 @pytest.mark.parametrize("argv, message", [
     ([], "usage: transformer {train,translate,classify,generate,export}"),
     (["fly"], "transformer: error: unknown command 'fly' (choose from train, translate, classify, generate, export)"),

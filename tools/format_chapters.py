@@ -9,14 +9,19 @@ the file, the cells' options (``:tags:`` lines or a ``---`` block) included, as 
 2. a trailing comment that makes its line too long moves onto its own line above the code (not a
    ``# type:``, ``# noqa`` or ``# fmt:`` pragma, which must stay where it is);
 3. a comment line longer than 88 columns is wrapped, keeping its indentation and its ``# `` or ``#: ``
-   prefix; the ``# export: ...`` line that starts an exported cell is never touched.
+   prefix; the ``# export: ...`` line that starts an exported cell is never touched;
+4. a docstring line longer than 88 columns is re-wrapped by words (doctest examples and literal
+   blocks keep their lines);
+5. a one-line string literal that makes its line too long is cut at a space into two adjacent
+   literals, which Python joins back into one (in parentheses of their own outside brackets); a short
+   tail joins the next piece when the two fit on one line.
 
-Steps 1-3 repeat until the cell no longer changes, so a second run changes nothing. A cell with
+Steps 1-5 repeat until the cell no longer changes, so a second run changes nothing. A cell with
 IPython magics (``%``, ``!``) or that does not parse is left as it is and listed. Formatting never
 changes what a cell does: the cell's syntax tree after formatting (comments are not in it;
-docstrings compared with their indentation and trailing blanks removed, which ruff normalises) must
-equal the original's, or the command refuses to write the chapter and exits 1. Long string literals
-stay long; the report gives the share of code lines over 88 columns per chapter, before and after.
+docstrings compared by their words) must equal the original's, or the command refuses to write the
+chapter and exits 1. A literal without a space (a hash) stays long; the report gives the share of
+code lines over 88 columns per chapter, before and after.
 
 ``--tag-plumbing`` also takes build plumbing off the page without hiding any check: a leading run of
 warning filters (``warnings.filterwarnings(...)``) and a trailing run of ``glue(..., display=False)``
@@ -268,38 +273,71 @@ def _docstrings(tree: ast.AST) -> list[ast.Constant]:
 NOT_PROSE = re.compile(r"^\s*(>>>|\.\.\.|[-*+] |\d+\. |[A-Z][a-z]+:$|\*{0,2}\w+( \([^)]*\))?: )")
 
 
+#: The first line of an entry of an ``Args:`` or ``Attributes:`` section: a name, a colon, words.
+ENTRY = re.compile(r"^\s*\*{0,2}\w+( \([^)]*\))?: \S")
+
+
 def _indent(line: str) -> str:
     return line[: len(line) - len(line.lstrip())]
 
 
+def _frozen_rows(block: list[str]) -> set[int]:
+    """Rows of a docstring that must keep their line breaks: doctest examples (from a ``>>>`` line to
+    the next blank line, their expected output included) and literal blocks (the lines indented
+    deeper than a line that ends with ``::``)."""
+    frozen: set[int] = set()
+    example, literal_indent = False, None
+    for i, line in enumerate(block):
+        stripped = line.strip()
+        if literal_indent is not None:
+            if not stripped or len(_indent(line)) > literal_indent:
+                frozen.add(i)
+                continue
+            literal_indent = None
+        if stripped.startswith(">>>"):
+            example = True
+        elif not stripped:
+            example = False
+        if example:
+            frozen.add(i)
+        if stripped.endswith("::"):
+            literal_indent = len(_indent(line))
+    return frozen
+
+
 def wrap_docstrings(source: str) -> str:
     """Re-wrap the docstring lines longer than LINE_LENGTH: the words past the limit start the next
-    line of the same paragraph (or a line of their own). Docstrings with doctest examples or literal
-    blocks (``::``) are left alone."""
+    line of the same paragraph (or a line of their own). Doctest examples and literal blocks
+    (``::``) keep their lines (``_frozen_rows``); the prose around them is wrapped."""
     lines = source.split("\n")
     for doc in sorted(_docstrings(ast.parse(source)), key=lambda d: -d.lineno):
         first, last = doc.lineno - 1, (doc.end_lineno or doc.lineno) - 1
         block = lines[first:last + 1]
-        if all(len(line) <= LINE_LENGTH for line in block) or any(
-                ">>>" in line or "::" in line or line.endswith("\\") for line in block):
+        if all(len(line) <= LINE_LENGTH for line in block) or any(line.endswith("\\") for line in block):
             continue
+        frozen = [i in _frozen_rows(block) for i in range(len(block))]
+        # the body's own indentation: an entry of a section is indented deeper
+        base = min((len(_indent(line)) for line in block[1:] if line.strip()), default=0)
         i = 0
         while i < len(block):
             line, indent = block[i], _indent(block[i])
             cut = _cut(line)
-            if len(line) <= LINE_LENGTH or (i > 0 and NOT_PROSE.match(line) and ": " not in line) \
+            if len(line) <= LINE_LENGTH or frozen[i] or (i > 0 and NOT_PROSE.match(line) and ": " not in line) \
                     or cut <= len(indent) + 4:
                 i += 1
                 continue
             head, rest = line[:cut].rstrip(), line[cut + 1:].strip()
             following = block[i + 1] if i + 1 < len(block) else ""
             deeper = following.strip() and len(_indent(following)) > len(indent)
-            continuation = _indent(following) if deeper and i > 0 else indent
+            # an entry's words go on indented one step deeper ("    x: the input ..." then "        more")
+            entry = i > 0 and len(indent) > base and ENTRY.match(line)
+            continuation = (_indent(following) if deeper else indent + "    ") if entry else indent
             if (following.strip() and _indent(following) == continuation and not NOT_PROSE.match(following)
-                    and following.strip()[:3] not in ('"""', "'''")):
+                    and not frozen[i + 1] and following.strip()[:3] not in ('"""', "'''")):
                 block[i + 1] = f"{continuation}{rest} {following.strip()}"
             else:
                 block.insert(i + 1, f"{continuation}{rest}")
+                frozen.insert(i + 1, False)
             block[i] = head
             i += 1
         lines[first:last + 1] = block
@@ -328,13 +366,124 @@ def same_code(before: str, after: str) -> bool:
     return tree(before) == tree(after)
 
 
+#: A one-line string literal: its prefix (``f``, ``r``, ``b``, ...) and its quote.
+STRING_START = re.compile(r"^([rRbBfFuU]{0,2})(['\"])")
+
+
+def _string_cut(literal: str, room: int) -> int | None:
+    """Where to cut a one-line string literal so that its first piece, closed by its quote, is at
+    most ``room`` characters: just after the last space that fits, outside an f-string's ``{...}``
+    and not escaped; None when there is none (or the literal is triple-quoted)."""
+    prefix, quote = STRING_START.match(literal).groups()  # type: ignore[union-attr]
+    if literal[len(prefix):len(prefix) + 3] == quote * 3:
+        return None
+    formatted, depth, cut, i = "f" in prefix.lower(), 0, None, len(prefix) + 1
+    while i < len(literal) - 1 and i + 1 < room:  # i + 1: the piece keeps the space, then its quote
+        char = literal[i]
+        if char == "\\":
+            i += 2
+            continue
+        if formatted and char in "{}":
+            if depth == 0 and literal[i + 1:i + 2] == char:  # {{ or }}: a brace, not a field
+                i += 2
+                continue
+            depth += 1 if char == "{" else -1
+        elif char == " " and depth == 0 and literal[len(prefix) + 1:i].strip():
+            cut = i + 1
+        i += 1
+    return cut if cut is not None and literal[cut:-1] else None
+
+
+def _piece(prefix: str, quote: str, body: str) -> str:
+    """A string literal of ``body``: an f-string piece without a field loses its ``f``."""
+    if "{" not in body and "}" not in body:
+        prefix = prefix.replace("f", "").replace("F", "")
+    return f"{prefix}{quote}{body}{quote}"
+
+
+def split_long_strings(source: str) -> str:
+    """Cut each one-line string literal that makes its line longer than LINE_LENGTH into two,
+    at a space, the second on the next line: Python joins adjacent literals into one, so the
+    code is the same (``same_code`` checks it). A literal outside brackets gets parentheses, so
+    that its line may break; ruff then lays the pieces out. Repeats until no literal can be cut."""
+    for _ in range(50):
+        lines = source.split("\n")
+        depth, found = 0, None
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.OP and tok.string in "([{":
+                depth += 1
+            elif tok.type == tokenize.OP and tok.string in ")]}":
+                depth -= 1
+            elif (tok.type == tokenize.STRING and tok.start[0] == tok.end[0]
+                  and len(lines[tok.start[0] - 1]) > LINE_LENGTH):
+                (row, start), end = tok.start, tok.end[1]
+                # outside brackets the pieces go in parentheses of their own, one column further
+                cut = _string_cut(tok.string, LINE_LENGTH - start - (depth == 0))
+                if cut is not None:
+                    found = row, start, end, cut, depth == 0
+                    break
+        if found is None:
+            return source
+        row, start, end, cut, bare = found
+        line = lines[row - 1]
+        literal = line[start:end]
+        prefix, quote = STRING_START.match(literal).groups()  # type: ignore[union-attr]
+        first = _piece(prefix, quote, literal[len(prefix) + 1:cut])
+        second = _piece(prefix, quote, literal[cut:-1])
+        opening, closing = ("(", ")") if bare else ("", "")
+        lines[row - 1:row] = [line[:start] + opening + first,
+                              " " * (start + len(opening)) + second + closing + line[end:]]
+        source = "\n".join(lines)
+    return source
+
+
+#: A line that starts with a one-line string literal: indentation, prefix, quote, body, the rest.
+LITERAL_LINE = re.compile(r"""^(\s*)([rRbBfFuU]{0,2})(['"])((?:\\.|(?!\3).)*)\3(.*)$""")
+
+
+def _joined(first: re.Match, second: re.Match) -> str | None:
+    """One literal of two adjacent ones (``first`` alone on its line), or None when they cannot
+    be one: other quotes or prefixes, or a plain piece with braces that an ``f`` would read."""
+    (p1, q1, b1), (p2, q2, b2) = first.group(2, 3, 4), second.group(2, 3, 4)
+    if q1 != q2:
+        return None
+    letters = {p1.lower().replace("f", ""), p2.lower().replace("f", "")}
+    if len(letters) != 1:
+        return None
+    formatted = "f" in (p1 + p2).lower()
+    if formatted and any("f" not in p.lower() and ("{" in b or "}" in b) for p, b in ((p1, b1), (p2, b2))):
+        return None
+    prefix = ("f" if formatted else "") + letters.pop()
+    return f"{prefix}{q1}{b1}{b2}{q1}"
+
+
+def join_short_pieces(source: str) -> str:
+    """Join a string literal alone on its line with the literal that starts the next line (at the
+    same indentation) when the two fit on one line: cutting long strings leaves short tails."""
+    lines = source.split("\n")
+    strings = _string_rows(source)
+    i = 0
+    while i + 1 < len(lines):
+        first, second = LITERAL_LINE.match(lines[i]), LITERAL_LINE.match(lines[i + 1])
+        if (first and second and not first.group(5).strip() and first.group(1) == second.group(1)
+                and i + 1 not in strings and i + 2 not in strings and lines[i].strip()[-3:] not in ('"""', "'''")):
+            joined = _joined(first, second)
+            if joined is not None and len(first.group(1) + joined + second.group(5)) <= LINE_LENGTH:
+                lines[i:i + 2] = [first.group(1) + joined + second.group(5)]
+                continue
+        i += 1
+    return "\n".join(lines)
+
+
 def format_sources(sources: list[str]) -> list[str]:
-    """ruff, then the comment fixes, until nothing changes (at most 5 rounds). Long lines give up
-    their trailing comments first, so that ruff does not split code to make room for a comment."""
+    """ruff, then the comment fixes and the long strings cut, until nothing changes (at most 8
+    rounds). Long lines give up their trailing comments first, so that ruff does not split code to
+    make room for a comment."""
     current = [fix_comments(source) for source in sources]
-    for _ in range(5):
+    for _ in range(8):
         formatted = ruff_format(current)
-        nxt = [fix_comments(wrap_docstrings(f)) if f is not None else c for f, c in zip(formatted, current)]
+        nxt = [fix_comments(wrap_docstrings(join_short_pieces(split_long_strings(f)))) if f is not None else c
+               for f, c in zip(formatted, current)]
         if nxt == current:
             break
         current = nxt

@@ -56,7 +56,8 @@ def command(argv: Sequence[str] | None = None) -> int:
         prog="transformer",
         usage=f"transformer {{{','.join(COMMANDS)}}} [options]",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=f"commands:\n{listing}\n\n`transformer COMMAND --help` shows a command's options.",
+        epilog=f"commands:\n{listing}\n\n`transformer COMMAND --help` shows a "
+        "command's options.",
     )
     if not argv:
         parser.print_help(sys.stderr)
@@ -74,6 +75,12 @@ def command(argv: Sequence[str] | None = None) -> int:
 COMMANDS["classify"] = (
     "transformer.cli.classify",
     "label the texts of a JSON-lines file with a trained classifier",
+)
+# `transformer train` has a new task, and its line of the help says so
+_train_module, _train_help = COMMANDS["train"]
+COMMANDS["train"] = (
+    _train_module,
+    f"{_train_help}; a text classifier (--task classify)",
 )
 
 

@@ -43,8 +43,8 @@ def check_fits_in_memory(name: str, value: int, nbytes: int, what: str) -> None:
     memory = device_memory(torch.get_default_device())
     if memory is not None and nbytes > memory:
         raise ValueError(
-            f"{name}={value:,} is too large: {what} alone would take {nbytes / 2**30:,.1f} GiB, and "
-            f"this machine has {memory / 2**30:,.1f} GiB"
+            f"{name}={value:,} is too large: {what} alone would take "
+            f"{nbytes / 2**30:,.1f} GiB, and this machine has {memory / 2**30:,.1f} GiB"
         )
 
 
@@ -72,7 +72,8 @@ def check_token_batch(
         )
     if max_len is not None and tokens.shape[1] > max_len:
         raise ValueError(
-            f"{name} has {tokens.shape[1]} positions, more than the model's max_len={max_len}"
+            f"{name} has {tokens.shape[1]} positions, more than the model's "
+            f"max_len={max_len}"
         )
     return tokens
 
@@ -165,7 +166,8 @@ def check_token_tensor(name: str, tokens: object) -> Tensor:
         )
     if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
         raise TypeError(
-            f"{name} must hold integer token ids (e.g. torch.long), got dtype {tokens.dtype}"
+            f"{name} must hold integer token ids (e.g. torch.long), got dtype "
+            f"{tokens.dtype}"
         )
     return tokens
 
@@ -187,7 +189,8 @@ def check_dtype(name: str, x: Tensor, dtype: torch.dtype) -> Tensor:
         x.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(x.device.type)
     ):
         raise TypeError(
-            f"{name} must have the dtype of the module's parameters, {dtype}, got {x.dtype}: "
+            f"{name} must have the dtype of the module's parameters, {dtype}, got "
+            f"{x.dtype}: "
             f"convert one to the other, e.g. {name}.to({dtype}) or module.to({x.dtype})"
         )
     return x
@@ -237,7 +240,8 @@ def check_token_ids(
         low, high = tokens.min().item(), tokens.max().item()
         if low < 0 or high >= vocab_size:
             raise ValueError(
-                f"{name} must lie in [0, vocab_size={vocab_size}), got ids from {low} to {high}"
+                f"{name} must lie in [0, vocab_size={vocab_size}), got ids from {low} "
+                f"to {high}"
             )
     return tokens
 
@@ -253,7 +257,8 @@ def check_token_id(name: str, value: object, vocab_size: int) -> int:
     token_id = int(value)
     if not 0 <= token_id < vocab_size:
         raise ValueError(
-            f"{name} must be a token id in the target vocabulary [0, {vocab_size}), got {value}"
+            f"{name} must be a token id in the target vocabulary [0, {vocab_size}), "
+            f"got {value}"
         )
     return token_id
 
@@ -268,8 +273,8 @@ def check_generation(
         for name in ("encode", "decode", "output", "src_embed", "tgt_embed")
     ):
         raise TypeError(
-            f"model must be an encoder-decoder model such as Transformer (with encode and "
-            f"decode), got {type(model).__name__}"
+            "model must be an encoder-decoder model such as Transformer (with encode "
+            f"and decode), got {type(model).__name__}"
             + (
                 "; a decoder-only model generates with sample"
                 if hasattr(model, "new_cache")
@@ -284,7 +289,8 @@ def check_generation(
     max_len = check_positive_int("max_len", max_len)
     if max_len > model.positional_encoding.max_len:
         raise ValueError(
-            f"max_len must be at most the model's max_len={model.positional_encoding.max_len}, got {max_len}"
+            "max_len must be at most the model's "
+            f"max_len={model.positional_encoding.max_len}, got {max_len}"
         )
     vocab_size = model.tgt_embed.vocab_size
     bos_id = check_token_id("bos_id", bos_id, vocab_size)

@@ -55,7 +55,10 @@ def read_lines(
         try:
             lines.append(raw.decode("utf-8"))
         except UnicodeDecodeError as err:
-            where = f"{what}, line {number}: the bytes {raw[err.start : err.end]!r} at byte {err.start + 1} are not UTF-8"
+            where = (
+                f"{what}, line {number}: the bytes {raw[err.start : err.end]!r} "
+                f"at byte {err.start + 1} are not UTF-8"
+            )
             bad.append(where)
             if errors == "replace":
                 lines.append(raw.decode("utf-8", "replace"))
@@ -65,7 +68,8 @@ def read_lines(
         raise ValueError(
             bad[0]
             + (
-                f" ({more} more {'line is' if more == 1 else 'lines are'} not UTF-8 either)"
+                f" ({more} more {'line is' if more == 1 else 'lines are'} not UTF-8 "
+                "either)"
                 if more
                 else ""
             )
@@ -95,7 +99,8 @@ def read_parallel(
         )
         if blank is not None:
             raise ValueError(
-                f"{what}, line {blank}: the line is empty, and every line must hold a sentence"
+                f"{what}, line {blank}: the line is empty, and every line must hold a "
+                "sentence"
             )
         sides.append(lines)
     if len(sides[0]) != len(sides[1]):

@@ -42,8 +42,8 @@ def data_file(name: str = "shakespeare.txt") -> Path:
             )
         return path
     raise FileNotFoundError(
-        f"no book (a folder with _toc.yml) above {Path.cwd()}, so no data/{name}: the data "
-        "is not installed with the package; run from inside a clone of the book's "
+        f"no book (a folder with _toc.yml) above {Path.cwd()}, so no data/{name}: the "
+        "data is not installed with the package; run from inside a clone of the book's "
         "repository, or read a text file of your own"
     )
 

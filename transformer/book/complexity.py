@@ -40,7 +40,8 @@ def self_attention_macs(n: int, d: int, projections: bool = False) -> int:
     n, d = check_positive_int("n", n), check_positive_int("d", d)
     if not isinstance(projections, bool):
         raise TypeError(
-            f"projections must be a bool, got {type(projections).__name__} {projections!r}"
+            f"projections must be a bool, got {type(projections).__name__} "
+            f"{projections!r}"
         )
     return 2 * n * n * d + (4 * n * d * d if projections else 0)
 
@@ -119,7 +120,8 @@ def loglog_slope(sizes: Iterable[float], values: Iterable[float]) -> float:
     sizes, values = [float(s) for s in sizes], [float(v) for v in values]
     if len(sizes) != len(values) or len(sizes) < 2:
         raise ValueError(
-            f"need two or more sizes and as many values, got {len(sizes)} and {len(values)}"
+            f"need two or more sizes and as many values, got {len(sizes)} and "
+            f"{len(values)}"
         )
     if min(sizes) <= 0 or min(values) <= 0:
         raise ValueError(f"sizes and values must be positive, got {sizes} and {values}")
@@ -289,7 +291,8 @@ def banded_attention(query: Tensor, key: Tensor, value: Tensor, radius: int) -> 
             )
     if key.shape != query.shape or value.shape[:-1] != key.shape[:-1]:
         raise ValueError(
-            f"query and key must have the same shape (..., n, d_k) and value (..., n, d_v), "
+            "query and key must have the same shape (..., n, d_k) and value (..., n, "
+            "d_v), "
             f"got {tuple(query.shape)}, {tuple(key.shape)} and {tuple(value.shape)}"
         )
     radius, n = check_non_negative_int("radius", radius), query.shape[-2]

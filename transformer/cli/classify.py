@@ -66,7 +66,8 @@ def read_jsonl_lines(
             raise ValueError(f"{what}, line {number}: not JSON ({error.msg})") from None
         if not isinstance(row, dict) or any(name not in row for name in fields):
             raise ValueError(
-                f"{what}, line {number}: expected a JSON object with fields {list(fields)}, got {line[:60]!r}"
+                f"{what}, line {number}: expected a JSON object with fields "
+                f"{list(fields)}, got {line[:60]!r}"
             )
         for name in fields:
             if (
@@ -77,7 +78,8 @@ def read_jsonl_lines(
                 row[name] = str(row[name])
             if not isinstance(row[name], str):
                 raise ValueError(
-                    f"{what}, line {number}: field {name!r} must be a string, got {row[name]!r:.40}"
+                    f"{what}, line {number}: field {name!r} must be a string, got "
+                    f"{row[name]!r:.40}"
                 )
         rows.append(row)
     return rows
@@ -93,7 +95,8 @@ def read_jsonl(source: str | Path, fields: Sequence[str]) -> list[dict[str, Any]
     rows = [row for row in read_jsonl_lines(source, fields) if row is not None]
     if not rows:
         raise ValueError(
-            f"{'stdin' if str(source) == '-' else source}: no examples (the file is empty)"
+            f"{'stdin' if str(source) == '-' else source}: no examples (the file is "
+            "empty)"
         )
     return rows
 
@@ -204,7 +207,8 @@ def build_train_parser(prog: str) -> argparse.ArgumentParser:
     where (``add_where_options``)."""
     parser = CommandParser(
         prog=f"{prog} --task classify",
-        description='Train a text classifier on JSON lines of {"text", "label"} (- reads stdin).',
+        description='Train a text classifier on JSON lines of {"text", "label"} (- '
+        "reads stdin).",
     )
     parser.add_argument("--task", choices=(TASK,), default=TASK, help="what to learn")
     parser.add_argument(
@@ -219,7 +223,8 @@ def build_train_parser(prog: str) -> argparse.ArgumentParser:
         "--reads",
         choices=("text", "email"),
         default="text",
-        help="text: the text as it is; email: a raw email, of which the model reads subject and body",
+        help="text: the text as it is; email: a raw email, of which the model reads "
+        "subject and body",
     )
     parser.add_argument(
         "--pretrained",
@@ -286,8 +291,8 @@ def load_pretrained(folder: Path) -> tuple[Any, Any]:
     ]
     if missing:
         raise ValueError(
-            f"--pretrained {folder} is not a pre-trained encoder's folder: it has no {' or '.join(missing)} "
-            "(models/spam-mlm is one)"
+            f"--pretrained {folder} is not a pre-trained encoder's folder: it has no "
+            f"{' or '.join(missing)} (models/spam-mlm is one)"
         )
     try:
         return load_mlm(folder)
@@ -354,8 +359,8 @@ def check_train_arguments(
     labels = sorted({row["label"] for row in train})
     if len(labels) < 2 or (unknown := {row["label"] for row in valid} - set(labels)):
         raise ValueError(
-            f"{args.train} has the labels {labels}: a classifier needs two or more, and "
-            f"{args.valid} may use only those"
+            f"{args.train} has the labels {labels}: a classifier needs two or more, "
+            f"and {args.valid} may use only those"
             + (f" (it has {sorted(unknown)})" if len(labels) > 1 else "")
         )
     # the (rows, length) token ids that first_tokens makes
@@ -378,7 +383,8 @@ def check_train_arguments(
         and (Path(args.checkpoint_dir) / "classifier.pt").exists()
     ):
         raise ValueError(
-            f"--checkpoint-dir {args.checkpoint_dir} holds a classifier already (classifier.pt, without "
+            f"--checkpoint-dir {args.checkpoint_dir} holds a classifier already "
+            "(classifier.pt, without "
             "the checkpoint.pt of its run to resume): choose another folder"
         )
     return train, valid, settings, saved
@@ -507,8 +513,8 @@ def train_main(
         args.reads,
     )
     print(
-        f"checkpoint written to {folder / 'classifier.pt'} (and {folder / 'checkpoint.pt'}, the run's state, "
-        "to resume)"
+        f"checkpoint written to {folder / 'classifier.pt'} (and "
+        f"{folder / 'checkpoint.pt'}, the run's state, to resume)"
     )
     return 0
 

@@ -100,20 +100,23 @@ def _parser(prog: str) -> CommandParser:
         "--temperature",
         type=_checked(lambda t: check_number("--temperature", t), "--temperature"),
         default=0.7,
-        help="divides the logits before the softmax (> 0): below 1 sharpens, above 1 flattens",
+        help="divides the logits before the softmax (> 0): below 1 sharpens, above 1 "
+        "flattens",
     )
     parser.add_argument(
         "--top-k",
         type=_top_k,
         default=None,
         metavar="K|none",
-        help="draw among the K most likely tokens only; 1 is greedy decoding (default: none, all)",
+        help="draw among the K most likely tokens only; 1 is greedy decoding (default: "
+        "none, all)",
     )
     parser.add_argument(
         "--top-p",
         type=_checked(lambda p: check_top_p(p, "--top-p"), "--top-p"),
         default=0.9,
-        help="draw from the nucleus, the fewest likeliest tokens of probability >= P, in (0, 1]",
+        help="draw from the nucleus, the fewest likeliest tokens of probability >= P, "
+        "in (0, 1]",
     )
     parser.add_argument(
         "--seed",
@@ -182,7 +185,8 @@ def main(
     cores = os.cpu_count() or 1
     if args.num_threads is not None and args.num_threads > cores:
         parser.error(
-            f"--num-threads {args.num_threads} is more than the {cores} cores of this machine"
+            f"--num-threads {args.num_threads} is more than the {cores} cores of this "
+            "machine"
         )
     try:
         path = smollm2_path() if args.model is None else args.model
@@ -210,8 +214,10 @@ def main(
     # the last token drawn is never read
     if len(ids) + args.max_new_tokens - 1 > context:
         parser.error(
-            f"the prompt is {len(ids)} tokens{' in the chat format' if args.chat else ''}: with "
-            f"--max-new-tokens {args.max_new_tokens} it needs {len(ids) + args.max_new_tokens - 1} "
+            f"the prompt is {len(ids)} "
+            f"tokens{' in the chat format' if args.chat else ''}: with "
+            f"--max-new-tokens {args.max_new_tokens} it needs "
+            f"{len(ids) + args.max_new_tokens - 1} "
             f"positions, more than the model's context of {context}"
         )
     try:

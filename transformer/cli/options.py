@@ -111,7 +111,8 @@ def field_docs(config_class: type) -> dict[str, str]:
             source = textwrap.dedent(inspect.getsource(klass))
         except (OSError, TypeError):
             continue
-        body = ast.parse(source).body[0].body  # type: ignore[attr-defined]  # the class statement
+        # the class statement's body
+        body = ast.parse(source).body[0].body  # type: ignore[attr-defined]
         for node, after in zip(body, body[1:]):
             if (
                 isinstance(node, ast.AnnAssign)
@@ -181,7 +182,9 @@ def add_config_options(
                 "metavar": field.name.upper()
                 + ("|none" if type(None) in typing.get_args(kind) else ""),
             }
-        help_text = f"{docs.get(field.name, '')} (default: {getattr(default, field.name)})".strip()
+        help_text = (
+            f"{docs.get(field.name, '')} (default: {getattr(default, field.name)})"
+        ).strip()
         group.add_argument(
             "--" + field.name.replace("_", "-"),
             dest=field.name,
@@ -276,8 +279,8 @@ def add_where_options(
     where.add_argument(
         "--resume",
         action="store_true",
-        help="continue the run whose checkpoint.pt is in --checkpoint-dir (without it, a folder "
-        "that holds a run is refused)",
+        help="continue the run whose checkpoint.pt is in --checkpoint-dir (without it, "
+        "a folder that holds a run is refused)",
     )
     where.add_argument(
         "--save-every",
@@ -289,8 +292,8 @@ def add_where_options(
         "--device",
         choices=("cpu", "cuda"),
         default="cuda" if torch.cuda.is_available() else "cpu",
-        help="where to train: cpu, or cuda, the GPU (default: cuda when torch finds one, here "
-        f"{'cuda' if torch.cuda.is_available() else 'cpu'})",
+        help="where to train: cpu, or cuda, the GPU (default: cuda when torch finds "
+        f"one, here {'cuda' if torch.cuda.is_available() else 'cpu'})",
     )
     where.add_argument(
         "--progress",
@@ -302,7 +305,8 @@ def add_where_options(
         where.add_argument(
             "--init-method",
             default="env://",
-            help="where the processes meet: env:// under torchrun, or file:///a/shared/file",
+            help="where the processes meet: env:// under torchrun, or "
+            "file:///a/shared/file",
         )
     return where
 
@@ -320,13 +324,14 @@ def check_where(args: argparse.Namespace, config: TrainConfig | dict[str, Any]) 
     for option in ("save_every", "resume"):
         if getattr(args, option) and args.checkpoint_dir is None:
             raise ValueError(
-                f"--{option.replace('_', '-')} needs --checkpoint-dir, the folder of the run"
+                f"--{option.replace('_', '-')} needs --checkpoint-dir, the folder of "
+                "the run"
             )
     # a mistyped folder continues nothing
     if args.resume and not os.path.isdir(args.checkpoint_dir):
         raise ValueError(
-            f"--resume: --checkpoint-dir {args.checkpoint_dir} does not exist, so there is no run to "
-            "continue (leave out --resume to start one)"
+            f"--resume: --checkpoint-dir {args.checkpoint_dir} does not exist, so "
+            "there is no run to continue (leave out --resume to start one)"
         )
     if args.checkpoint_dir is not None:
         _check_checkpoint_dir(args.checkpoint_dir, config, args.resume)
@@ -348,15 +353,17 @@ def _check_checkpoint_dir(
             pass
     except (OSError, ValueError) as err:  # ValueError: a NUL in the path
         raise ValueError(
-            f"--checkpoint-dir {folder} cannot be written: {getattr(err, 'strerror', '') or err}"
+            f"--checkpoint-dir {folder} cannot be written: "
+            f"{getattr(err, 'strerror', '') or err}"
         ) from None
     path = os.path.join(folder, "checkpoint.pt")
     if os.path.exists(path):  # a file, or something else that read_checkpoint names
         checkpoint = read_checkpoint(path)
         if not resume:
             raise ValueError(
-                f"--checkpoint-dir {folder} holds a run already (checkpoint.pt, at step "
-                f"{checkpoint['step']}): pass --resume to continue it, or choose another folder"
+                f"--checkpoint-dir {folder} holds a run already (checkpoint.pt, at "
+                f"step {checkpoint['step']}): pass --resume to continue it, or choose "
+                "another folder"
             )
         check_resume(checkpoint, config, path)
 
@@ -370,7 +377,8 @@ def check_machine(config: TrainConfig, vocab_size: int, device: str) -> None:
         # beyond any machine; the arithmetic below stays in range
         if getattr(config, name) >= 2**31:
             raise ValueError(
-                f"--{name.replace('_', '-')} {getattr(config, name)} is beyond any machine (at most 2**31)"
+                f"--{name.replace('_', '-')} {getattr(config, name)} is beyond any "
+                "machine (at most 2**31)"
             )
     d, layers = config.d_model, config.num_layers
     # an encoder layer (4d² + 2 d d_ff) and a decoder layer (8d² + ...)
@@ -380,9 +388,12 @@ def check_machine(config: TrainConfig, vocab_size: int, device: str) -> None:
     memory = device_memory(device)
     if memory and 16 * parameters > memory:
         raise ValueError(
-            f"the model these settings describe has about {parameters:,} parameters: training it needs "
-            f"{16 * parameters / 2**30:,.1f} GiB or more, and the {device} has {memory / 2**30:,.1f} GiB "
-            f"(--d-model {d}, --d-ff {config.d_ff}, --num-layers {layers}, --max-len {config.max_len})"
+            f"the model these settings describe has about {parameters:,} parameters: "
+            "training it needs "
+            f"{16 * parameters / 2**30:,.1f} GiB or more, and the {device} has "
+            f"{memory / 2**30:,.1f} GiB "
+            f"(--d-model {d}, --d-ff {config.d_ff}, --num-layers {layers}, --max-len "
+            f"{config.max_len})"
         )
     check_threads(config.num_threads)
 
@@ -409,7 +420,8 @@ def where_it_starts(folder: str, steps: int) -> int:
     print(
         f"resuming from {path} at step {step} of {steps}"
         if step < steps
-        else f"resuming from {path}: the run is already complete, step {step} of {steps}"
+        else f"resuming from {path}: the run is already complete, step {step} of "
+        f"{steps}"
     )
     return step
 
@@ -440,7 +452,8 @@ def stopped(
     )
     if isinstance(stop, DivergedError):
         how = (
-            f"resume from it with a lower rate: the same command with --resume and {slower}"
+            "resume from it with a lower rate: the same command with --resume and "
+            f"{slower}"
             if step is not None
             else f"start again with {slower}"
         )

@@ -53,8 +53,10 @@ def build_numbers_parser(
     number words."""
     parser = CommandParser(
         prog=prog,
-        description="Train the Transformer to turn English number words into digits (the task numbers; "
-        f"each of the tasks {', '.join(TRAINERS)} has options of its own: `train TASK --help`).",
+        description="Train the Transformer to turn English number words into digits "
+        "(the task numbers; "
+        f"each of the tasks {', '.join(TRAINERS)} has options of its own: `train TASK "
+        "--help`).",
     )
     task = parser.add_argument_group("task")
     task.add_argument(
@@ -96,7 +98,8 @@ def build_multi30k_parser(
     ``TranslationConfig``, and where."""
     parser = CommandParser(
         prog=f"{prog} --task multi30k",
-        description="Train a Transformer to translate German into English on Multi30k (data/multi30k).",
+        description="Train a Transformer to translate German into English on Multi30k "
+        "(data/multi30k).",
     )
     parser.add_argument(
         "--task", choices=("multi30k",), default="multi30k", help="what to learn"
@@ -130,13 +133,14 @@ def check_numbers_arguments(
     config = config_from_args(args)
     if config.batch_size % world_size:
         raise ValueError(
-            f"--batch-size {config.batch_size} cannot be split evenly over {world_size} processes: "
+            f"--batch-size {config.batch_size} cannot be split evenly over "
+            f"{world_size} processes: "
             f"the global batch must be a multiple of the number of processes"
         )
     if args.train_size + args.valid_size > MAX_NUMBER + 1:
         raise ValueError(
-            f"--train-size {args.train_size} and --valid-size {args.valid_size} add up to more than "
-            f"the {MAX_NUMBER + 1:,} numbers there are"
+            f"--train-size {args.train_size} and --valid-size {args.valid_size} add up "
+            f"to more than the {MAX_NUMBER + 1:,} numbers there are"
         )
     # predict decodes <bos>, six digits, <eos> and one more
     answer = len(str(MAX_NUMBER)) + 3
@@ -148,8 +152,10 @@ def check_numbers_arguments(
         longest = max(train + valid, key=lambda n: len(number_to_words(n).split()))
         raise ValueError(
             f"--max-len {config.max_len} is too short: the longest example, {longest} "
-            f"({number_to_words(longest)!r}), has {len(number_to_words(longest).split())} words, and "
-            f"the answers are decoded with up to {answer} tokens; use --max-len {answer} or more"
+            f"({number_to_words(longest)!r}), has "
+            f"{len(number_to_words(longest).split())} words, and "
+            f"the answers are decoded with up to {answer} tokens; use --max-len "
+            f"{answer} or more"
         )
     check_where(args, config)
     saved = (
@@ -234,14 +240,16 @@ def run_training(args: argparse.Namespace) -> Transformer:
         difference = replica_difference(model) if args.check_replicas else None
         if rank == 0 and difference is not None:
             print(
-                f"{world_size} replicas, largest difference from process 0: {difference}"
+                f"{world_size} replicas, largest difference from process 0: "
+                f"{difference}"
             )
         if rank == 0:
             accuracy = exact_match(
                 model, valid_numbers, source_vocab(), target_vocab(), device=device
             )
             print(
-                f"validation exact match: {accuracy:.1%} of {len(valid_numbers)} numbers"
+                f"validation exact match: {accuracy:.1%} of {len(valid_numbers)} "
+                "numbers"
             )
             short = exact_match_below(
                 model, short_numbers, source_vocab(), target_vocab(), device=device
@@ -254,7 +262,8 @@ def run_training(args: argparse.Namespace) -> Transformer:
             # also when --no-progress has shown nothing else
             if args.checkpoint_dir is not None:
                 print(
-                    f"checkpoint written to {os.path.join(args.checkpoint_dir, 'checkpoint.pt')}"
+                    "checkpoint written to "
+                    f"{os.path.join(args.checkpoint_dir, 'checkpoint.pt')}"
                 )
         return model
     finally:
@@ -342,7 +351,8 @@ def train_translator(
             return stopped(parser.prog, stop, args.checkpoint_dir, config.steps)
         if rank == 0:
             print(
-                f"validation BLEU, greedy, last model: {corpus_scores(translate(model, tokenizer, valid[0]), valid[1])['bleu']:.2f}"
+                "validation BLEU, greedy, last model: "
+                f"{corpus_scores(translate(model, tokenizer, valid[0]), valid[1])['bleu']:.2f}"
             )
             if args.checkpoint_dir is not None:
                 steps = step_files(Path(args.checkpoint_dir))
@@ -359,10 +369,12 @@ def train_translator(
                     "bleu"
                 ]
                 kept = f"{len(steps)} checkpoint" + ("s" if len(steps) > 1 else "")
-                print(f"validation BLEU, greedy, average of the last {kept}: {bleu:.2f}")
                 print(
-                    f"checkpoints written to {args.checkpoint_dir}: checkpoint.pt (to resume), averaged.pt "
-                    "(to translate with)"
+                    f"validation BLEU, greedy, average of the last {kept}: {bleu:.2f}"
+                )
+                print(
+                    f"checkpoints written to {args.checkpoint_dir}: checkpoint.pt (to "
+                    "resume), averaged.pt (to translate with)"
                 )
         return 0
     finally:
@@ -425,9 +437,12 @@ def build_translation_parser(
     ``--task multi30k``."""
     parser = CommandParser(
         prog=f"{prog} --task translation",
-        description="Train a Transformer to translate your own parallel text (any languages): UTF-8 files of one "
-        "sentence a line, line i of --train-tgt translating line i of --train-src; a joint BPE "
-        "vocabulary of --vocab-size tokens is learned on both sides of the training files.",
+        description="Train a Transformer to translate your own parallel text (any "
+        "languages): UTF-8 files of one "
+        "sentence a line, line i of --train-tgt translating line i of --train-src; a "
+        "joint BPE "
+        "vocabulary of --vocab-size tokens is learned on both sides of the training "
+        "files.",
     )
     parser.add_argument(
         "--task", choices=("translation",), default="translation", help="what to learn"
@@ -448,9 +463,9 @@ def build_translation_parser(
 def translation_main(
     argv: Sequence[str] | None = None, prog: str = "python -m transformer.train"
 ) -> int:
-    """``python -m transformer.train --task translation --train-src F --train-tgt F --valid-src F --valid-tgt F``:
-    train a translator on your own parallel text, alone or under torchrun, as
-    ``multi30k_main`` does."""
+    """``python -m transformer.train --task translation``, with ``--train-src F
+    --train-tgt F --valid-src F --valid-tgt F``: train a translator on your own
+    parallel text, alone or under torchrun, as ``multi30k_main`` does."""
     parser = build_translation_parser(prog)
     args = parser.parse_args(argv)
     try:

@@ -35,9 +35,10 @@ def build_parser(
     (``transformer translate``)."""
     parser = CommandParser(
         prog=prog,
-        description="Translate one sentence per line (the book's model: German into English), from stdin (UTF-8) "
-        "to stdout. A line longer than the model takes is cut at sentence ends (then before words), "
-        "and its parts translated and joined.",
+        description="Translate one sentence per line (the book's model: German into "
+        "English), from stdin (UTF-8) "
+        "to stdout. A line longer than the model takes is cut at sentence ends (then "
+        "before words), and its parts translated and joined.",
     )
     parser.add_argument(
         "--checkpoint",
@@ -74,8 +75,8 @@ def build_parser(
         "--device",
         choices=("cpu", "cuda"),
         default="cuda" if torch.cuda.is_available() else "cpu",
-        help="where to translate: cpu, or cuda, the GPU (default: cuda when torch finds one, here "
-        f"{'cuda' if torch.cuda.is_available() else 'cpu'})",
+        help="where to translate: cpu, or cuda, the GPU (default: cuda when torch "
+        f"finds one, here {'cuda' if torch.cuda.is_available() else 'cpu'})",
     )
     parser.add_argument(
         "--int8",
@@ -92,8 +93,8 @@ def build_parser(
         "--errors",
         choices=("strict", "replace"),
         default="strict",
-        help="a line that is not UTF-8: stop, naming it (strict), or translate it with its bad bytes "
-        "replaced by U+FFFD, naming it on stderr (replace)",
+        help="a line that is not UTF-8: stop, naming it (strict), or translate it with "
+        "its bad bytes replaced by U+FFFD, naming it on stderr (replace)",
     )
     return parser
 
@@ -109,7 +110,8 @@ def main(
         parser.error(f"--extra-len must be >= 0, got {args.extra_len}")
     if not 0 <= args.length_penalty < float("inf"):  # nan fails both
         parser.error(
-            f"--length-penalty must be a number >= 0 and finite, got {args.length_penalty}"
+            "--length-penalty must be a number >= 0 and finite, got "
+            f"{args.length_penalty}"
         )
     if args.int8 and args.device != "cpu":
         parser.error(
@@ -122,7 +124,8 @@ def main(
     # torch overflows on 10**12 threads
     if args.threads is not None and args.threads > (os.cpu_count() or 1):
         parser.error(
-            f"--threads {args.threads} is more than the {os.cpu_count() or 1} cores of this machine"
+            f"--threads {args.threads} is more than the {os.cpu_count() or 1} cores of "
+            "this machine"
         )
     try:
         model, tokenizer = load_translator(args.checkpoint, args.device)
@@ -131,8 +134,8 @@ def main(
     # the first step's candidates are the tokens, one hypothesis each
     if args.beam > tokenizer.get_vocab_size():
         parser.error(
-            f"--beam {args.beam} is more than the {tokenizer.get_vocab_size()} tokens of the model's "
-            "vocabulary: a beam keeps at most one hypothesis per token"
+            f"--beam {args.beam} is more than the {tokenizer.get_vocab_size()} tokens "
+            "of the model's vocabulary: a beam keeps at most one hypothesis per token"
         )
     try:
         lines = read_lines(sys.stdin, what="stdin", errors=args.errors)
@@ -165,8 +168,8 @@ def main(
                 written += 1
     except KeyboardInterrupt:
         print(
-            f"{parser.prog}: interrupted (Ctrl-C): the first {written} of {len(lines)} lines were translated "
-            "and written",
+            f"{parser.prog}: interrupted (Ctrl-C): the first {written} of {len(lines)} "
+            "lines were translated and written",
             file=sys.stderr,
         )
         return 130

@@ -40,7 +40,8 @@ def static_cache(model: Transformer, memory: Tensor, capacity: int) -> DecoderCa
             or layer.cross_attn is None
         ):
             raise TypeError(
-                "model must have the paper's attention (MultiHeadAttention, and cross-attention) "
+                "model must have the paper's attention (MultiHeadAttention, and "
+                "cross-attention) "
                 f"in every decoder layer, got {type(layer.self_attn).__name__}"
             )
     cache = DecoderCache(len(layers))

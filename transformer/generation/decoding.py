@@ -226,7 +226,8 @@ def _check_length_penalty(alpha: object) -> float:
     """Return ``alpha`` as a float if it is a finite number >= 0, else raise."""
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
         raise TypeError(
-            f"length_penalty must be a number >= 0, got {type(alpha).__name__} {alpha!r}"
+            f"length_penalty must be a number >= 0, got {type(alpha).__name__} "
+            f"{alpha!r}"
         )
     value = float(alpha)
     # nan fails both; inf would rank the hypotheses by their length alone

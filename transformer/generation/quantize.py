@@ -34,7 +34,8 @@ def quantize_int8(model: _Model) -> _Model:
     places = {(p.device.type, p.dtype) for p in model.parameters()}
     if places - {("cpu", torch.float32)}:
         raise ValueError(
-            "model must be float32 on the CPU, where int8 dynamic quantization runs; got "
+            "model must be float32 on the CPU, where int8 dynamic quantization runs; "
+            "got "
             + ", ".join(sorted(f"{dtype} on {device}" for device, dtype in places))
             + ": call model.float().cpu() first"
         )

@@ -128,7 +128,8 @@ def _check_prompt(
     check_token_tensor("prompt", prompt)
     if prompt.dim() not in (1, 2) or prompt.shape[-1] == 0:
         raise ValueError(
-            f"prompt must have shape (P,) or (B, P) with P >= 1, got {tuple(prompt.shape)}"
+            "prompt must have shape (P,) or (B, P) with P >= 1, got "
+            f"{tuple(prompt.shape)}"
         )
     check_token_ids("prompt", prompt, model.vocab_size, any_device=True)
     # (B, P)
@@ -138,8 +139,8 @@ def _check_prompt(
     longest = prompt.shape[1] + max_new_tokens - 1
     if model.positional_encoding is not None and longest > model.max_len:
         raise ValueError(
-            f"max_new_tokens={max_new_tokens} after a prompt of {prompt.shape[1]} needs "
-            f"{longest} positions, more than the model's max_len={model.max_len}"
+            f"max_new_tokens={max_new_tokens} after a prompt of {prompt.shape[1]} "
+            f"needs {longest} positions, more than the model's max_len={model.max_len}"
         )
     return prompt, max_new_tokens
 

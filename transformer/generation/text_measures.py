@@ -134,7 +134,8 @@ def real_word_rate(words: Sequence[str], known: Collection[str]) -> float:
     training text): how many of a sample's words are real ones.
 
     Example:
-        >>> real_word_rate(["the", "kinge", "is", "dead"], {"the", "king", "is", "dead"})
+        >>> known = {"the", "king", "is", "dead"}
+        >>> real_word_rate(["the", "kinge", "is", "dead"], known)
         0.75
     """
     _check_strings("words", words)

@@ -77,8 +77,8 @@ def _bert_field(config: Mapping[str, Any], field: str, allowed: tuple, why: str)
     value = config.get(field, allowed[0])
     if value not in allowed:
         raise ValueError(
-            f"BertConfig.{field} = {value!r} cannot be represented by TextEncoder ({why}); "
-            f"supported: {', '.join(map(repr, allowed))}"
+            f"BertConfig.{field} = {value!r} cannot be represented by TextEncoder "
+            f"({why}); supported: {', '.join(map(repr, allowed))}"
         )
     return value
 
@@ -143,13 +143,14 @@ def text_encoder_from_bert(
     ]
     if missing or extra:
         raise ValueError(
-            f"not a BertModel's state dict: {len(missing)} tensors missing ({missing[:3]}), "
-            f"{len(extra)} unexpected ({extra[:3]})"
+            f"not a BertModel's state dict: {len(missing)} tensors missing "
+            f"({missing[:3]}), {len(extra)} unexpected ({extra[:3]})"
         )
     for theirs, name in names.items():
         if state_dict[theirs].shape != ours[name].shape:
             raise ValueError(
-                f"{theirs}: the checkpoint's tensor has shape {tuple(state_dict[theirs].shape)}, "
+                f"{theirs}: the checkpoint's tensor has shape "
+                f"{tuple(state_dict[theirs].shape)}, "
                 f"the model's {name} {tuple(ours[name].shape)}"
             )
     # float64 weights stay exact
@@ -174,7 +175,8 @@ def load_bert(folder: str | os.PathLike) -> TextEncoder:
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     if config.get("model_type") != "bert":
         raise ValueError(
-            f"{folder / 'config.json'}: model_type must be 'bert', got {config.get('model_type')!r}"
+            f"{folder / 'config.json'}: model_type must be 'bert', got "
+            f"{config.get('model_type')!r}"
         )
     return text_encoder_from_bert(
         config, load_file(folder / "model.safetensors")
@@ -224,8 +226,8 @@ def load_minilm(folder: str | os.PathLike | None = None) -> tuple[TextEncoder, A
     folder = minilm_folder() if folder is None else Path(folder)
     if file_sha256(folder / "model.safetensors") != MINILM_SHA256:
         raise ValueError(
-            f"{folder / 'model.safetensors'} is not all-MiniLM-L6-v2's (SHA-256 differs from "
-            f"{MINILM_SHA256}): run `make setup` again"
+            f"{folder / 'model.safetensors'} is not all-MiniLM-L6-v2's (SHA-256 "
+            f"differs from {MINILM_SHA256}): run `make setup` again"
         )
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     # to the longest in the batch (the file pads to 128)
@@ -258,13 +260,13 @@ def embed_sentences(
 
 # chapters/sentiment.md: MiniLM, fine-tuned end to end
 class BertClassifier(nn.Module):
-    """A pretrained ``TextEncoder`` with a head that labels a whole text: the mean of its
-    output vectors over the tokens, dropout, a linear layer. Trained as one model, it is
-    BERT fine-tuned end to end, pooled as MiniLM's sentence embeddings are.
+    """A pretrained ``TextEncoder`` with a head that labels a whole text: the mean of
+    its output vectors over the tokens, dropout, a linear layer. Trained as one model,
+    it is BERT fine-tuned end to end, pooled as MiniLM's sentence embeddings are.
 
     Args:
-        encoder: the encoder, e.g. ``load_minilm()[0]``; its weights are the classifier's
-            (trained with the head, not copied).
+        encoder: the encoder, e.g. ``load_minilm()[0]``; its weights are the
+            classifier's (trained with the head, not copied).
         num_classes: number of classes C.
         dropout: the rate on the pooled vector before the head (BERT's 0.1).
         pad_id: the id of padding in the inputs ([PAD], 0 in MiniLM's vocabulary): no
@@ -275,7 +277,7 @@ class BertClassifier(nn.Module):
 
     Example:
         >>> import torch
-        >>> encoder = TextEncoder(vocab_size=100, d_model=8, num_heads=2, d_ff=16, num_layers=1)
+        >>> encoder = TextEncoder(100, d_model=8, num_heads=2, d_ff=16, num_layers=1)
         >>> BertClassifier(encoder, num_classes=2)(torch.tensor([[5, 6, 7, 0]])).shape
         torch.Size([1, 2])
     """
@@ -290,7 +292,8 @@ class BertClassifier(nn.Module):
         super().__init__()
         if not isinstance(encoder, TextEncoder):
             raise TypeError(
-                f"encoder must be a TextEncoder (load_minilm()[0]), got {type(encoder).__name__}"
+                "encoder must be a TextEncoder (load_minilm()[0]), got "
+                f"{type(encoder).__name__}"
             )
         check_positive_int("num_classes", num_classes)
         if (

@@ -47,8 +47,8 @@ def smollm2_path() -> Path:
     )
     if not path.is_file():
         raise FileNotFoundError(
-            f"SmolLM2 is not at {path}: run `make setup` in the book's root (it fetches "
-            "the file once), or pass the path of a copy"
+            f"SmolLM2 is not at {path}: run `make setup` in the book's root (it "
+            "fetches the file once), or pass the path of a copy"
         )
     return path
 
@@ -65,8 +65,8 @@ def read_gguf(
 
     Returns:
         ``(metadata, tensors)``: the key/value fields (``"llama.block_count"``,
-        ``"tokenizer.ggml.tokens"``,
-        ...) as Python values, and the tensors by llama.cpp's names, ``(out, in)`` for a matrix.
+        ``"tokenizer.ggml.tokens"``, ...) as Python values, and the tensors by
+        llama.cpp's names, ``(out, in)`` for a matrix.
 
     Raises:
         ValueError: a file that is not a whole GGUF file, or whose SHA-256 is not
@@ -78,8 +78,8 @@ def read_gguf(
         raise FileNotFoundError(f"path must be a GGUF file, {path} is not a file")
     if sha256 is not None and (actual := file_sha256(path)) != sha256:
         raise ValueError(
-            f"path {path} has SHA-256 {actual}, expected {sha256}: a damaged or altered copy "
-            "(fetch it again with `make setup`)"
+            f"path {path} has SHA-256 {actual}, expected {sha256}: a damaged or "
+            "altered copy (fetch it again with `make setup`)"
         )
     try:
         reader = gguf.GGUFReader(path)
@@ -94,7 +94,8 @@ def read_gguf(
         }
     except (ValueError, IndexError, KeyError, OSError, struct.error) as err:
         raise ValueError(
-            f"path must be a whole GGUF file, {path} is not ({type(err).__name__}: {err})"
+            f"path must be a whole GGUF file, {path} is not ({type(err).__name__}: "
+            f"{err})"
         ) from err
     return metadata, tensors
 
@@ -169,8 +170,9 @@ def llama_from_gguf(
         != d_model // num_heads
     ):
         raise ValueError(
-            f"llama.rope.dimension_count = {metadata['llama.rope.dimension_count']}: rotary "
-            f"positions on part of a head only; LlamaLM rotates all d_k = {d_model // num_heads}"
+            "llama.rope.dimension_count = "
+            f"{metadata['llama.rope.dimension_count']}: rotary positions on part of a "
+            f"head only; LlamaLM rotates all d_k = {d_model // num_heads}"
         )
     model = LlamaLM(
         len(_field(metadata, "tokenizer.ggml.tokens")),
@@ -190,8 +192,8 @@ def llama_from_gguf(
     tied = {"output.weight"} if model.output.weight is model.embed.weight else set()
     if set(missing) - tied or unexpected:
         raise ValueError(
-            f"the GGUF file's tensors do not fill a LlamaLM: missing {sorted(set(missing) - tied)}, "
-            f"unexpected {sorted(unexpected)}"
+            "the GGUF file's tensors do not fill a LlamaLM: missing "
+            f"{sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}"
         )
     if packed:
         pack_linear_layers(model)  # in place
@@ -212,13 +214,15 @@ def gguf_tokenizer(metadata: dict[str, Any]) -> Any:
     tokenizers = importlib.import_module("tokenizers")
     if (kind := metadata.get("tokenizer.ggml.model")) != "gpt2":
         raise ValueError(
-            f"the GGUF file's tokenizer must be byte-level BPE (tokenizer.ggml.model 'gpt2'), got {kind!r}"
+            "the GGUF file's tokenizer must be byte-level BPE (tokenizer.ggml.model "
+            f"'gpt2'), got {kind!r}"
         )
     if (
         pre := metadata.get("tokenizer.ggml.pre", "default")
     ) not in GGUF_PRE_TOKENIZERS:
         raise ValueError(
-            f"tokenizer.ggml.pre must be one of {sorted(GGUF_PRE_TOKENIZERS)}, got {pre!r}"
+            f"tokenizer.ggml.pre must be one of {sorted(GGUF_PRE_TOKENIZERS)}, got "
+            f"{pre!r}"
         )
     tokens = _field(metadata, "tokenizer.ggml.tokens")
     merges = [
@@ -261,7 +265,8 @@ def chat_prompt(messages: list[dict[str, str]], system: str = SMOLLM2_SYSTEM) ->
         isinstance(m, dict) and {"role", "content"} <= m.keys() for m in messages
     ):
         raise TypeError(
-            f"messages must be a list of {{'role': ..., 'content': ...}} dicts, got {messages!r}"
+            f"messages must be a list of {{'role': ..., 'content': ...}} dicts, got "
+            f"{messages!r}"
         )
     if not messages or messages[0]["role"] != "system":
         messages = [{"role": "system", "content": system}, *messages]

@@ -35,7 +35,8 @@ def import_transformers() -> Any:
         return importlib.import_module("transformers")
     except ImportError as err:
         raise ImportError(
-            "transformer.interop needs the `transformers` package (and `sentencepiece` for the "
+            "transformer.interop needs the `transformers` package (and `sentencepiece` "
+            "for the "
             'Marian tokenizers): pip install -e ".[pretrained]"'
         ) from err
 
@@ -160,8 +161,8 @@ def _require(config: Any, field: str, allowed: tuple, why: str) -> Any:
     value = getattr(config, field, None)
     if value not in allowed:
         raise ValueError(
-            f"{type(config).__name__}.{field} = {value!r} cannot be represented by this "
-            f"package ({why}); supported: {', '.join(map(repr, allowed))}"
+            f"{type(config).__name__}.{field} = {value!r} cannot be represented by "
+            f"this package ({why}); supported: {', '.join(map(repr, allowed))}"
         )
     return value
 
@@ -172,8 +173,8 @@ def _require_equal(config: Any, first: str, second: str) -> int:
     a, b = getattr(config, first), getattr(config, second)
     if a != b:
         raise ValueError(
-            f"{type(config).__name__}.{first} = {a!r} and {second} = {b!r} differ; this "
-            f"package's Transformer gives its encoder and decoder the same size"
+            f"{type(config).__name__}.{first} = {a!r} and {second} = {b!r} differ; "
+            f"this package's Transformer gives its encoder and decoder the same size"
         )
     return a
 
@@ -434,13 +435,14 @@ def _llama_model(config: Any) -> LlamaLM:
     }
     if rope.get("rope_type", "default") != "default":
         raise ValueError(
-            f"LlamaConfig.rope_parameters = {rope!r} cannot be represented by this package (the "
-            "book's rotary has no scaling); supported: rope_type 'default'"
+            f"LlamaConfig.rope_parameters = {rope!r} cannot be represented by this "
+            "package (the book's rotary has no scaling); supported: rope_type 'default'"
         )
     if config.head_dim != config.hidden_size // config.num_attention_heads:
         raise ValueError(
-            f"LlamaConfig.head_dim = {config.head_dim} cannot be represented by this package (heads "
-            f"cut d_model into num_heads parts); supported: {config.hidden_size // config.num_attention_heads}"
+            f"LlamaConfig.head_dim = {config.head_dim} cannot be represented by this "
+            "package (heads cut d_model into num_heads parts); supported: "
+            f"{config.hidden_size // config.num_attention_heads}"
         )
     return LlamaLM(
         config.vocab_size,
@@ -529,8 +531,8 @@ def from_huggingface(model: nn.Module) -> nn.Module:
         ours = text_encoder_from_bert(model.config.to_dict(), model.state_dict())
     else:
         raise TypeError(
-            "model must be a transformers MarianMTModel, GPT2LMHeadModel, LlamaForCausalLM or BertModel, "
-            f"got {type(model).__name__}"
+            "model must be a transformers MarianMTModel, GPT2LMHeadModel, "
+            f"LlamaForCausalLM or BertModel, got {type(model).__name__}"
         )
     reference = next(model.parameters())
     return ours.to(device=reference.device, dtype=reference.dtype).train(model.training)
@@ -565,8 +567,8 @@ def load_pretrained(
     }
     if config.model_type not in classes:
         raise ValueError(
-            f"name_or_path must hold a Marian or GPT-2 model (model_type 'marian' or 'gpt2'), "
-            f"got model_type {config.model_type!r}"
+            "name_or_path must hold a Marian or GPT-2 model (model_type 'marian' or "
+            f"'gpt2'), got model_type {config.model_type!r}"
         )
     hf = classes[config.model_type].from_pretrained(name_or_path, **kwargs)
     tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path, **kwargs)

@@ -224,12 +224,14 @@ def to_huggingface(model: Transformer, tokenizer: Any) -> tuple[Any, Any]:
         hasattr(tokenizer, name) for name in ("token_to_id", "get_vocab_size", "to_str")
     ):
         raise TypeError(
-            f"tokenizer must be the model's tokenizers.Tokenizer, got {type(tokenizer).__name__}"
+            "tokenizer must be the model's tokenizers.Tokenizer, got "
+            f"{type(tokenizer).__name__}"
         )
     # generate would index past the embeddings
     if tokenizer.get_vocab_size() != config.vocab_size:
         raise ValueError(
-            f"tokenizer has {tokenizer.get_vocab_size():,} tokens, but the model's vocabulary has "
+            f"tokenizer has {tokenizer.get_vocab_size():,} tokens, but the model's "
+            "vocabulary has "
             f"{config.vocab_size:,}: pass the tokenizer the model was trained with"
         )
     if [tokenizer.token_to_id(token) for token in SPECIAL_TOKENS] != [

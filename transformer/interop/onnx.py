@@ -72,8 +72,9 @@ class DecoderStepGraph(nn.Module):
 
 # chapters/exporting.md: ONNX: the encoder and one decoder step
 class _TorchvisionNotes(logging.Filter):
-    """Drops the exporter's "torchvision is not installed. Skipping torchvision::nms" lines: it looks
-    up torchvision's operators for every graph, and the book's graphs use none of them."""
+    """Drops the exporter's "torchvision is not installed. Skipping torchvision::nms"
+    lines: it looks up torchvision's operators for every graph, and the book's graphs
+    use none of them."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "torchvision is not installed" not in record.getMessage()
@@ -170,7 +171,8 @@ def onnx_sessions(folder: str | os.PathLike) -> tuple[Any, Any]:
     ]
     if missing:
         raise ValueError(
-            f"folder must hold what export_onnx writes; {folder} has no {', '.join(missing)}"
+            f"folder must hold what export_onnx writes; {folder} has no "
+            f"{', '.join(missing)}"
         )
     return tuple(
         ort.InferenceSession(

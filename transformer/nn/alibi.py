@@ -99,4 +99,7 @@ class ALiBiMultiHeadAttention(MultiHeadAttention):
         return weights @ v, (weights if need_weights else None)
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, num_heads={self.num_heads}, slopes={self.slopes.tolist()}"
+        return (
+            f"d_model={self.d_model}, num_heads={self.num_heads}, "
+            f"slopes={self.slopes.tolist()}"
+        )

@@ -155,8 +155,8 @@ def check_attention_mask(
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
         got = f"dtype {mask.dtype}" if isinstance(mask, Tensor) else type(mask).__name__
         raise TypeError(
-            f"{prefix}mask must be a bool tensor (True = may not attend); float or additive masks "
-            f"are not accepted, got {got}"
+            f"{prefix}mask must be a bool tensor (True = may not attend); float or "
+            f"additive masks are not accepted, got {got}"
         )
     expected = tuple(scores_shape)
     try:
@@ -165,8 +165,8 @@ def check_attention_mask(
         fits = False
     if not fits:
         raise ValueError(
-            f"{prefix}mask must broadcast to the attention scores (..., L, S) = {expected}, "
-            f"got shape {tuple(mask.shape)}"
+            f"{prefix}mask must broadcast to the attention scores (..., L, S) = "
+            f"{expected}, got shape {tuple(mask.shape)}"
         )
     return mask
 
@@ -204,7 +204,9 @@ def check_query_key_value(query: Tensor, key: Tensor, value: Tensor) -> tuple[in
         torch.broadcast_shapes(batch, value.shape[:-2])
     except RuntimeError:
         raise ValueError(
-            "query, key and value must have matching (broadcastable) leading dimensions, got "
-            f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
+            "query, key and value must have matching (broadcastable) leading "
+            "dimensions, got "
+            f"query {tuple(query.shape)}, key {tuple(key.shape)}, value "
+            f"{tuple(value.shape)}"
         ) from None
     return (*batch, query.shape[-2], key.shape[-2])

@@ -144,7 +144,8 @@ class KVCache(AttentionCache):
         ``batch_size`` rows."""
         if self._key is not None and self._key.shape[0] != batch_size:
             raise ValueError(
-                f"cache holds a batch of {self._key.shape[0]}, got a batch of {batch_size}"
+                f"cache holds a batch of {self._key.shape[0]}, got a batch of "
+                f"{batch_size}"
             )
 
     def reorder(self, index: Tensor) -> None:

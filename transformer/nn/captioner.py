@@ -64,13 +64,14 @@ class PatchFrontEnd(nn.Module):
     def forward(self, ids: Tensor) -> Tensor:
         if isinstance(ids, Tensor) and ids.is_floating_point():
             raise TypeError(
-                f"src must be an image's grey levels as token ids (pixel_tokens), got a "
+                "src must be an image's grey levels as token ids (pixel_tokens), got a "
                 f"floating-point tensor of shape {tuple(ids.shape)}"
             )
         ids = check_token_batch("src", ids, self.vocab_size)
         if ids.shape[1] != self.image_size**2:
             raise ValueError(
-                f"src must hold {self.image_size}x{self.image_size} = {self.image_size**2} "
+                f"src must hold {self.image_size}x{self.image_size} = "
+                f"{self.image_size**2} "
                 f"pixel tokens per image, got shape {tuple(ids.shape)}"
             )
         # (B, 1, H, W)

@@ -46,16 +46,16 @@ def _check_decoder_inputs(
         for name, value in (("memory", memory), (memory_mask_name, memory_mask)):
             if value is not None:
                 raise ValueError(
-                    f"{name} must be None for a layer built with cross_attention=False, "
-                    f"got a {type(value).__name__}"
+                    f"{name} must be None for a layer built with "
+                    f"cross_attention=False, got a {type(value).__name__}"
                 )
         return
     memory = check_features("memory", memory, d_model)
     S = memory.shape[1]
     if memory.shape[0] != B:
         raise ValueError(
-            f"memory must have the batch size of x, B = {B}, got memory {tuple(memory.shape)} "
-            f"and x {tuple(x.shape)}"
+            f"memory must have the batch size of x, B = {B}, got memory "
+            f"{tuple(memory.shape)} and x {tuple(x.shape)}"
         )
     check_attention_mask(memory_mask, (B, num_heads, T, S), name=memory_mask_name)
 
@@ -96,24 +96,30 @@ class LayerCache(ABC):
 
 # chapters/decoder.md: Always causal
 class DecoderLayer(nn.Module):
-    """One decoder layer: causal self-attention, cross-attention over the memory, feed-forward.
+    """One decoder layer: causal self-attention, cross-attention over the memory,
+    feed-forward.
 
-    Each sublayer is wrapped in Add & Norm. The self-attention is causal (position t attends to
-    positions 0..t only) unless the layer is built with ``causal=False``; ``tgt_mask`` can only add
-    masking. Without cross-attention it is the layer of a decoder-only language model.
+    Each sublayer is wrapped in Add & Norm. The self-attention is causal (position t
+    attends to positions 0..t only) unless the layer is built with ``causal=False``;
+    ``tgt_mask`` can only add masking. Without cross-attention it is the layer of a
+    decoder-only language model.
 
     Args:
         d_model: width of the token vectors, in and out, and of the memory.
-        num_heads: number of attention heads in both attentions; must divide ``d_model``.
+        num_heads: number of attention heads in both attentions; must divide
+            ``d_model``.
         d_ff: hidden width of the feed-forward network.
-        dropout: the paper's P_drop, on each sublayer's output before the residual addition;
-            active in training mode only.
-        cross_attention: False leaves out the cross-attention sublayer (``cross_attn``, ``norm2``
-            and ``dropout2`` are then None) and the layer takes no memory (keyword only).
-        causal: False leaves out the causal mask, for inputs that are a set, not a sequence (DETR's
-            object queries); every position then attends to every other (keyword only).
-        options: the ``LayerOptions``, as for ``EncoderLayer`` (keyword only); ``attention_dropout``
-            applies to both attentions, ``self_attention`` builds the self-attention only.
+        dropout: the paper's P_drop, on each sublayer's output before the residual
+            addition; active in training mode only.
+        cross_attention: False leaves out the cross-attention sublayer (``cross_attn``,
+            ``norm2`` and ``dropout2`` are then None) and the layer takes no memory
+            (keyword only).
+        causal: False leaves out the causal mask, for inputs that are a set, not a
+            sequence (DETR's object queries); every position then attends to every other
+            (keyword only).
+        options: the ``LayerOptions``, as for ``EncoderLayer`` (keyword only);
+            ``attention_dropout`` applies to both attentions, ``self_attention`` builds
+            the self-attention only.
 
     Example:
         >>> import torch
@@ -140,7 +146,8 @@ class DecoderLayer(nn.Module):
         self.causal = check_bool("causal", causal)
         if not callable(options.self_attention):
             raise TypeError(
-                f"self_attention must be callable (a class), got {type(options.self_attention).__name__}"
+                "self_attention must be callable (a class), got "
+                f"{type(options.self_attention).__name__}"
             )
         # MultiHeadAttention checks d_model, num_heads (and that it divides d_model) and
         # its dropout.
@@ -322,17 +329,20 @@ class StackCache(ABC):
 
 # chapters/decoder.md: A stack of layers
 class Decoder(nn.Module):
-    """A stack of ``num_layers`` decoder layers, each feeding the next; all read the same memory.
+    """A stack of ``num_layers`` decoder layers, each feeding the next; all read the
+    same memory.
 
     Args:
         num_layers: number of layers N (6 in the paper).
-        d_model, num_heads, d_ff, dropout, cross_attention, causal, options: as for ``DecoderLayer``;
-            every layer gets the same values (the same ``LayerOptions``) and weights of its own.
+        d_model, num_heads, d_ff, dropout, cross_attention, causal, options: as for
+        ``DecoderLayer``;
+            every layer gets the same values (the same ``LayerOptions``) and weights of
+            its own.
 
     Attributes:
         layers: the ``DecoderLayer``s, an ``nn.ModuleList``, each built fresh.
-        norm: the final normalisation (``options.norm``, a ``LayerNorm`` by default) of a pre-LN stack
-            (``norm_first=True``), else None.
+        norm: the final normalisation (``options.norm``, a ``LayerNorm`` by default) of
+            a pre-LN stack (``norm_first=True``), else None.
 
     Example:
         >>> import torch

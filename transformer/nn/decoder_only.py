@@ -156,8 +156,8 @@ class DecoderOnlyLM(nn.Module):
             end = start + tokens.shape[1]
             if end > self.max_len:
                 raise ValueError(
-                    f"tokens reach position {end - 1}, past the {self.position} positions "
-                    f"0..{self.max_len - 1} (max_len={self.max_len})"
+                    f"tokens reach position {end - 1}, past the {self.position} "
+                    f"positions 0..{self.max_len - 1} (max_len={self.max_len})"
                 )
             x = add_positions(self.positional_encoding, x, start)  # (B, T, d_model)
         h = self.decoder(self.dropout(x), cache=cache)  # (B, T, d_model)

@@ -55,13 +55,15 @@ class TokenEmbedding(nn.Module):
                 padding_idx, numbers.Integral
             ):
                 raise TypeError(
-                    f"padding_idx must be None or an int, got {type(padding_idx).__name__}"
+                    "padding_idx must be None or an int, got "
+                    f"{type(padding_idx).__name__}"
                 )
             # a NumPy integer, say, read from a configuration file
             padding_idx = int(padding_idx)
             if not 0 <= padding_idx < vocab_size:
                 raise ValueError(
-                    f"padding_idx must lie in [0, vocab_size={vocab_size}), got {padding_idx}"
+                    f"padding_idx must lie in [0, vocab_size={vocab_size}), got "
+                    f"{padding_idx}"
                 )
         self.padding_idx = padding_idx
         self.weight = nn.Parameter(torch.empty(vocab_size, d_model))  # E, (V, d_model)
@@ -89,4 +91,7 @@ class TokenEmbedding(nn.Module):
         return x * math.sqrt(self.d_model) if self.scale else x
 
     def extra_repr(self) -> str:
-        return f"vocab_size={self.vocab_size}, d_model={self.d_model}, padding_idx={self.padding_idx}"
+        return (
+            f"vocab_size={self.vocab_size}, d_model={self.d_model}, "
+            f"padding_idx={self.padding_idx}"
+        )

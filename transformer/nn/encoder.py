@@ -26,36 +26,43 @@ from transformer.nn.residual import LayerNorm, add_and_norm
 # chapters/encoder.md: One encoder layer
 @dataclass(frozen=True)
 class LayerOptions:
-    """What a layer does beyond the paper's ``d_model``, ``num_heads``, ``d_ff`` and ``dropout``.
+    """What a layer does beyond the paper's ``d_model``, ``num_heads``, ``d_ff`` and
+    ``dropout``.
 
-    One frozen object that a model hands to its stacks and a stack to every layer, unchanged: a new
-    option is one field, read where it is used. The defaults are the paper's layer.
+    One frozen object that a model hands to its stacks and a stack to every layer,
+    unchanged: a new option is one field, read where it is used. The defaults are the
+    paper's layer.
 
     Attributes:
-        norm_first: False for the paper's post-LN, ``LayerNorm(x + Sublayer(x))``; True for
-            pre-LN, ``x + Sublayer(LayerNorm(x))``.
-        attention_dropout: dropout on the attention weights (not in the paper; 0 by default).
-        activation_dropout: dropout on the feed-forward hidden units (not in the paper; 0 by
-            default). ``nn.TransformerEncoderLayer`` and ``nn.TransformerDecoderLayer`` use
-            ``dropout`` for all three: set both to ``dropout`` for the same layer.
-        activation: the feed-forward network's activation, "relu" (the paper) or another name
-            ``PositionwiseFeedForward`` accepts ("gelu", "gelu_tanh", "silu").
+        norm_first: False for the paper's post-LN, ``LayerNorm(x + Sublayer(x))``; True
+            for pre-LN, ``x + Sublayer(LayerNorm(x))``.
+        attention_dropout: dropout on the attention weights (not in the paper; 0 by
+            default).
+        activation_dropout: dropout on the feed-forward hidden units (not in the paper;
+            0 by default). ``nn.TransformerEncoderLayer`` and
+            ``nn.TransformerDecoderLayer`` use ``dropout`` for all three: set both to
+            ``dropout`` for the same layer.
+        activation: the feed-forward network's activation, "relu" (the paper) or another
+            name ``PositionwiseFeedForward`` accepts ("gelu", "gelu_tanh", "silu").
         self_attention: what builds the self-attention, called as
-            ``self_attention(d_model, num_heads, dropout=attention_dropout)``: ``MultiHeadAttention``, or a
-            subclass that puts positions inside attention.
-        norm: what builds each normalisation, called as ``norm(d_model)``: ``LayerNorm`` (the paper), or
-            another module of the same shapes with a ``weight`` (RMSNorm, in the book's chapter "From the
-            paper's decoder to today's").
-        feed_forward: what builds the feed-forward network, called as ``feed_forward(d_model, d_ff,
-            dropout=activation_dropout, activation=activation)``: ``PositionwiseFeedForward`` (the paper),
-            or a gated network (SwiGLU, same chapter).
-        bias: True (the paper) for biases in the attention's and the feed-forward network's linear maps;
-            False adds ``bias=False`` to the calls of ``self_attention`` and ``feed_forward`` (True adds
-            nothing, so any callable of the arguments above works).
+            ``self_attention(d_model, num_heads, dropout=attention_dropout)``:
+            ``MultiHeadAttention``, or a subclass that puts positions inside attention.
+        norm: what builds each normalisation, called as ``norm(d_model)``: ``LayerNorm``
+            (the paper), or another module of the same shapes with a ``weight``
+            (RMSNorm, in the book's chapter "From the paper's decoder to today's").
+        feed_forward: what builds the feed-forward network, called as
+            ``feed_forward(d_model, d_ff, dropout=..., activation=...)``, with
+            ``activation_dropout`` and ``activation``: ``PositionwiseFeedForward`` (the
+            paper), or a gated network (SwiGLU, same chapter).
+        bias: True (the paper) for biases in the attention's and the feed-forward
+            network's linear maps; False adds ``bias=False`` to the calls of
+            ``self_attention`` and ``feed_forward`` (True adds nothing, so any callable
+            of the arguments above works).
 
-    The modules that ``self_attention``, ``norm`` and ``feed_forward`` build are called by a layer
-    that has checked its input with the keyword ``checked=True`` (``MultiHeadAttention``): a module
-    plugged in takes that keyword, and may skip its own checks.
+    The modules that ``self_attention``, ``norm`` and ``feed_forward`` build are called
+    by a layer that has checked its input with the keyword ``checked=True``
+    (``MultiHeadAttention``): a module plugged in takes that keyword, and may skip its
+    own checks.
 
     Example:
         >>> LayerOptions(norm_first=True).activation
@@ -87,16 +94,18 @@ def check_layer_options(options: object) -> LayerOptions:
 
 # chapters/encoder.md: One encoder layer
 class EncoderLayer(nn.Module):
-    """One encoder layer: self-attention, then a feed-forward network, each wrapped in Add & Norm.
+    """One encoder layer: self-attention, then a feed-forward network, each wrapped in
+    Add & Norm.
 
     Args:
         d_model: width of the token vectors, in and out.
         num_heads: number of attention heads; must divide ``d_model``.
         d_ff: hidden width of the feed-forward network.
-        dropout: the paper's P_drop, on each sublayer's output before the residual addition;
-            active in training mode only.
-        options: the ``LayerOptions`` beyond the paper (keyword only): ``norm_first``, the
-            attention and activation dropouts, the ``activation`` and the ``self_attention``.
+        dropout: the paper's P_drop, on each sublayer's output before the residual
+            addition; active in training mode only.
+        options: the ``LayerOptions`` beyond the paper (keyword only): ``norm_first``,
+            the attention and activation dropouts, the ``activation`` and the
+            ``self_attention``.
 
     Example:
         >>> import torch
@@ -119,7 +128,8 @@ class EncoderLayer(nn.Module):
         check_bool("norm_first", options.norm_first)
         if not callable(options.self_attention):
             raise TypeError(
-                f"self_attention must be callable (a class), got {type(options.self_attention).__name__}"
+                "self_attention must be callable (a class), got "
+                f"{type(options.self_attention).__name__}"
             )
         # MultiHeadAttention checks d_model, num_heads (and that it divides d_model) and
         # its dropout.
@@ -198,14 +208,15 @@ class Encoder(nn.Module):
 
     Args:
         num_layers: number of layers N (6 in the paper).
-        d_model, num_heads, d_ff, dropout: as for ``EncoderLayer``; every layer gets the same values
+        d_model, num_heads, d_ff, dropout: as for ``EncoderLayer``; every layer gets the
+        same values
             and weights of its own.
         options: the ``LayerOptions`` (keyword only), handed unchanged to every layer.
 
     Attributes:
         layers: the ``EncoderLayer``s, an ``nn.ModuleList``, each built fresh.
-        norm: the final normalisation (``options.norm``, a ``LayerNorm`` by default) of a pre-LN stack
-            (``norm_first=True``), else None.
+        norm: the final normalisation (``options.norm``, a ``LayerNorm`` by default) of
+            a pre-LN stack (``norm_first=True``), else None.
 
     Example:
         >>> import torch

@@ -107,8 +107,8 @@ class SequenceClassifier(nn.Module):
         length = tokens.shape[1] + (self.cls_token is not None)
         if length > self.max_len:
             raise ValueError(
-                f"tokens has {tokens.shape[1]} positions, {length} with the class token, "
-                f"more than max_len={self.max_len}"
+                f"tokens has {tokens.shape[1]} positions, {length} with the class "
+                f"token, more than max_len={self.max_len}"
             )
         x = self.embed(tokens)  # (B, S) -> (B, S, d_model)
         mask = padding_mask(tokens, self.pad_id)  # (B, 1, 1, S)

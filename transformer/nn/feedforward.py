@@ -37,7 +37,8 @@ def _check_activation(activation: object) -> str:
     argument."""
     if not isinstance(activation, str):
         raise TypeError(
-            f"activation must be a str, one of {sorted(_ACTIVATIONS)}, got {type(activation).__name__}"
+            f"activation must be a str, one of {sorted(_ACTIVATIONS)}, got "
+            f"{type(activation).__name__}"
         )
     if activation not in _ACTIVATIONS:
         raise ValueError(
@@ -57,17 +58,20 @@ def activation_function(activation: object) -> Callable[[Tensor], Tensor]:
 class PositionwiseFeedForward(nn.Module):
     """The position-wise feed-forward network, FFN(x) = max(0, x W_1 + b_1) W_2 + b_2.
 
-    The same two linear maps, with a ReLU between them, transform every position on its own.
+    The same two linear maps, with a ReLU between them, transform every position on its
+    own.
 
     Args:
         d_model: width of the input and of the output (512 in the paper).
         d_ff: width of the hidden layer (2048 in the paper).
-        dropout: dropout probability on the hidden activations, in training mode only. The paper
-            has none there (0.0); ``nn.TransformerEncoderLayer`` applies its dropout there.
+        dropout: dropout probability on the hidden activations, in training mode only.
+            The paper has none there (0.0); ``nn.TransformerEncoderLayer`` applies its
+            dropout there.
         activation: the function between the two maps: "relu" (the paper), "gelu",
-            "gelu_tanh" (GPT-2's tanh approximation of the GELU), "silu" or its other name "swish".
-        bias: whether the two maps have the biases b_1 and b_2 (the paper's do; many later models'
-            do not).
+            "gelu_tanh" (GPT-2's tanh approximation of the GELU), "silu" or its other
+            name "swish".
+        bias: whether the two maps have the biases b_1 and b_2 (the paper's do; many
+            later models' do not).
 
     Example:
         >>> import torch

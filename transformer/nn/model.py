@@ -91,7 +91,7 @@ class Transformer(nn.Module):
             share_embeddings and not isinstance(src_embed, TokenEmbedding)
         ):
             raise TypeError(
-                f"src_embed must be an nn.Module, and a TokenEmbedding to share it, got "
+                "src_embed must be an nn.Module, and a TokenEmbedding to share it, got "
                 f"{type(src_embed).__name__} with share_embeddings={share_embeddings}"
             )
         self.d_model = d_model
@@ -163,8 +163,8 @@ class Transformer(nn.Module):
         check_features("memory", memory, self.d_model)
         if memory.shape[0] != tgt.shape[0]:
             raise ValueError(
-                f"memory and tgt must have the same batch size, got memory {tuple(memory.shape)} "
-                f"and tgt {tuple(tgt.shape)}"
+                "memory and tgt must have the same batch size, got memory "
+                f"{tuple(memory.shape)} and tgt {tuple(tgt.shape)}"
             )
         y = self.tgt_embed(tgt)  # (B, T) -> (B, T, d_model)
         y = (
@@ -213,8 +213,8 @@ class Transformer(nn.Module):
         # other errors: in encode and decode
         if both_batches and src.shape[0] != tgt.shape[0]:
             raise ValueError(
-                f"src and tgt must have the same batch size, got src {tuple(src.shape)} "
-                f"and tgt {tuple(tgt.shape)}"
+                "src and tgt must have the same batch size, got src "
+                f"{tuple(src.shape)} and tgt {tuple(tgt.shape)}"
             )
         memory = self.encode(src, src_mask)  # (B, S, d_model)
         return self.output(self.decode(tgt, memory, src_mask, tgt_mask))  # (B, T, V)

@@ -29,10 +29,11 @@ from transformer.nn.relative import RotaryMultiHeadAttention, rotary_angles, rot
 
 # chapters/modern_decoder.md: RMSNorm
 class RMSNorm(nn.Module):
-    """Root-mean-square normalisation over the last dimension, g * x / sqrt(mean(x^2) + eps).
+    """Root-mean-square normalisation over the last dimension, g * x / sqrt(mean(x^2) +
+    eps).
 
-    LayerNorm without the centring and without the bias (Zhang and Sennrich 2019); the ``weight``
-    (the gain g) and ``eps`` are those of ``nn.RMSNorm(d_model, eps)``.
+    LayerNorm without the centring and without the bias (Zhang and Sennrich 2019); the
+    ``weight`` (the gain g) and ``eps`` are those of ``nn.RMSNorm(d_model, eps)``.
 
     Args:
         d_model: the width of the last dimension, normalised as one vector per position.
@@ -65,15 +66,19 @@ class RMSNorm(nn.Module):
 
 # chapters/modern_decoder.md: The gated feed-forward network: SwiGLU
 class GatedFeedForward(nn.Module):
-    """The gated feed-forward network, FFN(x) = (act(x W) * x V) W_2 (Shazeer 2020); SwiGLU with "silu".
+    """The gated feed-forward network, FFN(x) = (act(x W) * x V) W_2 (Shazeer 2020);
+    SwiGLU with "silu".
 
-    Called as ``PositionwiseFeedForward`` is (``LayerOptions.feed_forward``), with the same activations.
+    Called as ``PositionwiseFeedForward`` is (``LayerOptions.feed_forward``), with the
+    same activations.
 
     Args:
         d_model: width of the input and of the output.
         d_ff: width of the hidden layer, of both ``x W`` and ``x V``.
-        dropout: dropout probability on the hidden units (after the gating), in training mode only.
-        activation: the function on ``x W``: "silu" (SwiGLU), "gelu" (GEGLU), "relu" (ReGLU), ...
+        dropout: dropout probability on the hidden units (after the gating), in training
+            mode only.
+        activation: the function on ``x W``: "silu" (SwiGLU), "gelu" (GEGLU), "relu"
+            (ReGLU), ...
         bias: whether the three maps have biases (the paper's variants do not).
 
     Example:
@@ -151,7 +156,8 @@ class GroupedQueryAttention(MultiHeadAttention):
         )
         if num_heads % self.num_kv_heads != 0:
             raise ValueError(
-                f"num_kv_heads must divide num_heads={num_heads}, got {self.num_kv_heads}"
+                f"num_kv_heads must divide num_heads={num_heads}, got "
+                f"{self.num_kv_heads}"
             )
         # W^K, (g * d_k, d_model)
         self.w_k = nn.Linear(d_model, self.num_kv_heads * self.d_k, bias=bias)
@@ -414,7 +420,7 @@ class LlamaLM(DecoderOnlyLM):
         end = (0 if cache is None else int(cache.length)) + tokens.shape[1]
         if end > self.context_length:
             raise ValueError(
-                f"tokens reach position {end - 1}, past the model's context of {self.context_length} "
-                f"positions (0..{self.context_length - 1})"
+                f"tokens reach position {end - 1}, past the model's context of "
+                f"{self.context_length} positions (0..{self.context_length - 1})"
             )
         return super().forward(tokens, cache=cache, last=last)

@@ -103,13 +103,13 @@ def _check_inputs(
         check_features(name, x, d_model, ndim=3)
     if key.shape[0] != query.shape[0]:
         raise ValueError(
-            f"query and key must have the same batch size, got query {tuple(query.shape)} "
-            f"and key {tuple(key.shape)}"
+            "query and key must have the same batch size, got query "
+            f"{tuple(query.shape)} and key {tuple(key.shape)}"
         )
     if value.shape[:2] != key.shape[:2]:
         raise ValueError(
-            f"value must have the batch size and length of key, (B, S) = {tuple(key.shape[:2])}, "
-            f"got value {tuple(value.shape)}"
+            "value must have the batch size and length of key, (B, S) = "
+            f"{tuple(key.shape[:2])}, got value {tuple(value.shape)}"
         )
 
 
@@ -119,9 +119,12 @@ class MultiHeadAttention(nn.Module):
 
     Args:
         d_model: width of the inputs and of the output.
-        num_heads: number of heads h; each head is d_k = d_v = d_model // num_heads wide.
-        dropout: dropout probability on the attention weights, applied in training mode only.
-        bias: whether the projections w_q, w_k, w_v and w_o have biases (the paper's do not).
+        num_heads: number of heads h; each head is d_k = d_v = d_model // num_heads
+            wide.
+        dropout: dropout probability on the attention weights, applied in training mode
+            only.
+        bias: whether the projections w_q, w_k, w_v and w_o have biases (the paper's do
+            not).
 
     Example:
         >>> import torch
@@ -139,7 +142,8 @@ class MultiHeadAttention(nn.Module):
         check_positive_int("num_heads", num_heads)
         if d_model % num_heads != 0:
             raise ValueError(
-                f"d_model must be divisible by num_heads, got d_model={d_model} and num_heads={num_heads}"
+                f"d_model must be divisible by num_heads, got d_model={d_model} and "
+                f"num_heads={num_heads}"
             )
         self.d_model, self.num_heads, self.d_k = (
             d_model,

@@ -148,7 +148,10 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
         return heads, (weights if need_weights else None)
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, num_heads={self.num_heads}, max_distance={self.max_distance}"
+        return (
+            f"d_model={self.d_model}, num_heads={self.num_heads}, "
+            f"max_distance={self.max_distance}"
+        )
 
 
 # chapters/positions_compared.md: Rotary position embeddings
@@ -264,8 +267,9 @@ class RotaryMultiHeadAttention(MultiHeadAttention):
         super().__init__(d_model, num_heads, dropout=dropout, bias=bias)
         if self.d_k % 2 != 0:
             raise ValueError(
-                f"d_k = d_model // num_heads must be even for rotary embeddings (feature "
-                f"pairs), got d_k={self.d_k} from d_model={d_model}, num_heads={num_heads}"
+                "d_k = d_model // num_heads must be even for rotary embeddings "
+                f"(feature pairs), got d_k={self.d_k} from d_model={d_model}, "
+                f"num_heads={num_heads}"
             )
         self.base = _check_base(base)
 

@@ -35,14 +35,17 @@ def _check_eps(eps: object) -> float:
 
 
 class LayerNorm(nn.Module):
-    """Layer normalisation over the last dimension, g * (x - mean) / sqrt(var + eps) + b.
+    """Layer normalisation over the last dimension, g * (x - mean) / sqrt(var + eps) +
+    b.
 
-    The variance is the biased one (divided by d_model), as in ``nn.LayerNorm(d_model, eps)``,
-    whose parameters and ``state_dict`` keys (``weight`` = g, ``bias`` = b) this module shares.
+    The variance is the biased one (divided by d_model), as in
+    ``nn.LayerNorm(d_model, eps)``, whose parameters and ``state_dict`` keys (``weight``
+    = g, ``bias`` = b) this module shares.
 
     Args:
         d_model: the width of the last dimension, normalised as one vector per position.
-        eps: added to the variance before the square root, so that a constant vector stays finite.
+        eps: added to the variance before the square root, so that a constant vector
+            stays finite.
 
     Example:
         >>> import torch
@@ -95,7 +98,8 @@ def _check_sublayer_output(output: object, x: Tensor, checked: bool = False) -> 
         )
     if output.shape != x.shape:
         raise ValueError(
-            f"sublayer output must have the shape of x, {tuple(x.shape)}, got {tuple(output.shape)}"
+            f"sublayer output must have the shape of x, {tuple(x.shape)}, got "
+            f"{tuple(output.shape)}"
         )
     return output
 

@@ -23,30 +23,36 @@ from transformer.nn.residual import LayerNorm
 
 # chapters/pretrained_encoder.md: BERT is the book's encoder with another front
 class TextEncoder(nn.Module):
-    """An encoder-only model that returns one vector per token: BERT's layout from the book's parts.
+    """An encoder-only model that returns one vector per token: BERT's layout from the
+    book's parts.
 
-    Unscaled token embeddings plus learned positions (plus token-type embeddings), an optional
-    LayerNorm, dropout, then the book's ``Encoder`` in post-LN order.
+    Unscaled token embeddings plus learned positions (plus token-type embeddings), an
+    optional LayerNorm, dropout, then the book's ``Encoder`` in post-LN order.
 
     Args:
         vocab_size: number of token ids V.
-        d_model, num_heads, d_ff, num_layers, dropout: as for ``Encoder``; the arguments after
+        d_model, num_heads, d_ff, num_layers, dropout: as for ``Encoder``; the arguments
+        after
             ``num_layers`` are keyword only.
-        max_len: number of positions with a learned vector (BERT's ``max_position_embeddings``).
+        max_len: number of positions with a learned vector (BERT's
+            ``max_position_embeddings``).
         pad_id: the padding id, whose embedding receives no gradient.
-        num_token_types: rows of the token-type (segment) table, BERT's ``type_vocab_size``; 0 for none.
-        embedding_norm: a LayerNorm on the summed embeddings, before the first layer (BERT has one).
+        num_token_types: rows of the token-type (segment) table, BERT's
+            ``type_vocab_size``; 0 for none.
+        embedding_norm: a LayerNorm on the summed embeddings, before the first layer
+            (BERT has one).
         norm_eps: the epsilon of every LayerNorm (BERT's ``layer_norm_eps``, 1e-12).
-        options: the ``LayerOptions`` of every layer: BERT's by default, post-LN, GELU and dropout
-            0.1 on the attention weights (``attention_probs_dropout_prob``).
+        options: the ``LayerOptions`` of every layer: BERT's by default, post-LN, GELU
+            and dropout 0.1 on the attention weights (``attention_probs_dropout_prob``).
 
     Shape:
         input_ids (B, S) -> hidden states (B, S, d_model).
 
     Example:
         >>> import torch
-        >>> model = TextEncoder(vocab_size=100, d_model=8, num_heads=2, d_ff=16, num_layers=1)
-        >>> model(torch.tensor([[5, 6, 7, 0]]), attention_mask=torch.tensor([[1, 1, 1, 0]])).shape
+        >>> model = TextEncoder(100, d_model=8, num_heads=2, d_ff=16, num_layers=1)
+        >>> ids, keep = torch.tensor([[5, 6, 7, 0]]), torch.tensor([[1, 1, 1, 0]])
+        >>> model(ids, attention_mask=keep).shape
         torch.Size([1, 4, 8])
     """
 
@@ -129,7 +135,8 @@ class TextEncoder(nn.Module):
         ``token_type_ids`` is None)."""
         if self.token_type_embed is None:
             raise ValueError(
-                "token_type_ids given, but the model has no token types (num_token_types=0)"
+                "token_type_ids given, but the model has no token types "
+                "(num_token_types=0)"
             )
         types = (
             torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
@@ -137,8 +144,8 @@ class TextEncoder(nn.Module):
         types = check_token_ids("token_type_ids", types, self.num_token_types)
         if types.shape != input_ids.shape:
             raise ValueError(
-                f"token_type_ids must have the shape of input_ids, {tuple(input_ids.shape)}, "
-                f"got {tuple(types.shape)}"
+                "token_type_ids must have the shape of input_ids, "
+                f"{tuple(input_ids.shape)}, got {tuple(types.shape)}"
             )
         return self.token_type_embed(types)  # (B, S) -> (B, S, d_model)
 
@@ -152,7 +159,7 @@ class TextEncoder(nn.Module):
             return None
         if attention_mask.shape != input_ids.shape:
             raise ValueError(
-                f"attention_mask must have the shape of input_ids, {tuple(input_ids.shape)}, "
-                f"got {tuple(attention_mask.shape)}"
+                "attention_mask must have the shape of input_ids, "
+                f"{tuple(input_ids.shape)}, got {tuple(attention_mask.shape)}"
             )
         return (attention_mask == 0)[:, None, None, :]  # (B, S) -> (B, 1, 1, S)

@@ -47,7 +47,8 @@ def patches(images: Tensor, patch_size: int) -> Tensor:
     if H % patch_size or W % patch_size:
         raise ValueError(
             f"images of {H}x{W} pixels cannot be cut into patches of "
-            f"{patch_size}x{patch_size}: patch_size must divide the height and the width"
+            f"{patch_size}x{patch_size}: patch_size must divide the height and the "
+            "width"
         )
     # (B, C, H/P, W/P, P, P)
     grid = images.unfold(2, patch_size, patch_size).unfold(3, patch_size, patch_size)
@@ -108,8 +109,8 @@ class PatchEmbedding(nn.Module):
         expected = (self.in_channels, self.image_size, self.image_size)
         if images.dim() != 4 or tuple(images.shape[1:]) != expected:
             raise ValueError(
-                f"images must have shape (B, {', '.join(map(str, expected))}) = (B, C, H, W), "
-                f"got {tuple(images.shape)}"
+                f"images must have shape (B, {', '.join(map(str, expected))}) = (B, C, "
+                f"H, W), got {tuple(images.shape)}"
             )
         if not images.is_floating_point():
             raise TypeError(
@@ -137,7 +138,8 @@ def sinusoidal_encoding_2d(
     check_positive_int("d_model", d_model)
     if d_model % 4:
         raise ValueError(
-            f"d_model must be a multiple of 4 for 2-D sinusoidal positions, got {d_model}"
+            "d_model must be a multiple of 4 for 2-D sinusoidal positions, got "
+            f"{d_model}"
         )
     table = sinusoidal_encoding(grid_size, d_model // 2, base)  # (grid, d_model / 2)
     # (grid * grid, d/2): row r for patches r*g .. r*g + g-1
@@ -234,9 +236,11 @@ class GridRelativeMultiHeadAttention(RelativeMultiHeadAttention):
         size = self.num_prefix + self.grid_size**2
         if query_len != size or key_len != size or query_start != 0:
             raise ValueError(
-                f"GridRelativeMultiHeadAttention attends over the {self.num_prefix} prefix "
-                f"token(s) and {self.grid_size}x{self.grid_size} patches, {size} positions, "
-                f"got {query_len} queries and {key_len} keys (query_start={query_start})"
+                f"GridRelativeMultiHeadAttention attends over the {self.num_prefix} "
+                "prefix "
+                f"token(s) and {self.grid_size}x{self.grid_size} patches, {size} "
+                f"positions, got {query_len} queries and {key_len} keys "
+                f"(query_start={query_start})"
             )
         return grid_relations(
             self.grid_size, self.max_distance, self.num_prefix, device=device
@@ -284,7 +288,8 @@ class VisionTransformer(nn.Module):
         super().__init__()
         if positions not in ("learned", "sinusoidal", "relative", "none"):
             raise ValueError(
-                f"positions must be 'learned', 'sinusoidal', 'relative' or 'none', got {positions!r}"
+                "positions must be 'learned', 'sinusoidal', 'relative' or 'none', got "
+                f"{positions!r}"
             )
         check_positive_int("num_classes", num_classes)
         self.patch_embed = PatchEmbedding(image_size, patch_size, in_channels, d_model)
@@ -297,7 +302,8 @@ class VisionTransformer(nn.Module):
         )
         if positions == "sinusoidal" and d_model % 4:
             raise ValueError(
-                f"d_model must be a multiple of 4 for 2-D sinusoidal positions, got {d_model}"
+                "d_model must be a multiple of 4 for 2-D sinusoidal positions, got "
+                f"{d_model}"
             )
         # the 2-D relative attention in every layer, or the encoder's own
         # MultiHeadAttention

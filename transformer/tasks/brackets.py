@@ -163,9 +163,11 @@ def bracket_dataset(
                 n = rng.randrange(math.ceil(min_len / 2), max_len // 2 + 1)
         else:
             raise ValueError(
-                f"no {'new ' if distinct else ''}{'balanced' if label else 'near-miss'} sequence of "
-                f"length {2 * n} found in the {split!r} split; raise min_len={min_len} or change "
-                "test_fraction"
+                "no "
+                f"{'new ' if distinct else ''}{'balanced' if label else 'near-miss'} "
+                "sequence of "
+                f"length {2 * n} found in the {split!r} split; raise min_len={min_len} "
+                "or change test_fraction"
             )
         seen.add(text)
         rows.append(encode_brackets(text, max_len))

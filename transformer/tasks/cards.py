@@ -18,10 +18,12 @@ from transformer.training.checkpoint import read_checkpoint
 
 # chapters/long_runs.md: A card for a model that is shared
 MULTI30K_TERMS = (
-    "Multi30k (task 1) is distributed under the same terms as Flickr30K: the captions are for research "
-    "and non-commercial educational use. Cite: D. Elliott, S. Frank, K. Sima'an and L. Specia (2016). "
-    "Multi30K: Multilingual English-German Image Descriptions. Proceedings of the 5th Workshop on "
-    "Vision and Language, pages 70–74."
+    "Multi30k (task 1) is distributed under the same terms as Flickr30K: the captions "
+    "are for research "
+    "and non-commercial educational use. Cite: D. Elliott, S. Frank, K. Sima'an and L. "
+    "Specia (2016). "
+    "Multi30K: Multilingual English-German Image Descriptions. Proceedings of the 5th "
+    "Workshop on Vision and Language, pages 70–74."
 )
 
 
@@ -41,7 +43,8 @@ def model_card(checkpoint: str | os.PathLike, folder_name: str = "FOLDER") -> st
         record.read_text(encoding="utf-8").strip()
         if record.is_file()
         else (
-            "# A Transformer translator\n\nHow it was made, its figures and its terms are not recorded beside the "
+            "# A Transformer translator\n\nHow it was made, its figures and its terms "
+            "are not recorded beside the "
             "checkpoint: the model is derived from its training data, on their terms."
         )
     )
@@ -59,7 +62,8 @@ def model_card(checkpoint: str | os.PathLike, folder_name: str = "FOLDER") -> st
             "## This folder",
             "",
             f"Written by `transformer export huggingface` from `{path.name}` "
-            f"(SHA-256 `{hashlib.sha256(path.read_bytes()).hexdigest()}`), step {saved['step']}"
+            f"(SHA-256 `{hashlib.sha256(path.read_bytes()).hexdigest()}`), step "
+            f"{saved['step']}"
             + (f", the average of steps {', '.join(map(str, steps))}" if steps else "")
             + f"; {settings}.",
             *(
@@ -75,8 +79,10 @@ def model_card(checkpoint: str | os.PathLike, folder_name: str = "FOLDER") -> st
             "",
             f'tokenizer = AutoTokenizer.from_pretrained("{folder_name}")',
             f'model = MarianMTModel.from_pretrained("{folder_name}")',
-            'batch = tokenizer(["Ein Hund läuft über die Wiese."], return_tensors="pt", padding=True)',
-            "print(tokenizer.batch_decode(model.generate(**batch, num_beams=4), skip_special_tokens=True))",
+            'batch = tokenizer(["Ein Hund läuft über die Wiese."], '
+            'return_tensors="pt", padding=True)',
+            "print(tokenizer.batch_decode(model.generate(**batch, num_beams=4), "
+            "skip_special_tokens=True))",
             "```",
             "",
         ]

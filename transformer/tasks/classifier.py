@@ -64,8 +64,10 @@ def _check_examples(inputs: Any, labels: Any, pad_id: int | None = None) -> None
     if not inputs.is_floating_point() or pad_id is not None:
         if inputs.is_floating_point():
             raise TypeError(
-                f"inputs must hold integer token ids when pad_id is set (pad_id={pad_id}), got "
-                f"dtype {inputs.dtype}; for images or other float inputs pass pad_id=None"
+                "inputs must hold integer token ids when pad_id is set "
+                f"(pad_id={pad_id}), got "
+                f"dtype {inputs.dtype}; for images or other float inputs pass "
+                "pad_id=None"
             )
         check_token_tensor("inputs", inputs)
     if (
@@ -84,8 +86,8 @@ def _check_examples(inputs: Any, labels: Any, pad_id: int | None = None) -> None
     if not rows_ok or labels.shape != inputs.shape[:1]:
         expected = "(M, ...)" if inputs.is_floating_point() else "(M, S) of token ids"
         raise ValueError(
-            f"inputs must have shape {expected} and labels (M,), got {tuple(inputs.shape)} "
-            f"and {tuple(labels.shape)}"
+            f"inputs must have shape {expected} and labels (M,), got "
+            f"{tuple(inputs.shape)} and {tuple(labels.shape)}"
         )
 
 
@@ -275,7 +277,8 @@ def _check_training_args(
     # last: with few examples, the default batch would hide every other check
     if batch_size > len(inputs):
         raise ValueError(
-            f"batch_size must be at most the number of examples, {len(inputs)}, got {batch_size}"
+            f"batch_size must be at most the number of examples, {len(inputs)}, got "
+            f"{batch_size}"
         )
 
 
@@ -290,5 +293,6 @@ def _check_labels(model: nn.Module, inputs: Tensor, labels: Tensor) -> None:
         classes = model(inputs[:1].to(next(model.parameters()).device)).shape[-1]
     if len(labels) and int(labels.max()) >= classes:
         raise ValueError(
-            f"labels must be class ids below the model's {classes} classes, got {int(labels.max())}"
+            f"labels must be class ids below the model's {classes} classes, got "
+            f"{int(labels.max())}"
         )

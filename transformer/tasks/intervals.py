@@ -20,13 +20,14 @@ from transformer.checks import check_positive_int, check_tensor
 def bootstrap_interval(
     correct: Tensor, level: float = 0.95, samples: int = 2000, seed: int = 0
 ) -> tuple[float, float]:
-    """The percentile bootstrap interval of the mean of ``correct``: how far an accuracy could move
-    on another test set of the same size.
+    """The percentile bootstrap interval of the mean of ``correct``: how far an accuracy
+    could move on another test set of the same size.
 
     Args:
-        correct: ``(n,)``, True (or 1) where a prediction is right, False (or 0) where it is wrong.
-        level: the share of the resampled means the interval holds (0.95: from the 2.5th percentile
-            to the 97.5th).
+        correct: ``(n,)``, True (or 1) where a prediction is right, False (or 0) where
+            it is wrong.
+        level: the share of the resampled means the interval holds (0.95: from the 2.5th
+            percentile to the 97.5th).
         samples: the number B of resamples of n items, drawn with replacement.
         seed: fixes the draws (torch's global generator is not touched).
 

@@ -27,10 +27,12 @@ from transformer.training.schedules import make_adam, warmup_cosine
 
 # chapters/decoder_only.md: A vocabulary of characters
 class CharVocab:
-    """The characters of a text, sorted, each with its id: the vocabulary of a character model.
+    """The characters of a text, sorted, each with its id: the vocabulary of a character
+    model.
 
     Args:
-        text: the text whose distinct characters make the vocabulary (at least one character).
+        text: the text whose distinct characters make the vocabulary (at least one
+            character).
 
     Attributes:
         itos: the characters, sorted; ``itos[i]`` is the character of id i.
@@ -38,7 +40,8 @@ class CharVocab:
 
     Example:
         >>> vocab = CharVocab("hello")
-        >>> vocab.itos, vocab.encode("hole").tolist(), vocab.decode(vocab.encode("hole"))
+        >>> ids = vocab.encode("hole")
+        >>> vocab.itos, ids.tolist(), vocab.decode(ids)
         (['e', 'h', 'l', 'o'], [1, 3, 2, 0], 'hole')
     """
 
@@ -62,7 +65,8 @@ class CharVocab:
         unknown = sorted(set(text) - self.stoi.keys())
         if unknown:
             raise ValueError(
-                f"text holds characters that are not in the vocabulary: {''.join(unknown)!r}"
+                "text holds characters that are not in the vocabulary: "
+                f"{''.join(unknown)!r}"
             )
         return torch.tensor([self.stoi[char] for char in text], dtype=torch.long)
 
@@ -104,7 +108,8 @@ def random_windows(
     )
     if data.dim() != 1 or data.numel() <= seq_len:
         raise ValueError(
-            f"data must have shape (S,) with S > seq_len={seq_len}, got {tuple(data.shape)}"
+            f"data must have shape (S,) with S > seq_len={seq_len}, got "
+            f"{tuple(data.shape)}"
         )
     # (B,)
     starts = torch.randint(
@@ -144,7 +149,8 @@ def loss_by_position(
     count = (data.numel() - 1) // seq_len if data.dim() == 1 else 0
     if count == 0:
         raise ValueError(
-            f"data must have shape (S,) with S > seq_len={seq_len}, got {tuple(data.shape)}"
+            f"data must have shape (S,) with S > seq_len={seq_len}, got "
+            f"{tuple(data.shape)}"
         )
     if max_windows is not None:
         count = min(count, check_positive_int("max_windows", max_windows))

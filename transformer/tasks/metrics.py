@@ -27,8 +27,8 @@ def corpus_scores(
 
     if len(hypotheses) != len(references):
         raise ValueError(
-            f"hypotheses and references must have the same length, got {len(hypotheses)} "
-            f"and {len(references)}"
+            "hypotheses and references must have the same length, got "
+            f"{len(hypotheses)} and {len(references)}"
         )
     bleu, chrf = BLEU(), CHRF()
     return {

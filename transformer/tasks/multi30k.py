@@ -35,8 +35,12 @@ MULTI30K_SHA256 = {
     "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
     "val.de.gz": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
     "val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
-    "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
-    "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
+    "test_2016_flickr.de.gz": (
+        "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8"
+    ),
+    "test_2016_flickr.en.gz": (
+        "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9"
+    ),
 }
 MULTI30K_SPLITS = {"train": "train", "val": "val", "test": "test_2016_flickr"}
 
@@ -51,8 +55,8 @@ def _read_checked(path: Path) -> list[str]:
     digest = hashlib.sha256(raw).hexdigest()
     if digest != MULTI30K_SHA256[path.name]:
         raise ValueError(
-            f"{path} is not the book's Multi30k file {path.name}: its SHA-256 is {digest}, "
-            f"expected {MULTI30K_SHA256[path.name]}"
+            f"{path} is not the book's Multi30k file {path.name}: its SHA-256 is "
+            f"{digest}, expected {MULTI30K_SHA256[path.name]}"
         )
     return gzip.decompress(raw).decode("utf-8").removesuffix("\n").split("\n")
 
@@ -84,7 +88,8 @@ def load_multi30k(
     )
     if len(german) != len(english):
         raise ValueError(
-            f"Multi30k {split}: {len(german)} German lines but {len(english)} English lines"
+            f"Multi30k {split}: {len(german)} German lines but {len(english)} English "
+            "lines"
         )
     return german, english
 
@@ -102,16 +107,19 @@ class TranslationConfig(TrainConfig):
     dropout: float = 0.1
     max_len: int = 256
     batch_size: int = 512
-    """The most sentences in one batch (batches are made by token count, ``batch_tokens``)."""
+    """The most sentences in one batch (batches are made by token count,
+    ``batch_tokens``)."""
     steps: int = 6000
     warmup: int = 800
     lr_factor: float = 1.0
     cooldown: float = 0.0
     eval_every: int = 500
     eval_size: int = 200
-    """Validation sentences whose greedy BLEU is measured every ``eval_every`` steps (0: none)."""
+    """Validation sentences whose greedy BLEU is measured every ``eval_every`` steps
+    (0: none)."""
     batch_tokens: int = 4096
-    """The most tokens of one side of a batch, padding included (the paper batches by token count)."""
+    """The most tokens of one side of a batch, padding included (the paper batches by
+    token count)."""
     vocab_size: int = 8000
     """Size of the joint BPE vocabulary of the two languages (German and English for
     Multi30k)."""
@@ -195,8 +203,8 @@ def token_batches(
     """
     if len(src_lengths) != len(tgt_lengths):
         raise ValueError(
-            f"src_lengths and tgt_lengths must have the same length, got {len(src_lengths)} "
-            f"and {len(tgt_lengths)}"
+            "src_lengths and tgt_lengths must have the same length, got "
+            f"{len(src_lengths)} and {len(tgt_lengths)}"
         )
     check_positive_int("batch_tokens", batch_tokens)
     check_positive_int("max_sentences", max_sentences)
@@ -243,8 +251,8 @@ def translation_batches(
     """
     if not src_rows or len(src_rows) != len(tgt_rows):
         raise ValueError(
-            f"src_rows and tgt_rows must be non-empty and of the same length, got {len(src_rows)} "
-            f"and {len(tgt_rows)}"
+            "src_rows and tgt_rows must be non-empty and of the same length, got "
+            f"{len(src_rows)} and {len(tgt_rows)}"
         )
     if (
         isinstance(start_step, bool)

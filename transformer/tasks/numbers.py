@@ -146,7 +146,8 @@ def split_numbers(
             raise ValueError(f"{name} must be an int >= 0, got {size!r}")
     if sum(sizes.values()) > MAX_NUMBER + 1:
         raise ValueError(
-            f"the sizes add up to {sum(sizes.values())}, more than the {MAX_NUMBER + 1} numbers"
+            f"the sizes add up to {sum(sizes.values())}, more than the "
+            f"{MAX_NUMBER + 1} numbers"
         )
     # no repeats
     drawn = random.Random(seed).sample(range(MAX_NUMBER + 1), sum(sizes.values()))

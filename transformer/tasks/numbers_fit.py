@@ -231,8 +231,10 @@ def check_same_data(
     if saved is not None and saved != here:
         raise ValueError(
             f"cannot resume from {os.fspath(path)}: it was trained on other numbers "
-            f"({saved['train_numbers']:,} of them, here {here['train_numbers']:,}): a resumed run goes "
-            "on with the same data (the command: the same --train-size, --valid-size and --seed)"
+            f"({saved['train_numbers']:,} of them, here {here['train_numbers']:,}): a "
+            "resumed run goes "
+            "on with the same data (the command: the same --train-size, --valid-size "
+            "and --seed)"
         )
 
 

@@ -86,7 +86,8 @@ def _check_digits(images: object, labels: object) -> tuple[Tensor, Tensor]:
         or len(images) == 0
     ):
         raise ValueError(
-            f"images must have shape (M, 1, {CELL_SIZE}, {CELL_SIZE}), got {tuple(images.shape)}"
+            f"images must have shape (M, 1, {CELL_SIZE}, {CELL_SIZE}), got "
+            f"{tuple(images.shape)}"
         )
     if not images.is_floating_point():
         raise TypeError(f"images must be floating-point, got dtype {images.dtype}")
@@ -160,7 +161,8 @@ def pixel_tokens(images: Tensor) -> Tensor:
         )
     if not images.is_floating_point():
         raise TypeError(
-            f"images must be floating-point with values in [0, 1], got dtype {images.dtype}"
+            "images must be floating-point with values in [0, 1], got dtype "
+            f"{images.dtype}"
         )
     if images.numel() and not bool(((images >= 0) & (images <= 1)).all()):
         raise ValueError("images must have values in [0, 1]")

@@ -90,8 +90,8 @@ def read_reviews(path: str | Path | None = None) -> list[Review]:
     raw = path.read_bytes()
     if (digest := hashlib.sha256(raw).hexdigest()) != REVIEWS_SHA256:
         raise ValueError(
-            f"{path} is not the review file of vaderSentiment 3.3.2: its SHA-256 is {digest}, "
-            f"expected {REVIEWS_SHA256}; run `make setup` again"
+            f"{path} is not the review file of vaderSentiment 3.3.2: its SHA-256 is "
+            f"{digest}, expected {REVIEWS_SHA256}; run `make setup` again"
         )
     reviews = []
     for line in raw.decode("utf-8").split("\n"):

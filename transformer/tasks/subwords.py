@@ -75,7 +75,8 @@ def learn_bpe(word_counts: dict[str, int], num_merges: int) -> list[tuple[str, s
     check_positive_int("num_merges", num_merges)
     if not isinstance(word_counts, dict) or not word_counts:
         raise ValueError(
-            f"word_counts must be a non-empty dict of word -> count, got {word_counts!r:.80}"
+            "word_counts must be a non-empty dict of word -> count, got "
+            f"{word_counts!r:.80}"
         )
     for word, count in word_counts.items():
         if (
@@ -86,7 +87,8 @@ def learn_bpe(word_counts: dict[str, int], num_merges: int) -> list[tuple[str, s
             or count < 1
         ):
             raise ValueError(
-                f"word_counts must map non-empty str to positive int, got {word!r}: {count!r}"
+                f"word_counts must map non-empty str to positive int, got {word!r}: "
+                f"{count!r}"
             )
     words = {tuple(word): count for word, count in word_counts.items()}
     rank = {c: i for i, c in enumerate(sorted({c for word in words for c in word}))}
@@ -166,8 +168,9 @@ def train_tokenizer(lines: Iterable[str], vocab_size: int) -> Any:
     # BPE keeps every character, whatever the size asked for
     if tokenizer.get_vocab_size() > vocab_size:
         raise ValueError(
-            f"vocab_size {vocab_size} is too small for this text: its characters and the "
-            f"{len(SPECIAL_TOKENS)} special tokens alone are {tokenizer.get_vocab_size()} tokens; use "
+            f"vocab_size {vocab_size} is too small for this text: its characters and "
+            f"the {len(SPECIAL_TOKENS)} special tokens alone are "
+            f"{tokenizer.get_vocab_size()} tokens; use "
             f"{tokenizer.get_vocab_size()} or more"
         )
     return tokenizer
@@ -226,21 +229,22 @@ def check_text(name: str, lines: object) -> list[str]:
     surrogate), else raise naming the item."""
     if isinstance(lines, str) or not isinstance(lines, Iterable):
         raise TypeError(
-            f"{name} must be a sequence of str (one sentence each), got {type(lines).__name__}"
+            f"{name} must be a sequence of str (one sentence each), got "
+            f"{type(lines).__name__}"
         )
     lines = list(lines)
     for i, line in enumerate(lines):
         if not isinstance(line, str):
             raise TypeError(
-                f"{name} must be a sequence of str (one sentence each), got an item of type "
-                f"{type(line).__name__} at index {i}"
+                f"{name} must be a sequence of str (one sentence each), got an item of "
+                f"type {type(line).__name__} at index {i}"
             )
         try:
             line.encode("utf-8")
         except UnicodeEncodeError as err:
             raise ValueError(
-                f"{name}[{i}] is not text: it holds the lone surrogate {line[err.start]!r} at "
-                f"character {err.start} (bytes decoded with errors='surrogateescape'?): decode "
-                "them with errors='replace'"
+                f"{name}[{i}] is not text: it holds the lone surrogate "
+                f"{line[err.start]!r} at character {err.start} (bytes decoded with "
+                "errors='surrogateescape'?): decode them with errors='replace'"
             ) from None
     return lines

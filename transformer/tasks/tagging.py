@@ -40,7 +40,8 @@ IGNORE_INDEX = -100
 
 
 def word_label(word: str) -> tuple[str, int]:
-    """A word as the model reads it (lower case, its final comma or full stop removed), and its label.
+    """A word as the model reads it (lower case, its final comma or full stop removed),
+    and its label.
 
     >>> word_label("Boston,"), word_label("terrier"), word_label("2.00.")
     (('boston', 4), ('terrier', 0), ('2.00', 2))
@@ -66,7 +67,8 @@ def restore_text(words: Sequence[str], labels: Sequence[int]) -> str:
     ``restore_text(*text_labels(line))``."""
     if len(words) != len(labels):
         raise ValueError(
-            f"words and labels must have the same length, got {len(words)} and {len(labels)}"
+            f"words and labels must have the same length, got {len(words)} and "
+            f"{len(labels)}"
         )
     out = []
     for word, label in zip(words, labels):
@@ -89,7 +91,8 @@ def tag_targets(
     """
     if len(words) != len(labels):
         raise ValueError(
-            f"words and labels must have the same length, got {len(words)} and {len(labels)}"
+            f"words and labels must have the same length, got {len(words)} and "
+            f"{len(labels)}"
         )
     encoding = tokenizer.encode(" ".join(words))
     targets, previous = [], None
@@ -195,7 +198,8 @@ def train_tagger(
         check_positive_int(name, value)
     if batch_size > len(tokens):
         raise ValueError(
-            f"batch_size must be at most the number of rows, {len(tokens)}, got {batch_size}"
+            f"batch_size must be at most the number of rows, {len(tokens)}, got "
+            f"{batch_size}"
         )
     history: dict[str, list] = {}
     with run_settings(seed, num_threads):
@@ -222,14 +226,16 @@ def train_tagger(
 def per_label_scores(
     gold: Sequence[int], predicted: Sequence[int], names: Sequence[str]
 ) -> dict[str, dict[str, float]]:
-    """Precision, recall, F1 and support of each label ``k`` (named ``names[k]``); 0 where undefined.
+    """Precision, recall, F1 and support of each label ``k`` (named ``names[k]``); 0
+    where undefined.
 
     >>> per_label_scores([0, 1, 1], [0, 1, 0], ["a", "b"])["b"]
     {'precision': 1.0, 'recall': 0.5, 'f1': 0.6666666666666666, 'support': 2}
     """
     if len(gold) != len(predicted):
         raise ValueError(
-            f"gold and predicted must have the same length, got {len(gold)} and {len(predicted)}"
+            f"gold and predicted must have the same length, got {len(gold)} and "
+            f"{len(predicted)}"
         )
     pairs = collections.Counter(zip(gold, predicted))
     scores = {}

@@ -218,8 +218,8 @@ def fit_translation(
     longest = max(max(map(len, src_rows)), max(map(len, tgt_rows)) + 1)
     if longest > config.max_len:
         raise ValueError(
-            f"a training pair has {longest} tokens on one side (with <bos>/<eos>), more than "
-            f"max_len={config.max_len}: raise max_len or leave such pairs out"
+            f"a training pair has {longest} tokens on one side (with <bos>/<eos>), "
+            f"more than max_len={config.max_len}: raise max_len or leave such pairs out"
         )
     with run_settings(config.seed, config.num_threads):
         model = make_translation_model(config, tokenizer.get_vocab_size()).to(device)
@@ -251,8 +251,8 @@ def fit_translation(
             model.train()
             if log is not None:
                 log(
-                    f"step {step}: loss {history['loss'][-1]:.3f}, validation BLEU (greedy, "
-                    f"{len(german)} sentences) {history['valid_bleu'][-1]:.2f}"
+                    f"step {step}: loss {history['loss'][-1]:.3f}, validation BLEU "
+                    f"(greedy, {len(german)} sentences) {history['valid_bleu'][-1]:.2f}"
                 )
             return {"valid_bleu": f"{history['valid_bleu'][-1]:.1f}"}
 
@@ -298,7 +298,8 @@ def tokenizer_from_checkpoint(checkpoint: dict, path: str | os.PathLike) -> Any:
             else "it was not saved by `python -m transformer.train --task multi30k`"
         )
         raise ValueError(
-            f"{os.fspath(path)} is not a translation checkpoint: it holds no tokenizer ({what})"
+            f"{os.fspath(path)} is not a translation checkpoint: it holds no tokenizer "
+            f"({what})"
         )
     return Tokenizer.from_str(checkpoint["tokenizer"])
 

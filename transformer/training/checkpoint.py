@@ -104,7 +104,8 @@ def read_torch_file(path: str | os.PathLike, what: str = "file") -> Any:
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch.load fails in many ways on a file it did not write
         raise ValueError(
-            f"{os.fspath(path)} cannot be read as a torch {what}: {_what_it_is(path, err)}"
+            f"{os.fspath(path)} cannot be read as a torch {what}: "
+            f"{_what_it_is(path, err)}"
         ) from None
 
 
@@ -121,16 +122,31 @@ def _what_it_is(path: str | os.PathLike, err: Exception) -> str:
     # the safe unpickler met a function to call
     unsafe = re.search(r"GLOBAL (\S+)", str(err))
     if unsafe:
-        return f"it holds pickled code ({unsafe.group(1)}), which loading would run: refused"
+        return (
+            f"it holds pickled code ({unsafe.group(1)}), which loading would run: "
+            "refused"
+        )
     if not head:
         return "it is empty (0 bytes)"
     if head == b"PK\x03\x04":  # a zip archive: torch's format
         if "Weights only" in str(err):
-            return "it holds objects other than tensors and plain values: refused, as they could run code"
-        return "it is truncated or corrupt (a save cut short, or a copy that did not finish?)"
+            return (
+                "it holds objects other than tensors and plain values: refused, as "
+                "they could run code"
+            )
+        return (
+            "it is truncated or corrupt (a save cut short, or a copy that did not "
+            "finish?)"
+        )
     if head[:1] == b"\x80":  # pickle's protocol mark
-        return "it is a Python pickle, not a torch file: refused, as unpickling it could run code"
-    return f"it is not a torch file (it starts with {head!r}; a torch file is a zip archive, b'PK\\x03\\x04')"
+        return (
+            "it is a Python pickle, not a torch file: refused, as unpickling it "
+            "could run code"
+        )
+    return (
+        f"it is not a torch file (it starts with {head!r}; a torch file is a zip "
+        "archive, b'PK\\x03\\x04')"
+    )
 
 
 # chapters/package_as_tool.md: Checkpoint files
@@ -214,7 +230,8 @@ def read_checkpoint(path: str | os.PathLike, kind: str | None = None) -> dict:
     )
     if broken is not None:
         raise ValueError(
-            f"{os.fspath(path)}: the weight {broken!r} is not finite (nan or inf): refused, as the "
+            f"{os.fspath(path)}: the weight {broken!r} is not finite (nan or inf): "
+            "refused, as the "
             "model could only compute nan (the run that saved it had diverged)"
         )
     return checkpoint
@@ -231,7 +248,8 @@ def _upgrade(saved: Any, path: str | os.PathLike, kind: str | None) -> dict:
     if isinstance(saved, dict) and saved.get("format") == FORMAT:
         if not isinstance(saved.get("version"), int) or saved["version"] > VERSION:
             raise ValueError(
-                f"{os.fspath(path)} is a checkpoint of format version {saved.get('version')!r}; "
+                f"{os.fspath(path)} is a checkpoint of format version "
+                f"{saved.get('version')!r}; "
                 f"this version of the package reads versions up to {VERSION}"
             )
         return saved
@@ -260,7 +278,8 @@ def _upgrade(saved: Any, path: str | os.PathLike, kind: str | None) -> dict:
         was = "classifier" if saved.get("task") == "classify" else kind
         if was not in ("classifier", "masked_lm", "detector"):
             raise ValueError(
-                f"{os.fspath(path)} is an older file of settings and state_dict (a masked language "
+                f"{os.fspath(path)} is an older file of settings and state_dict (a "
+                "masked language "
                 "model's or a detector's): read it with read_checkpoint(path, kind=...)"
             )
         rest = {
@@ -286,8 +305,8 @@ def _upgrade(saved: Any, path: str | os.PathLike, kind: str | None) -> dict:
         isinstance(v, Tensor) for v in saved.values()
     )
     raise ValueError(
-        f"{os.fspath(path)} is not a checkpoint of save_checkpoint (no 'model' and 'step' "
-        "entries)"
+        f"{os.fspath(path)} is not a checkpoint of save_checkpoint (no 'model' and "
+        "'step' entries)"
         + (
             "; it looks like a plain state_dict: load it with "
             "model.load_state_dict(torch.load(path))"
@@ -332,7 +351,8 @@ def check_resume(
     if other:
         kind = _KIND_WORDS.get(checkpoint.get("kind"), "another task's")
         raise ValueError(
-            f"cannot resume from {os.fspath(path)}: it is {kind} checkpoint, not of this task "
+            f"cannot resume from {os.fspath(path)}: it is {kind} checkpoint, not of "
+            "this task "
             f"({type(config).__name__}; settings of one task only: {', '.join(other)})"
         )
     differ = [
@@ -342,8 +362,8 @@ def check_resume(
     ]
     if differ:
         raise ValueError(
-            f"cannot resume from {os.fspath(path)}: it was trained with other settings: "
-            + "; ".join(differ)
+            f"cannot resume from {os.fspath(path)}: it was trained with other "
+            "settings: " + "; ".join(differ)
         )
 
 
@@ -454,8 +474,8 @@ def model_of(checkpoint: dict, path: str | os.PathLike) -> nn.Module:
         )
     if kind not in BUILDERS:
         raise ValueError(
-            f"{os.fspath(path)} holds a model of kind {kind!r}, which this package cannot build "
-            f"(it builds {', '.join(sorted(BUILDERS))})"
+            f"{os.fspath(path)} holds a model of kind {kind!r}, which this package "
+            f"cannot build (it builds {', '.join(sorted(BUILDERS))})"
         )
     module, name = BUILDERS[kind].split(":")
     model = getattr(importlib.import_module(module), name)(checkpoint, path)
@@ -515,7 +535,8 @@ def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict[str, Tensor]
             or any(state[k].shape != total[k].shape for k in total)
         ):
             raise ValueError(
-                f"{os.fspath(path)} does not hold the same parameters as {os.fspath(paths[0])}"
+                f"{os.fspath(path)} does not hold the same parameters as "
+                f"{os.fspath(paths[0])}"
             )
         for name, tensor in state.items():
             total[name] = total.get(name, 0) + tensor.float()

@@ -42,7 +42,8 @@ class TrainConfig:
     max_len: int = 16
     """Longest sequence, in tokens, the positional encodings cover."""
     batch_size: int = 128
-    """Examples per training step (the global batch: the processes of a parallel run share it out)."""
+    """Examples per training step (the global batch: the processes of a parallel run
+    share it out)."""
     steps: int = 800
     """Training steps in total (a resumed run counts the steps it had)."""
     warmup: int = 100
@@ -50,7 +51,8 @@ class TrainConfig:
     lr_factor: float = 0.5
     """Factor on the paper's learning-rate schedule."""
     cooldown: float = 0.25
-    """Share of the steps, at the end, over which the rate falls linearly to zero (0: none)."""
+    """Share of the steps, at the end, over which the rate falls linearly to zero
+    (0: none)."""
     betas: tuple[float, float] = (0.9, 0.98)
     """Adam's beta1 and beta2."""
     adam_eps: float = 1e-9
@@ -58,7 +60,8 @@ class TrainConfig:
     label_smoothing: float = 0.1
     """Label smoothing (epsilon_ls)."""
     clip: float | None = 1.0
-    """Largest gradient norm; longer gradients are scaled down to it (None: no clipping)."""
+    """Largest gradient norm; longer gradients are scaled down to it (None: no
+    clipping)."""
     seed: int = 0
     """Seed of the weights, dropout and data order."""
     eval_every: int = 100

@@ -34,7 +34,8 @@ def shard_batch(batch: Batch, rank: int, world_size: int) -> Batch:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
     if rows < world_size:
         raise ValueError(
-            f"a batch of {rows} sequences cannot give each of {world_size} processes a row"
+            f"a batch of {rows} sequences cannot give each of {world_size} processes a "
+            "row"
         )
     # (B, ...) -> (B / P, ...)
     return Batch(*(t.tensor_split(world_size)[rank] for t in batch))

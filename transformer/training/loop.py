@@ -203,7 +203,8 @@ def run_steps(
     check_non_negative_int("step", step)
     if not isinstance(history, dict):
         raise TypeError(
-            f"history must be a dict (of lists, filled per step), got {type(history).__name__}"
+            "history must be a dict (of lists, filled per step), got "
+            f"{type(history).__name__}"
         )
     for callback in callbacks:
         callback.on_train_begin(step + 1, steps)
@@ -213,7 +214,8 @@ def run_steps(
             batch = next(stream, _END)
             if batch is _END:
                 raise ValueError(
-                    f"stream ran out of batches before step {step} of {steps}: it must yield one per step"
+                    f"stream ran out of batches before step {step} of {steps}: it must "
+                    "yield one per step"
                 )
             for callback in callbacks:
                 batch = callback.on_step_begin(step, batch)

@@ -27,12 +27,12 @@ def label_smoothed_cross_entropy(
     """Cross-entropy with label smoothing, averaged over the targets that are not
     ``ignore_index``.
 
-    Equal to
-    ``F.cross_entropy(logits.flatten(0, -2), target.flatten(), label_smoothing=epsilon, ignore_index=ignore_index)``: the target distribution is (1 - epsilon) on the correct token plus
-    epsilon spread evenly over all V tokens. Where every target is ``ignore_index``,
-    there is nothing to
-    learn: the loss is 0, with a zero gradient (``F.cross_entropy``'s mean is 0 / 0 =
-    nan there).
+    Equal to ``F.cross_entropy`` of ``logits.flatten(0, -2)`` and ``target.flatten()``
+    with ``label_smoothing=epsilon`` and ``ignore_index=ignore_index``: the target
+    distribution is (1 - epsilon) on the correct token plus epsilon spread evenly over
+    all V tokens. Where every target is ``ignore_index``, there is nothing to learn:
+    the loss is 0, with a zero gradient (``F.cross_entropy``'s mean is 0 / 0 = nan
+    there).
 
     Shape:
         logits (..., V), target (...) integer ids -> a scalar.

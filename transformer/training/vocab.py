@@ -17,11 +17,13 @@ from torch import Tensor
 
 # chapters/data.md: Vocabularies
 class Vocab:
-    """Numbers the tokens of a text: the specials ``<pad>``, ``<bos>``, ``<eos>`` first, then ``tokens``.
+    """Numbers the tokens of a text: the specials ``<pad>``, ``<bos>``, ``<eos>`` first,
+    then ``tokens``.
 
     Args:
         tokens: the ordinary tokens, distinct, none of them a special token.
-        split: ``"word"`` to split a text at whitespace, ``"char"`` to split it into characters.
+        split: ``"word"`` to split a text at whitespace, ``"char"`` to split it into
+            characters.
 
     Attributes:
         pad_id, bos_id, eos_id: 0, 1 and 2.
