@@ -11,8 +11,8 @@ server, and that every display equation fits the text column at 1280 px or shows
 every chapter ends with exercises whose solutions stay hidden until clicked, the
 sidebar and the search page, and saves screenshots of two chapters under `_build/screenshots/`.
 No page shows a cell output longer than 60 lines, or a MyST role left as raw text (`{doc}` in a code
-cell's comment or string is printed as written, not as a link), or more than a dozen blocks of code
-that scroll sideways at 1280 px.
+cell's comment or string is printed as written, not as a link), or more than two blocks of code
+that scroll sideways at 1280 px. Every page has the book's icon and a footer that says something.
 """
 
 import json
@@ -232,6 +232,16 @@ def test_chapter_ends_with_exercises_whose_solutions_are_hidden(doc, visit):
         assert not body.is_visible(), "a solution is shown without a click"
         solution.locator(".admonition-title").click()
         body.wait_for(state="visible", timeout=5_000)  # and one click shows it
+
+
+def test_pages_have_the_books_icon_and_a_footer_that_says_something(visit):
+    v = visit("chapters/attention.html")
+    icon = v.page.evaluate("() => document.querySelector('link[rel~=icon]')?.href")
+    assert icon and icon.endswith("favicon.svg"), f"no icon link on the page (browsers then ask for /favicon.ico): {icon}"
+    response = v.page.request.get(icon)
+    assert response.ok and b"<svg" in response.body(), f"the icon {icon} did not load"
+    footer = v.page.inner_text("footer.bd-footer-content")
+    assert "computed by the code beside it" in footer and "By " not in footer, footer
 
 
 def test_sidebar_lists_every_page(visit):
