@@ -16,8 +16,8 @@ run there every N steps, so that a crash loses little.
 
 Usage (from the repository's root):
     python -m benchmarks.pretrain_spam --steps 2000 --out models/spam-mlm
-    python -m benchmarks.pretrain_spam --steps 2400 --batch-size 32 --d-model 128 --captions \
-        --eval-every 400 --out models/text-mlm
+    python -m benchmarks.pretrain_spam --steps 26000 --batch-size 32 --d-model 128 --warmup 1000 \
+        --captions --eval-every 1000 --out models/text-mlm
 """
 
 import argparse
