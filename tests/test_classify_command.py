@@ -212,6 +212,25 @@ def test_a_finished_run_is_refused_and_resume_continues_it(tmp_path, capsys):
     assert stop.value.code == 2 and "holds a classifier already (classifier.pt" in capsys.readouterr().err
 
 
+def test_a_pretrained_encoder_reads_the_length_asked_for_past_its_own_positions(tmp_path):
+    """models/spam-mlm was pre-trained on 64-token windows; --length 96 is read whole, not cut to 64."""
+    words = "the a meeting notes lunch plan code review friday office".split()
+    rows = [{"text": " ".join(words * 8), "label": label} for label in ("ham", "spam")]
+    train, valid = write_lines(tmp_path / "train.jsonl", rows), write_lines(tmp_path / "valid.jsonl", rows)
+    assert command(["train", "--task", "classify", "--train", str(train), "--valid", str(valid),
+                    "--pretrained", str(ROOT / "models" / "spam-mlm"), "--length", "96", "--steps", "1",
+                    "--batch-size", "2", "--no-progress", "--checkpoint-dir", str(tmp_path / "run")]) == 0
+    model, tokenizer, checkpoint = load_classifier(tmp_path / "run" / "classifier.pt")
+    assert checkpoint["length"] == 96 and model.positional_encoding.max_len == 96
+    ids = torch.tensor([tokenizer.encode(rows[0]["text"]).ids[:96]])
+    assert ids.shape == (1, 96)  # the text is longer than 96 tokens
+    changed = ids.clone()
+    changed[0, 90] = ids[0, 3] if ids[0, 3] != ids[0, 90] else ids[0, 4]  # one token past the 64th
+    model.eval()
+    with torch.no_grad():
+        assert not torch.allclose(model(ids), model(changed))  # the model reads it
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--lr", "nan"], "--lr must be a number > 0, got nan"),
     (["--lr", "-1"], "--lr must be a number > 0, got -1.0"),

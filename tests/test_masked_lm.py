@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from transformer.tasks.classifier import SequenceClassifier
-from transformer.tasks.masked_lm import (CAPTIONS_PER_TEXT, IGNORE, MASK_TOKEN, MaskedLanguageModel, caption_texts,
+from transformer.tasks.masked_lm import (CAPTIONS_PER_TEXT, IGNORE_INDEX, MASK_TOKEN, MaskedLanguageModel, caption_texts,
                                          classifier_from_mlm, first_tokens, load_mlm, mask_tokens, mlm_accuracy, mlm_loss,
                                          mlm_right, token_windows, train_mlm, unigram_entropy, unigram_guess)
 from transformer.training.checkpoint import SaveCheckpoint, load_checkpoint
@@ -31,7 +31,7 @@ def test_the_masking_rule_has_the_papers_proportions(seed):
     tokens = torch.randint(FIRST, V, (n // 100, 100))
     tokens[:, 90:] = 0  # padding: never chosen
     inputs, targets = mask_tokens(tokens, MASK, FIRST, V, generator=torch.Generator().manual_seed(seed))
-    chosen = targets != IGNORE
+    chosen = targets != IGNORE_INDEX
     real = tokens != 0
     assert not (chosen & ~real).any() and torch.equal(inputs[~real], tokens[~real])
     assert torch.equal(targets[chosen], tokens[chosen])  # the target is the original token
@@ -57,7 +57,7 @@ def test_the_masking_rule_has_the_papers_proportions(seed):
 def test_the_loss_is_taken_at_chosen_positions_only():
     model = small_mlm().eval()
     tokens = torch.randint(FIRST, V, (3, 12))
-    targets = torch.full_like(tokens, IGNORE)
+    targets = torch.full_like(tokens, IGNORE_INDEX)
     targets[0, 2], targets[2, 7] = 9, 11
     loss, metrics = mlm_loss(model, (tokens, targets))
     logits = model(tokens)
@@ -89,6 +89,22 @@ def test_the_classifier_takes_the_pretrained_encoder():
     tokens = torch.randint(FIRST, V, (2, 7))
     h = mlm.encode(tokens)  # the mean of the pre-trained outputs, through the new head
     assert torch.allclose(classifier.eval()(tokens), classifier.head(h.mean(dim=1)), atol=1e-5)
+
+
+def test_a_classifier_may_read_past_the_mlms_positions_which_are_the_papers_sinusoids():
+    mlm = small_mlm()  # max_len 32
+    short, longer = classifier_from_mlm(mlm, max_len=32), classifier_from_mlm(mlm, max_len=80)
+    longer.head.load_state_dict(short.head.state_dict())
+    tokens = torch.randint(FIRST, V, (2, 32))
+    assert torch.allclose(short.eval()(tokens), longer.eval()(tokens), atol=1e-6)  # same first positions
+    # rows 32..79 are new, and follow the paper's formula: PE(pos, 2i) = sin(pos / 10000^(2i/d))
+    table, d = longer.positional_encoding.table.reshape(80, -1), 16
+    pos, i = torch.arange(80.0)[:, None], torch.arange(0, d, 2.0)
+    assert torch.allclose(table[:, 0::2], torch.sin(pos / 10000 ** (i / d)), atol=1e-5)
+    assert torch.allclose(table[:, 1::2], torch.cos(pos / 10000 ** (i / d)), atol=1e-5)
+    assert longer.eval()(torch.randint(FIRST, V, (2, 80))).shape == (2, 2)
+    with pytest.raises(ValueError, match="max_len"):
+        short(torch.randint(FIRST, V, (1, 33)))
 
 
 def test_token_windows_and_first_tokens():
@@ -146,7 +162,7 @@ def test_the_unigram_yardsticks_against_hand_counts():
     valid = torch.randint(FIRST, 10, (200, 20))
     unigram, accuracy = unigram_guess(train, valid, MASK, FIRST, 10)
     _, targets = mask_tokens(valid, MASK, FIRST, 10, generator=torch.Generator().manual_seed(0))
-    chosen = targets[targets != IGNORE]
+    chosen = targets[targets != IGNORE_INDEX]
     assert unigram == 5 and accuracy == pytest.approx((chosen == 5).sum().item() / len(chosen))
     p = torch.tensor([4, 2, 1], dtype=torch.float64) / 7
     assert unigram_entropy(train, 10) == pytest.approx(-(p * p.log()).sum().item())
@@ -157,7 +173,7 @@ def test_mlm_right_is_the_accuracy_token_by_token():
     model, windows = small_mlm().eval(), torch.randint(FIRST, V, (40, 12))
     right = mlm_right(model, windows, MASK, FIRST, batch_size=16)
     _, targets = mask_tokens(windows[:16], MASK, FIRST, V, generator=torch.Generator().manual_seed(0))
-    assert right.dtype == torch.bool and len(right) > (targets != IGNORE).sum()  # every batch's chosen tokens
+    assert right.dtype == torch.bool and len(right) > (targets != IGNORE_INDEX).sum()  # every batch's chosen tokens
     assert mlm_accuracy(model, windows, MASK, FIRST, batch_size=16) == right.sum().item() / len(right)
 
 

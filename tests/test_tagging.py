@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from transformer.tasks.multi30k import load_multi30k
 from transformer.tasks.subwords import train_tokenizer
-from transformer.tasks.tagging import (IGNORE_INDEX, MARKS, TAG_LABELS, TokenClassifier, decide_tags, facet_scores,
+from transformer.tasks.masked_lm import IGNORE_INDEX
+from transformer.tasks.tagging import (MARKS, TAG_LABELS, TokenClassifier, decide_tags, facet_scores,
     per_label_scores, restore_text, tag_targets, tagging_loss, tagging_tensors, text_labels, train_tagger, word_label)
 
 

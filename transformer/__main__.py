@@ -34,11 +34,8 @@ COMMANDS = {
 
 
 def command(argv: Sequence[str] | None = None) -> int:
-    """``transformer COMMAND [options]``; ``argv`` defaults to the command line. Misuse
-    exits 2.
-
-    (Not named ``main``: in this chapter's notebook, that is the trainer's.)
-    """
+    """``transformer COMMAND [options]``: run one command (``argv`` defaults to the
+    command line) and return its exit status; misuse exits 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in COMMANDS:
         # imported there: each command loads only what it needs

@@ -425,11 +425,9 @@ def train_main(
             if name not in RUN_SETTINGS
         }
     elif mlm is not None:
-        model, settings = (
-            classifier_from_mlm(mlm, len(labels)),
-            {**mlm.settings, "dropout": 0.1},
-        )
-        length = min(args.length, mlm.settings["max_len"])
+        # --length may exceed the MLM's max_len: its positions are sinusoids
+        model = classifier_from_mlm(mlm, len(labels), max_len=length)
+        settings = {**mlm.settings, "dropout": 0.1, "max_len": length}
     else:
         try:
             tokenizer = email_tokenizer(texts["train"], args.vocab_size)

@@ -141,11 +141,7 @@ class DecoderOnlyLM(nn.Module):
             Logits ``(B, T, V)`` (``(B, 1, V)`` with ``last``); row t depends on the
             tokens up to position t only.
         """
-        check_token_batch("tokens", tokens, self.vocab_size)
-        if tokens.shape[1] == 0:
-            raise ValueError(
-                f"tokens must hold at least one position, got {tuple(tokens.shape)}"
-            )
+        check_token_batch("tokens", tokens, self.vocab_size)  # (B, T), T >= 1
         if cache is not None and not isinstance(cache, DecoderCache):
             raise TypeError(
                 f"cache must be a DecoderCache or None, got {type(cache).__name__}"

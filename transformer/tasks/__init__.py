@@ -17,9 +17,9 @@ from transformer.tasks.cards import MULTI30K_TERMS, model_card
 from transformer.tasks.brackets import (BRACKET_VOCAB, is_balanced, encode_brackets, decode_brackets, random_balanced,
     near_miss, bracket_split, bracket_dataset)
 from transformer.tasks.classifier import accuracy, classification_loss, peak_rate, train_classifier, SequenceClassifier
-from transformer.tasks.masked_lm import (IGNORE, mask_tokens, from_settings, MASK_TOKEN, one_line, email_tokenizer,
-    token_windows, mlm_loss, mlm_right, mlm_accuracy, train_mlm, unigram_guess, unigram_entropy, masked_lm_model,
-    load_mlm, CAPTIONS_PER_TEXT, caption_texts, classifier_from_mlm, first_tokens, MaskedLanguageModel)
+from transformer.tasks.masked_lm import (IGNORE_INDEX, mask_tokens, from_settings, MASK_TOKEN, one_line,
+    email_tokenizer, token_windows, mlm_loss, mlm_right, mlm_accuracy, train_mlm, unigram_guess, unigram_entropy,
+    masked_lm_model, load_mlm, CAPTIONS_PER_TEXT, caption_texts, classifier_from_mlm, first_tokens, MaskedLanguageModel)
 from transformer.tasks.email import (FOLDERS, CORPUS_SHA256, corpus_folder, corpus_digest, html_to_text, email_text,
     email_headers, Email, read_emails, duplicate_groups, split_emails, write_spam_jsonl)
 from transformer.tasks.baselines import words, word_vocabulary, bag_of_words, fit_logistic_regression
@@ -27,8 +27,8 @@ from transformer.tasks.sentiment import (REVIEWS_FILE, REVIEWS_SHA256, LAST_POSI
     reviews_file, read_reviews, split_reviews, write_review_jsonl)
 from transformer.tasks.fine_tuning import wordpieces, by_length, class_scores, fine_tune
 from transformer.tasks.intervals import bootstrap_interval
-from transformer.tasks.tagging import (CASES, MARKS, MARK_NAMES, TAG_LABELS, IGNORE_INDEX, word_label, text_labels,
-    restore_text, tag_targets, tagging_tensors, tagging_loss, train_tagger, per_label_scores, facet_scores, decide_tags,
+from transformer.tasks.tagging import (CASES, MARKS, MARK_NAMES, TAG_LABELS, word_label, text_labels, restore_text,
+    tag_targets, tagging_tensors, tagging_loss, train_tagger, per_label_scores, facet_scores, decide_tags,
     TokenClassifier)
 from transformer.tasks.entities import (WNUT16_FILE, WNUT16_SHA256, ENTITY_TYPES, BIO_TAGS, parse_tagged, wnut16_file,
     read_wnut16, entity_spans, span_counts, span_f1, SPLITS, tweet_split, span_f1_interval, learn_gazetteer,
@@ -110,7 +110,7 @@ __all__ = [
     'peak_rate',
     'train_classifier',
     'SequenceClassifier',
-    'IGNORE',
+    'IGNORE_INDEX',
     'mask_tokens',
     'from_settings',
     'MASK_TOKEN',
@@ -164,7 +164,6 @@ __all__ = [
     'MARKS',
     'MARK_NAMES',
     'TAG_LABELS',
-    'IGNORE_INDEX',
     'word_label',
     'text_labels',
     'restore_text',

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from transformer.checks import check_positive_int, check_tensor
 from transformer.paths import book_root
-from transformer.tasks.tagging import IGNORE_INDEX
+from transformer.tasks.masked_lm import IGNORE_INDEX
 
 
 # chapters/entities.md: The data: tweets with BIO tags

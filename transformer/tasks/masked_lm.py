@@ -9,7 +9,7 @@ Defined in the book's chapter "Pre-training an encoder on real email"
 """
 
 
-__all__ = ['IGNORE', 'mask_tokens', 'from_settings', 'MASK_TOKEN', 'one_line', 'email_tokenizer', 'token_windows', 'mlm_loss', 'mlm_right', 'mlm_accuracy', 'train_mlm', 'unigram_guess', 'unigram_entropy', 'masked_lm_model', 'load_mlm', 'CAPTIONS_PER_TEXT', 'caption_texts', 'classifier_from_mlm', 'first_tokens', 'MaskedLanguageModel']
+__all__ = ['IGNORE_INDEX', 'mask_tokens', 'from_settings', 'MASK_TOKEN', 'one_line', 'email_tokenizer', 'token_windows', 'mlm_loss', 'mlm_right', 'mlm_accuracy', 'train_mlm', 'unigram_guess', 'unigram_entropy', 'masked_lm_model', 'load_mlm', 'CAPTIONS_PER_TEXT', 'caption_texts', 'classifier_from_mlm', 'first_tokens', 'MaskedLanguageModel']
 
 
 import os
@@ -40,7 +40,7 @@ from transformer.training.loop import Callback, Progress, Run, run_settings, run
 
 # chapters/pretraining.md: BERT's pre-training task
 #: the target of a position that was not chosen: F.cross_entropy's default ignore_index
-IGNORE = -100
+IGNORE_INDEX = -100
 
 
 def mask_tokens(
@@ -58,7 +58,7 @@ def mask_tokens(
 
     Returns:
         inputs (B, S), the tokens with the chosen ones replaced, and targets (B, S): the
-        original token at chosen positions, ``IGNORE`` elsewhere.
+        original token at chosen positions, ``IGNORE_INDEX`` elsewhere.
     """
     check_token_batch("tokens", tokens, vocab_size)
     check_fraction("rate", rate)
@@ -70,7 +70,7 @@ def mask_tokens(
     )
     inputs = torch.where(chosen & (draw < 0.8), mask_id, tokens)
     inputs = torch.where(chosen & (draw >= 0.8) & (draw < 0.9), random_tokens, inputs)
-    return inputs, torch.where(chosen, tokens, IGNORE)
+    return inputs, torch.where(chosen, tokens, IGNORE_INDEX)
 
 
 # chapters/pretraining.md: The model
@@ -137,11 +137,11 @@ def mlm_loss(
     model: nn.Module, batch: tuple[Tensor, Tensor]
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The loss function of ``run_steps`` for a batch (inputs (B, S), targets (B, S)):
-    the mean cross-entropy at the chosen positions (target not ``IGNORE``); its metric
-    "accuracy"."""
+    the mean cross-entropy at the chosen positions (target not ``IGNORE_INDEX``); its
+    metric "accuracy"."""
     assert isinstance(model, MaskedLanguageModel)
     inputs, targets = batch
-    chosen = targets != IGNORE  # (B, S)
+    chosen = targets != IGNORE_INDEX  # (B, S)
     # (chosen, d_model) -> (chosen, V)
     logits = model.head(model.encode(inputs)[chosen])
     right = (logits.detach().argmax(dim=-1) == targets[chosen]).float().mean()
@@ -170,7 +170,7 @@ def mlm_right(
                 model.embed.vocab_size,
                 generator=generator,
             )
-            chosen = targets != IGNORE
+            chosen = targets != IGNORE_INDEX
             right.append(
                 model.head(model.encode(inputs)[chosen]).argmax(dim=-1)
                 == targets[chosen]
@@ -282,7 +282,7 @@ def unigram_guess(
     _, targets = mask_tokens(
         valid, mask_id, first_id, vocab_size, generator=torch.Generator().manual_seed(0)
     )
-    return unigram, (targets[targets != IGNORE] == unigram).float().mean().item()
+    return unigram, (targets[targets != IGNORE_INDEX] == unigram).float().mean().item()
 
 
 def unigram_entropy(windows: Tensor, vocab_size: int) -> float:
@@ -332,11 +332,20 @@ def caption_texts(split: str, folder: str | Path | None = None) -> list[str]:
 
 # chapters/pretraining.md: Fine-tuning: spam or ham
 def classifier_from_mlm(
-    mlm: MaskedLanguageModel, num_classes: int = 2, dropout: float = 0.1
+    mlm: MaskedLanguageModel,
+    num_classes: int = 2,
+    dropout: float = 0.1,
+    max_len: int | None = None,
 ) -> SequenceClassifier:
     """A ``SequenceClassifier`` (mean pooling) whose embeddings, positions and encoder
-    are copies of ``mlm``'s; only its head is new."""
-    settings = {**mlm.settings, "dropout": dropout}
+    are copies of ``mlm``'s; only its head is new.
+
+    ``max_len`` (default: the MLM's) may exceed the MLM's: the positions are sinusoids,
+    a function and not weights, so the table simply grows, but the encoder has seen
+    only the MLM's first positions until fine-tuning shows it the others.
+    """
+    max_len = mlm.settings["max_len"] if max_len is None else max_len
+    settings = {**mlm.settings, "dropout": dropout, "max_len": max_len}
     classifier = from_settings(
         SequenceClassifier, settings, num_classes=num_classes, pooling="mean"
     )

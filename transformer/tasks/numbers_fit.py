@@ -30,7 +30,7 @@ from transformer.training.batch import Batch
 from transformer.training.vocab import Vocab
 from transformer.generation.decoding import generated_ids, greedy_decode
 from transformer.training.losses import label_smoothed_cross_entropy, seq2seq_loss
-from transformer.training.loop import Callback, Evaluate, Progress, Run, run_settings, run_steps
+from transformer.training.loop import Callback, Evaluate, Progress, Run, new_history, run_settings, run_steps
 from transformer.training.state import checkpoint_state, restore_checkpoint
 from transformer.nn.model import Transformer
 from transformer.nn.modes import evaluating
@@ -142,22 +142,6 @@ def evaluate_loss(
 
 
 # chapters/training_run.md: The training loop
-def _new_history() -> dict[str, list]:
-    return {
-        name: []
-        for name in (
-            "step",
-            "loss",
-            "accuracy",
-            "lr",
-            "grad_norm",
-            "valid_step",
-            "valid_loss",
-            "valid_accuracy",
-        )
-    }
-
-
 def _record_validation(
     history: dict[str, list],
     model: Transformer,
@@ -315,7 +299,7 @@ def fit(
             model,
             optimizer,
             scheduler,
-            history=_new_history(),
+            history=new_history("valid_loss", "valid_accuracy"),
             # what rebuilds the model
             about=dict(
                 config=config,

@@ -11,7 +11,7 @@ Defined in the book's chapter "Tagging: restoring capitals and punctuation"
 """
 
 
-__all__ = ['CASES', 'MARKS', 'MARK_NAMES', 'TAG_LABELS', 'IGNORE_INDEX', 'word_label', 'text_labels', 'restore_text', 'tag_targets', 'tagging_tensors', 'tagging_loss', 'train_tagger', 'per_label_scores', 'facet_scores', 'decide_tags', 'TokenClassifier']
+__all__ = ['CASES', 'MARKS', 'MARK_NAMES', 'TAG_LABELS', 'word_label', 'text_labels', 'restore_text', 'tag_targets', 'tagging_tensors', 'tagging_loss', 'train_tagger', 'per_label_scores', 'facet_scores', 'decide_tags', 'TokenClassifier']
 
 
 import collections
@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from transformer.checks import check_positive_int
 from transformer.nn.encoder_only import TokenClassifier
 from transformer.tasks.classifier import peak_rate
+from transformer.tasks.masked_lm import IGNORE_INDEX
 from transformer.training.schedules import make_adam
 from transformer.training.loop import Progress, run_settings, run_steps
 
@@ -35,8 +36,6 @@ MARKS = ("", ",", ".")  # the second part: the mark that ends the word
 MARK_NAMES = ("none", "comma", "period")
 # label = case * 3 + mark
 TAG_LABELS = tuple(f"{case} {mark}" for case in CASES for mark in MARK_NAMES)
-# the target of positions that carry no label (F.cross_entropy's ignore_index)
-IGNORE_INDEX = -100
 
 
 def word_label(word: str) -> tuple[str, int]:

@@ -28,7 +28,7 @@ from transformer.nn.attention import padding_mask
 from transformer.training.config import make_optimizer
 from transformer.training.batch import pad_rows
 from transformer.generation.decoding import beam_search, generated_ids, greedy_decode
-from transformer.training.loop import Callback, Evaluate, Progress, Run, run_settings, run_steps
+from transformer.training.loop import Callback, Evaluate, Progress, Run, new_history, run_settings, run_steps
 from transformer.training.losses import seq2seq_loss
 from transformer.tasks.metrics import corpus_scores
 from transformer.nn.model import Transformer
@@ -168,18 +168,6 @@ def translate(
 
 
 # chapters/translation.md: Training
-def _new_history() -> dict[str, list]:
-    return {
-        "step": [],
-        "loss": [],
-        "accuracy": [],
-        "lr": [],
-        "grad_norm": [],
-        "valid_step": [],
-        "valid_bleu": [],
-    }
-
-
 def fit_translation(
     config: TranslationConfig,
     train: tuple[Sequence[str], Sequence[str]],
@@ -228,7 +216,7 @@ def fit_translation(
             model,
             optimizer,
             scheduler,
-            history=_new_history(),
+            history=new_history("valid_bleu"),
             # what rebuilds the model
             about=dict(
                 config=config,

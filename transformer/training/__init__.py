@@ -7,7 +7,7 @@ from transformer.training.batch import Batch, pad_rows
 from transformer.training.losses import label_smoothed_cross_entropy, LossFunction, seq2seq_loss
 from transformer.training.schedules import warmup_lr, cooldown_factor, warmup_rate, make_adam, warmup_cosine
 from transformer.training.loop import (DivergedError, first_non_finite, optimizer_step, train_step, Callback, run_steps,
-    Progress, Evaluate, Run, run_settings, free_cores)
+    Progress, Evaluate, Run, new_history, run_settings, free_cores)
 from transformer.training.config import TrainConfig, make_model, make_optimizer
 from transformer.training.state import checkpoint_state, restore_checkpoint
 from transformer.training.checkpoint import (save_torch_file, read_torch_file, BUILDERS, save_checkpoint,
@@ -38,6 +38,7 @@ __all__ = [
     'Progress',
     'Evaluate',
     'Run',
+    'new_history',
     'run_settings',
     'free_cores',
     'TrainConfig',

@@ -9,7 +9,7 @@ Defined in the book's chapters "Training" (chapters/training.md) and "Training t
 """
 
 
-__all__ = ['DivergedError', 'first_non_finite', 'optimizer_step', 'train_step', 'Callback', 'run_steps', 'Progress', 'Evaluate', 'Run', 'run_settings', 'free_cores']
+__all__ = ['DivergedError', 'first_non_finite', 'optimizer_step', 'train_step', 'Callback', 'run_steps', 'Progress', 'Evaluate', 'Run', 'new_history', 'run_settings', 'free_cores']
 
 
 import contextlib
@@ -310,6 +310,16 @@ class Run:
     history: dict[str, list] = field(default_factory=dict)
     about: dict[str, Any] = field(default_factory=dict)
     check: Callable[[dict, Any], None] | None = None
+
+
+# export: transformer/training/loop.py
+def new_history(*valid: str) -> dict[str, list]:
+    """An empty ``Run.history``: a list for each training step's ``step``, ``loss``,
+    ``accuracy``, ``lr`` and ``grad_norm``, and for each validation's ``valid_step``
+    and the ``valid`` columns that the trainer names (``fit``: ``"valid_loss",
+    "valid_accuracy"``)."""
+    columns = ("step", "loss", "accuracy", "lr", "grad_norm", "valid_step", *valid)
+    return {name: [] for name in columns}
 
 
 # chapters/training_run.md: A run's seed and threads
