@@ -205,3 +205,14 @@ def test_check_bool_accepts_and_returns(value):
 def test_check_bool_rejects_other_types(value, type_name):
     with pytest.raises(TypeError, match=rf"norm_first must be a bool, got {type_name}"):
         check_bool("norm_first", value)
+
+
+def test_check_length_checks_a_plain_int_as_check_positive_int_does():
+    from transformer.checks import check_length
+
+    assert check_length("size", 3) == 3
+    with pytest.raises(ValueError, match="size must be a positive int, got 0"):
+        check_length("size", 0)
+    with pytest.raises(TypeError, match="size must be a positive int, got bool True"):
+        check_length("size", True)
+    # a captured length (torch.compile's SymInt, torch.jit.trace's tensor): tests/test_graph_capture.py

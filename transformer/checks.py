@@ -9,7 +9,7 @@ the package instead of deep inside torch. Defined in the book's appendix
 """
 
 
-__all__ = ['device_memory', 'check_fits_in_memory', 'check_token_batch', 'check_positive_int', 'check_non_negative_int', 'check_number', 'check_fraction', 'check_tensor', 'check_features', 'check_token_tensor', 'check_bool', 'check_dtype', 'input_dtype', 'check_token_ids', 'check_token_id', 'check_generation']
+__all__ = ['device_memory', 'check_fits_in_memory', 'check_token_batch', 'check_positive_int', 'check_non_negative_int', 'check_length', 'check_number', 'check_fraction', 'check_tensor', 'check_features', 'check_token_tensor', 'check_bool', 'check_dtype', 'input_dtype', 'check_token_ids', 'check_token_id', 'check_generation']
 
 
 import os
@@ -105,6 +105,16 @@ def check_non_negative_int(name: str, value: object) -> int:
     if value < 0:
         raise ValueError(f"{name} must be a non-negative int, got {value}")
     return int(value)
+
+
+def check_length(name: str, value: object) -> object:
+    """Return ``value`` after ``check_positive_int``, unless a graph is being captured:
+    under ``torch.compile`` a length may be a ``torch.SymInt``, and under
+    ``torch.jit.trace`` a tensor, neither of which has a value to check yet, so then it
+    passes as it is."""
+    if isinstance(value, torch.SymInt) or torch.jit.is_tracing():
+        return value
+    return check_positive_int(name, value)
 
 
 def check_number(name: str, value: object, low: float = 0.0) -> float:

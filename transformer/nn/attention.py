@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from transformer.checks import check_fraction, check_positive_int, check_tensor, check_token_tensor
+from transformer.checks import check_fraction, check_length, check_tensor, check_token_tensor
 
 
 # chapters/attention.md: The causal mask
@@ -37,9 +37,7 @@ def causal_mask(size: int, device: torch.device | str | None = None) -> Tensor:
     Shape:
         (size, size), broadcastable to the scores (..., size, size).
     """
-    # a length being traced: no int yet
-    if not (isinstance(size, torch.SymInt) or torch.jit.is_tracing()):
-        check_positive_int("size", size)
+    check_length("size", size)  # a positive int (or a length being traced)
     return torch.ones(size, size, dtype=torch.bool, device=device).triu(diagonal=1)
 
 
