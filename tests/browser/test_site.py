@@ -252,6 +252,27 @@ def test_sidebar_lists_every_page(visit):
     assert missing == [], f"pages missing from the sidebar: {missing}"
 
 
+# Every search control of the theme that a reader can see on the screen.
+VISIBLE_SEARCHES = """() => [...document.querySelectorAll('.search-button__button, form.bd-search')].filter(e => {
+  const r = e.getBoundingClientRect(), s = getComputedStyle(e);
+  return r.width > 0 && r.height > 0 && s.visibility !== 'hidden';
+}).map(e => e.closest('header, .bd-sidebar-primary, .bd-header-article')?.className || e.className)"""
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_one_search_among_the_page_buttons_and_no_bar_across_the_top(visit, width):
+    page = visit("chapters/attention.html").page
+    page.set_viewport_size({"width": width, "height": 900})
+    shown = page.evaluate(VISIBLE_SEARCHES)
+    assert len(shown) == 1 and "bd-header-article" in shown[0], shown
+    assert page.evaluate("() => document.querySelector('.bd-header')?.getBoundingClientRect().height || 0") == 0
+    page.locator(".bd-header-article button.search-button").click()
+    box = page.locator("input[name=q]:visible").first
+    box.fill("attention")
+    box.press("Enter")
+    page.wait_for_url("**/search.html?q=attention*")
+
+
 def test_search_finds_attention(visit):
     v = visit("search.html?q=attention")
     # Sphinx lists the results one by one, then says "Search finished, found N page(s)"
