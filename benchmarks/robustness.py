@@ -101,6 +101,7 @@ CLAIMS = [
     Claim("sampling", "lm_nucleus_above_k", ">", 0.25, "characters: positions whose nucleus holds more than 5"),
     Claim("sampling", "lm_nucleus_cold_smaller", ">", 0.5, "characters: positions whose nucleus shrinks at tau = 0.5"),
     Claim("decoder_only", "lm_bigram_margin", ">", 0.0, "characters: position 0 near the bigram (margin)"),
+    Claim("decoder_only", "lm_counts_lead", ">", 0.02, "characters: best k-gram counts ahead at 17-64 (bits)"),
     Claim("modern_decoder", "smollm2_loop_margin", ">", 0.05, "SmolLM2: greedy's repeated 4-grams above top-p 0.9's"),
     Claim("modern_decoder", "smollm2_nearer_real", ">", 0.0, "SmolLM2: top-p 0.9 nearer real text's repeats (margin)"),
     Claim("modern_decoder", "smollm2_char_margin", ">", 0.5, "SmolLM2: bits per character below the char model's"),

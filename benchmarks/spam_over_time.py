@@ -18,7 +18,12 @@ Models: (a) "bag of words", the logistic regression on which words occur (``tran
 result and the control one per seed. (b) "committed classifier", ``models/spam-classifier/classifier.pt``,
 read as ``transformer classify`` reads it. It was trained on ``split_emails``'s training split, which holds
 emails of every date, so it is not a test of time: it is measured only on its own test split (``key % 10 ==
-0``, never seen in training), divided into the emails that fall in the later set and the others. Figures:
+0``, never seen in training), divided into the emails that fall in the later set and the others. (c) "committed
+recipe": a classifier trained anew as (b) was (``RECIPE``: its pre-trained encoder, window, steps; seed 0) on
+the earlier emails that lie in ``split_emails``'s training split, with its validation split's earlier emails as
+validation, and tested on all the later mail; the same on the first ``--recipe-controls`` random controls. Its
+pre-trained encoder (``models/spam-mlm``) read the training split's text, later emails included, but never a
+label. Figures:
 accuracy with its 95 % percentile bootstrap interval (``bootstrap_interval``, 2,000 resamples, seed 0), spam
 recall, ham called spam, spam missed and the spam class's F1. Writes ``benchmarks/spam_over_time_results.json``,
 which chapters/classify_command.md reads and ``tests/test_spam_over_time.py`` checks.
@@ -26,6 +31,7 @@ which chapters/classify_command.md reads and ``tests/test_spam_over_time.py`` ch
 Usage (from the repository's root):
     python -m benchmarks.spam_over_time --seeds 0 1 2 3 4 5 6 7 8 9
     python -m benchmarks.spam_over_time --seeds 0 --models "bag of words" --out /tmp/over_time.json
+    python -m benchmarks.spam_over_time --seeds 0 --models "committed recipe" --recipe-controls 0 --out /tmp/r.json
 """
 
 import argparse
@@ -33,6 +39,7 @@ import email
 import email.utils
 import json
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -45,10 +52,12 @@ from transformer.tasks.baselines import bag_of_words, fit_logistic_regression, w
 from transformer.tasks.email import Email, corpus_folder, read_emails, split_emails
 from transformer.tasks.intervals import bootstrap_interval
 
-MODELS = ("bag of words", "committed classifier")
+MODELS = ("bag of words", "committed classifier", "committed recipe")
 CLASSES = {1: "spam", 0: "ham"}
 YEARS = (2001, 2003)  # the first and last year of a date that is kept
 COMMITTED = Path("models/spam-classifier/classifier.pt")
+#: how the committed classifier was trained (models/spam-classifier/results.json's command), less its data
+RECIPE = ("--reads", "email", "--pretrained", "models/spam-mlm", "--length", "512", "--steps", "600")
 
 
 def mail_date(mail: Email) -> datetime | None:
@@ -162,8 +171,25 @@ def committed_predictions(test: list[Email], checkpoint_path: Path) -> torch.Ten
                          for answer in label_rows(model, tokenizer, checkpoint, rows, 64)])
 
 
+def recipe_predictions(train: list[Email], valid: list[Email], test: list[Email], work: Path) -> torch.Tensor:
+    """A classifier trained as the committed one was (``RECIPE``, seed 0, one thread) on ``train``, with ``valid``
+    as its validation set, in the folder ``work``; its labels (1 spam) of ``test``."""
+    from transformer.__main__ import command  # noqa: PLC0415 (the command line, as a reader runs it)
+
+    folder = corpus_folder()
+    raw = lambda m: (folder / m.folder / m.name).read_bytes().decode("utf-8", "surrogateescape")  # noqa: E731
+    for name, part in (("train", train), ("valid", valid)):
+        (work / f"{name}.jsonl").write_text("".join(
+            json.dumps({"text": raw(m), "label": CLASSES[m.label]}) + "\n" for m in part), encoding="utf-8")
+    status = command(["train", "--task", "classify", "--train", str(work / "train.jsonl"), "--valid",
+                      str(work / "valid.jsonl"), *RECIPE, "--no-progress", "--checkpoint-dir", str(work / "run")])
+    if status != 0:
+        raise RuntimeError(f"training by the committed recipe in {work} ended with status {status}")
+    return committed_predictions(test, work / "run" / "classifier.pt")
+
+
 def measure(mails: list[Email], seeds: list[int], models: list[str], later: float = 0.2,
-            checkpoint_path: Path = COMMITTED) -> dict:
+            checkpoint_path: Path = COMMITTED, recipe_controls: int = 3) -> dict:
     """The splits and every model's figures on them (see the module's docstring), from ``mails``, all emails
     of ``read_emails()``."""
     splits = split_emails(mails)
@@ -199,6 +225,20 @@ def measure(mails: list[Email], seeds: list[int], models: list[str], later: floa
             run = {"model": MODELS[1], "split": name, "seed": None, **figures(predicted[rows], labels[rows])}
             results["runs"].append(run)
             print(json.dumps(run), flush=True)
+    if MODELS[2] in models:  # trained anew on each split's earlier (or random) part
+        train_names = {(m.folder, m.name) for m in splits["train"]}
+        valid_names = {(m.folder, m.name) for m in splits["valid"]}
+        chosen = [("by date", None, by_date)] + [("random", s, controls[s]) for s in seeds[:recipe_controls]]
+        for name, seed, parts in chosen:
+            rest = [m for _, m in parts["train"]]
+            test = [m for _, m in parts["test"]]
+            with tempfile.TemporaryDirectory() as work:
+                predicted = recipe_predictions([m for m in rest if (m.folder, m.name) in train_names],
+                                               [m for m in rest if (m.folder, m.name) in valid_names], test, Path(work))
+            run = {"model": MODELS[2], "split": name, "seed": seed,
+                   **figures(predicted, torch.tensor([m.label for m in test]))}
+            results["runs"].append(run)
+            print(json.dumps(run), flush=True)
     return results
 
 
@@ -209,12 +249,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--later", type=float, default=0.2, help="share of each class tested as later mail")
     parser.add_argument("--checkpoint", type=Path, default=COMMITTED, help="the committed classifier")
+    parser.add_argument("--recipe-controls", type=int, default=3,
+                        help="random splits (the first of --seeds) on which the committed recipe is trained too")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/spam_over_time_results.json"))
     args = parser.parse_args(argv)
     if not 0 < args.later < 1:
         parser.error(f"--later must lie between 0 and 1, got {args.later}")
     start = time.perf_counter()
-    results = measure(read_emails(), args.seeds, args.models, args.later, args.checkpoint)
+    if args.recipe_controls < 0:
+        parser.error(f"--recipe-controls must be >= 0, got {args.recipe_controls}")
+    results = measure(read_emails(), args.seeds, args.models, args.later, args.checkpoint, args.recipe_controls)
     command = "python -m benchmarks.spam_over_time " + " ".join(
         f'"{a}"' if " " in a else a for a in (sys.argv[1:] if argv is None else argv))
     results.update(command=command, machine=machine(), date=time.strftime("%Y-%m-%d", time.gmtime()),

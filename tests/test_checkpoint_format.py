@@ -10,7 +10,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from transformer.cli.classify import load_classifier, save_classifier
+from transformer.cli.classify import RUN_SETTINGS, load_classifier, save_classifier
 from transformer.nn.detector import DigitDetector
 from transformer.nn.encoder_only import MaskedLanguageModel, SequenceClassifier
 from transformer.tasks.masked_lm import from_settings, load_mlm
@@ -40,10 +40,16 @@ def _images(size: int, count: int = 3) -> torch.Tensor:
 
 # --- the committed models: older formats, read as they are ---------------------------------------
 
-def test_the_committed_classifier_reads_with_the_outputs_of_its_own_recipe():
-    path = MODELS / "spam-classifier" / "classifier.pt"
-    raw = torch.load(path, map_location="cpu", weights_only=True)
-    assert raw["task"] == "classify" and "format" not in raw  # the older format: converted on reading
+def test_a_classifier_of_the_older_format_reads_with_the_outputs_of_its_own_recipe(tmp_path):
+    """The format the committed spam classifier had until 2026-11-30 (settings, state_dict, task and what
+    labelling needs, no "format"), written from the committed classifier's weights: the converter reads it."""
+    model_now, tokenizer_now, checkpoint_now = load_classifier(MODELS / "spam-classifier" / "classifier.pt")
+    settings = {name: value for name, value in checkpoint_now["config"].items() if name not in RUN_SETTINGS}
+    raw = {"task": "classify", "settings": settings, "state_dict": model_now.state_dict(),
+           "labels": checkpoint_now["labels"], "tokenizer": tokenizer_now.to_str(),
+           "length": checkpoint_now["length"], "reads": checkpoint_now["reads"]}
+    path = tmp_path / "classifier.pt"
+    torch.save(raw, path)
     old = from_settings(SequenceClassifier, raw["settings"], num_classes=len(raw["labels"]), pooling="mean").eval()
     old.load_state_dict(raw["state_dict"])
     model, tokenizer, checkpoint = load_classifier(path)

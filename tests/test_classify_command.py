@@ -157,8 +157,8 @@ def test_a_classifier_with_a_weight_that_is_not_finite_is_refused_naming_file_an
     from transformer.training.checkpoint import read_torch_file, save_torch_file
 
     checkpoint = read_torch_file(Path(__file__).resolve().parents[1] / "models" / "spam-classifier" / "classifier.pt")
-    name = next(iter(checkpoint["state_dict"]))
-    checkpoint["state_dict"][name] = checkpoint["state_dict"][name].clone().fill_(float("nan"))
+    name = next(iter(checkpoint["model"]))
+    checkpoint["model"][name] = checkpoint["model"][name].clone().fill_(float("nan"))
     save_torch_file(checkpoint, tmp_path / "nan.pt")
     with pytest.raises(ValueError, match=rf"nan.pt: the weight '{name}' is not finite \(nan or inf\): refused"):
         load_classifier(tmp_path / "nan.pt")

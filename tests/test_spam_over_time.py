@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.spam_over_time import CLASSES, dated_emails, mail_date, measure, split_at_random, split_by_date
+from benchmarks.spam_over_time import (CLASSES, RECIPE, dated_emails, mail_date, measure, split_at_random,
+                                     split_by_date)
 from transformer.tasks.email import Email, read_emails, split_emails
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -90,3 +91,22 @@ def test_the_bag_of_words_figures_are_reproduced(mails, recorded):
         assert abs(run["ham_false_positives"] - record["ham_false_positives"]) <= 1, (run, record)
         assert abs(run["spam_missed"] - record["spam_missed"]) <= 1, (run, record)
         assert abs(run["accuracy"] - record["accuracy"]) <= 1 / run["emails"] + 1e-12, (run, record)
+
+
+def test_the_recipe_is_the_committed_classifiers_command_less_its_data():
+    command = json.loads((ROOT / "models" / "spam-classifier" / "results.json").read_text())["command"]
+    assert f" {' '.join(RECIPE)} " in f" {command} "
+
+
+def test_the_recipe_was_trained_on_the_split_by_date_and_on_random_controls_of_its_sizes(recorded):
+    recipe = [run for run in recorded["runs"] if run["model"] == "committed recipe"]
+    later = [run for run in recipe if run["split"] == "by date"]
+    controls = [run for run in recipe if run["split"] == "random"]
+    bow_later = next(run for run in recorded["runs"] if run["model"] == "bag of words" and run["split"] == "by date")
+    assert len(later) == 1 and len(controls) >= 3 and len({run["seed"] for run in controls}) == len(controls)
+    for run in recipe:  # each test set is the later mail's size, or a random one of the same sizes
+        assert (run["emails"], run["spam"]) == (bow_later["emails"], bow_later["spam"])
+        errors = run["spam_missed"] + run["ham_false_positives"]
+        assert run["accuracy"] == pytest.approx(1 - errors / run["emails"], abs=1e-12)
+        assert run["spam_recall"] == pytest.approx(1 - run["spam_missed"] / run["spam"], abs=1e-12)
+        assert run["accuracy_interval"][0] <= run["accuracy"] <= run["accuracy_interval"][1]
