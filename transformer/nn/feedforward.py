@@ -23,7 +23,7 @@ from transformer.checks import (check_bool, check_fraction, check_dtype, input_d
 
 # chapters/feedforward.md: The module
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
-    "relu": torch.relu_,  # the paper; in place, see forward
+    "relu": torch.relu_,  # the paper; in place: its backward reads only its output
     "gelu": F.gelu,  # x Phi(x), exact
     # GPT-2's approximation of x Phi(x)
     "gelu_tanh": partial(F.gelu, approximate="tanh"),
@@ -122,9 +122,6 @@ class PositionwiseFeedForward(nn.Module):
             check_features("x", x, self.d_model, ndim=max(x.dim(), 1))
             # float64 into a float32 network: say so, not mat1/mat2
             check_dtype("x", x, input_dtype(self.w_1))
-        # ReLU works in place: the (B, S, d_ff) product is fresh, so it may overwrite it
-        # instead of allocating another tensor of the largest size in the layer
-        # (autograd allows it: ReLU's backward needs only its output).
-        # (B, S, d_model) @ W_1 -> (B, S, d_ff)
+        # (B, S, d_model) @ W_1 -> (B, S, d_ff), a fresh tensor the ReLU may overwrite
         hidden = _ACTIVATIONS[self.activation](self.w_1(x))
         return self.w_2(self.dropout(hidden))  # (B, S, d_ff) @ W_2 -> (B, S, d_model)
