@@ -116,8 +116,17 @@ def test_no_private_name_is_imported_from_another_module(path):
     assert not private, f"{path.name} imports private names of other modules: {private}"
 
 
+def backward_calls(source: str) -> int:
+    """The calls of a ``backward`` in Python ``source`` (``loss.backward()``, ``torch.autograd.backward(...)``),
+    read from its syntax tree: not the word in a comment or a docstring."""
+    return sum(isinstance(node, ast.Call) and (
+        (isinstance(node.func, ast.Attribute) and node.func.attr == "backward")
+        or (isinstance(node.func, ast.Name) and node.func.id == "backward"))
+        for node in ast.walk(ast.parse(source)))
+
+
 def test_one_training_loop():
-    calls = {dotted(p): p.read_text().count("backward(") for p in MODULES}
+    calls = {dotted(p): backward_calls(p.read_text()) for p in MODULES}
     assert sum(calls.values()) == 1 and calls["transformer.training.loop"] == 1, calls
 
 
@@ -132,6 +141,13 @@ def test_package_imports_sees_imports_inside_functions(tmp_path):
     path.write_text("from transformer.a import x, _y\n\ndef f():\n    from transformer.b.c import z\n"
                     "    import transformer.c\n")
     assert package_imports(path) == [("a", ["x", "_y"]), ("b.c", ["z"]), ("c", [])]
+
+
+def test_backward_calls_are_counted_in_code_not_in_words():
+    source = ('"""A docstring that says loss.backward()."""\nfrom torch.autograd import backward\n'
+              "# loss.backward() in a comment\nloss.backward()\ntorch.autograd.backward(loss)\nbackward(loss)\n"
+              "text = 'x.backward()'\n")
+    assert backward_calls(source) == 3
 
 
 def test_upward_imports_are_found():
