@@ -53,7 +53,7 @@ def prompts(tokenizer, batch: int, length: int) -> torch.Tensor:
     chapters/decoder_only.md), evenly spaced through it."""
     from transformer.paths import data_file
 
-    text = data_file().read_text(encoding="utf-8")
+    text = data_file("shakespeare.txt").read_text(encoding="utf-8")
     ids = tokenizer.encode(text[int(0.9 * len(text)):]).ids
     step = (len(ids) - length) // batch
     return torch.tensor([ids[i * step:i * step + length] for i in range(batch)])  # (batch, length)

@@ -65,7 +65,7 @@ def test_char_vocab_errors():
 
 
 def test_data_file_finds_the_text():
-    path = data_file()
+    path = data_file("shakespeare.txt")
     assert path.name == "shakespeare.txt" and path.parent.name == "data" and (path.parent.parent / "_toc.yml").is_file()
     text = path.read_text(encoding="utf-8")
     assert text.isascii() and text.startswith("First Citizen:\n") and text.endswith("\n")
@@ -77,7 +77,7 @@ def test_data_file_finds_the_text():
 def test_data_file_outside_the_book(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError, match="no book"):
-        data_file()
+        data_file("shakespeare.txt")
 
 
 # The model

@@ -27,7 +27,7 @@ def book_root() -> Path | None:
     return None
 
 
-def data_file(name: str = "shakespeare.txt") -> Path:
+def data_file(name: str) -> Path:
     """The path of ``data/<name>`` in the book's repository (under ``book_root()``).
 
     Raises FileNotFoundError when there is no book above the working directory, or no
