@@ -9,7 +9,7 @@ Defined in the book's chapter "Long runs" (chapters/long_runs.md).
 """
 
 
-__all__ = ['package_version', 'DefaultsHelpFormatter', 'CommandParser', 'field_docs', 'add_config_options', 'read_config_file', 'config_from_args', 'positive_int', 'add_where_options', 'check_where', 'check_machine', 'check_threads', 'where_it_starts', 'stopped']
+__all__ = ['package_version', 'DefaultsHelpFormatter', 'CommandParser', 'field_docs', 'add_config_options', 'read_config_file', 'config_from_args', 'positive_int', 'add_device_option', 'check_device', 'add_where_options', 'check_where', 'check_machine', 'check_threads', 'where_it_starts', 'stopped']
 
 
 import argparse
@@ -265,6 +265,27 @@ def positive_int(text: str) -> int:
     return value
 
 
+def add_device_option(parser: argparse._ActionsContainer, verb: str) -> None:
+    """``--device``, where to ``verb``: cpu, or cuda (the default when torch finds a
+    GPU); ``check_device`` refuses a GPU that is not there."""
+    found = "cuda" if torch.cuda.is_available() else "cpu"
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=found,
+        help=f"where to {verb}: cpu, or cuda, the GPU (default: cuda when torch finds "
+        f"one, here {found})",
+    )
+
+
+def check_device(device: str) -> None:
+    """Refuse ``--device cuda`` on a machine where torch finds no GPU."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            "--device cuda was asked for, but torch.cuda.is_available() is False"
+        )
+
+
 def add_where_options(
     parser: argparse.ArgumentParser, parallel: bool = True
 ) -> argparse._ArgumentGroup:
@@ -288,13 +309,7 @@ def add_where_options(
         metavar="N",
         help="also save every N steps (default: only at the end)",
     )
-    where.add_argument(
-        "--device",
-        choices=("cpu", "cuda"),
-        default="cuda" if torch.cuda.is_available() else "cpu",
-        help="where to train: cpu, or cuda, the GPU (default: cuda when torch finds "
-        f"one, here {'cuda' if torch.cuda.is_available() else 'cpu'})",
-    )
+    add_device_option(where, "train")
     where.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
@@ -317,10 +332,7 @@ def check_where(args: argparse.Namespace, config: TrainConfig | dict[str, Any]) 
     checkpoint folder can be written, and a run in it is continued only with
     ``--resume`` and with the same settings (``config``: the run's configuration, or,
     for a task without a ``TrainConfig``, a dict of its settings)."""
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
-            "--device cuda was asked for, but torch.cuda.is_available() is False"
-        )
+    check_device(args.device)
     for option in ("save_every", "resume"):
         if getattr(args, option) and args.checkpoint_dir is None:
             raise ValueError(

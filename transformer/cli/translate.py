@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from transformer.cli.options import CommandParser, positive_int
+from transformer.cli.options import CommandParser, add_device_option, check_device, positive_int
 from transformer.interrupts import ctrl_c_held
 from transformer.files import read_lines
 from transformer.training.loop import free_cores
@@ -71,13 +71,7 @@ def build_parser(
         type=positive_int,
         help="CPU threads (default: free_cores(), the idle ones)",
     )
-    parser.add_argument(
-        "--device",
-        choices=("cpu", "cuda"),
-        default="cuda" if torch.cuda.is_available() else "cpu",
-        help="where to translate: cpu, or cuda, the GPU (default: cuda when torch "
-        f"finds one, here {'cuda' if torch.cuda.is_available() else 'cpu'})",
-    )
+    add_device_option(parser, "translate")
     parser.add_argument(
         "--int8",
         action="store_true",
@@ -117,10 +111,10 @@ def main(
         parser.error(
             f"--int8 runs on the CPU: add --device cpu (got --device {args.device})"
         )
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error(
-            "--device cuda was asked for, but torch.cuda.is_available() is False"
-        )
+    try:
+        check_device(args.device)
+    except ValueError as err:
+        parser.error(str(err))
     # torch overflows on 10**12 threads
     if args.threads is not None and args.threads > (os.cpu_count() or 1):
         parser.error(
