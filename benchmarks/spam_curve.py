@@ -1,9 +1,17 @@
-"""The learning curve of chapters/pretraining.md: spam-vs-ham test accuracy and spam F1 against the
+"""The learning curve of chapters/classify_command.md: spam-vs-ham test accuracy and spam F1 against the
 number of labelled training emails, for (a) a bag-of-words logistic regression, (b) the encoder
 trained from scratch, (c) the encoder pre-trained as a masked LM (``models/spam-mlm``) and fine-tuned,
 (d) all-MiniLM-L6-v2 frozen with a linear head (a logistic regression on its sentence embeddings of
-each email's first ``--minilm-tokens`` WordPiece tokens, [CLS] and [SEP] included); over seeds. Writes
-``benchmarks/spam_curve_results.json``, which chapters/classify_command.md reads and
+each email's first ``--minilm-tokens`` WordPiece tokens, [CLS] and [SEP] included); over seeds.
+
+Every model gets the same budget and stops early on the validation emails (all of them, whatever the
+number of labelled training emails): (b) and (c) train for at most ``--steps`` steps and keep the weights
+of their best validation accuracy, measured every ``--eval-every`` steps; (a) and (d), convex fits,
+keep the weight decay of their best validation accuracy among ``WEIGHT_DECAYS``. Each run records its
+test accuracy with a 95 % bootstrap interval over the test emails, the spam class's F1, what validation
+chose, and its prediction for every test email (a string of 0s and 1s, in the test split's order).
+
+Writes ``benchmarks/spam_curve_results.json``, which chapters/classify_command.md reads and
 ``tests/test_masked_lm.py`` checks. With ``--models``, only those models run, and their runs replace
 theirs in the file (the others' are kept); each run of the script adds a record of its command, machine
 and time.
@@ -29,9 +37,12 @@ from transformer.interop.bert import embed_sentences, load_minilm
 from transformer.tasks.baselines import bag_of_words, fit_logistic_regression, word_vocabulary
 from transformer.tasks.classifier import SequenceClassifier, train_classifier
 from transformer.tasks.email import read_emails, split_emails
+from transformer.tasks.intervals import bootstrap_interval
 from transformer.tasks.masked_lm import classifier_from_mlm, first_tokens, load_mlm
 
 MODELS = ("bag of words", "encoder from scratch", "pre-trained encoder", "frozen MiniLM + linear")
+#: the weight decays among which (a) and (d) choose on validation
+WEIGHT_DECAYS = (1e-4, 1e-3, 1e-2)
 
 
 def machine() -> str:
@@ -85,12 +96,49 @@ def sample(labels: torch.Tensor, size: int, seed: int) -> torch.Tensor:
     return torch.cat([pick(spam, n_spam), pick(ham, size - n_spam)])
 
 
+def fit_on_validation(train: tuple[torch.Tensor, torch.Tensor], valid: tuple[torch.Tensor, torch.Tensor]
+                      ) -> tuple[torch.nn.Linear, float, float]:
+    """(a) and (d)'s early stopping: a logistic regression on the features ``train`` (x, y) for each weight
+    decay in ``WEIGHT_DECAYS``, and the one with the best accuracy on ``valid`` (ties: the stronger decay).
+    Returns the head, its weight decay and its validation accuracy."""
+    best = None
+    for decay in sorted(WEIGHT_DECAYS, reverse=True):
+        head = fit_logistic_regression(*train, weight_decay=decay)
+        with torch.no_grad():
+            score = (head(valid[0]).argmax(dim=-1) == valid[1]).float().mean().item()
+        if best is None or score > best[2]:
+            best = (head, decay, score)
+    assert best is not None
+    return best
+
+
+def train_on_validation(model: torch.nn.Module, train: tuple[torch.Tensor, torch.Tensor],
+                        valid: tuple[torch.Tensor, torch.Tensor], steps: int, eval_every: int, lr: float,
+                        seed: int) -> tuple[int, float]:
+    """(b) and (c)'s early stopping: train ``model`` for ``steps`` steps, measure its validation accuracy
+    every ``eval_every`` steps and at the last, and leave it with the weights of the best (ties: the
+    earliest). Returns that step and its validation accuracy."""
+    best: dict = {"accuracy": -1.0}
+
+    def keep_best(step: int, optimizer, scheduler, history: dict) -> None:  # the loop's save hook
+        if history["valid_step"] and history["valid_step"][-1] == step:
+            if history["valid_accuracy"][-1] > best["accuracy"]:
+                best.update(step=step, accuracy=history["valid_accuracy"][-1],
+                            weights={k: v.detach().clone() for k, v in model.state_dict().items()})
+
+    train_classifier(model, *train, steps=steps, batch_size=min(32, len(train[1])), lr=lr, warmup=15,
+                     seed=seed, valid=valid, eval_every=eval_every, save=keep_best, save_every=eval_every)
+    model.load_state_dict(best["weights"])
+    return best["step"], best["accuracy"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.spam_curve", description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[32, 128, 512, 0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
-    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--steps", type=int, default=150, help="(b) and (c)'s most training steps")
+    parser.add_argument("--eval-every", type=int, default=25, help="(b) and (c)'s steps between validations")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--minilm-tokens", type=int, default=64, help="WordPiece tokens MiniLM reads of each email")
     parser.add_argument("--workers", type=int, default=1, help="processes that compute MiniLM's embeddings")
@@ -101,42 +149,53 @@ def main(argv: list[str] | None = None) -> int:
     splits = split_emails(read_emails())
     mlm, tokenizer = load_mlm(args.model)
     length = mlm.settings["max_len"]
-    train_texts, test_texts = [m.text for m in splits["train"]], [m.text for m in splits["test"]]
-    train_x, test_x = first_tokens(train_texts, tokenizer, length), first_tokens(test_texts, tokenizer, length)
-    train_y = torch.tensor([m.label for m in splits["train"]])
-    test_y = torch.tensor([m.label for m in splits["test"]])
+    texts = {name: [m.text for m in emails] for name, emails in splits.items()}
+    x = {name: first_tokens(texts[name], tokenizer, length) for name in splits}
+    y = {name: torch.tensor([m.label for m in emails]) for name, emails in splits.items()}
     if MODELS[3] in args.models:  # once: MiniLM stays frozen, so each email's embedding is the same in every fit
-        embedded = minilm_features(train_texts + test_texts, args.minilm_tokens, args.workers)
-        train_e, test_e = embedded[:len(train_texts)], embedded[len(train_texts):]
-        print(f"MiniLM embeddings of {len(train_e) + len(test_e)} emails: {time.perf_counter() - start:.0f} s", flush=True)
+        order = ("train", "valid", "test")
+        embedded = minilm_features([t for name in order for t in texts[name]], args.minilm_tokens, args.workers)
+        e = dict(zip(order, embedded.split([len(texts[name]) for name in order])))
+        print(f"MiniLM embeddings of {len(embedded)} emails: {time.perf_counter() - start:.0f} s", flush=True)
     runs = []
     for size in args.sizes:
         for seed in args.seeds:
-            rows = sample(train_y, size or len(train_y), seed)
-            predicted = {}
+            rows = sample(y["train"], size or len(y["train"]), seed)
+            predicted, chosen = {}, {}
             if MODELS[0] in args.models:
-                vocabulary = word_vocabulary([train_texts[i] for i in rows], min_count=1)
-                bow = fit_logistic_regression(bag_of_words([train_texts[i] for i in rows], vocabulary), train_y[rows])
-                predicted[MODELS[0]] = bow(bag_of_words(test_texts, vocabulary)).argmax(dim=-1)
+                vocabulary = word_vocabulary([texts["train"][i] for i in rows], min_count=1)
+                bow = {name: bag_of_words(texts[name], vocabulary) for name in ("valid", "test")}
+                head, decay, score = fit_on_validation(
+                    (bag_of_words([texts["train"][i] for i in rows], vocabulary), y["train"][rows]),
+                    (bow["valid"], y["valid"]))
+                predicted[MODELS[0]], chosen[MODELS[0]] = head(bow["test"]).argmax(dim=-1), {
+                    "weight_decay": decay, "valid_accuracy": score}
             for name in [m for m in MODELS[1:3] if m in args.models]:
                 torch.manual_seed(seed)
                 model = (classifier_from_mlm(mlm) if name == MODELS[2] else
                          SequenceClassifier(mlm.settings["vocab_size"], 2, d_model=mlm.settings["d_model"],
                                             num_heads=mlm.settings["num_heads"], d_ff=mlm.settings["d_ff"],
                                             num_layers=mlm.settings["num_layers"], max_len=length, pooling="mean"))
-                train_classifier(model, train_x[rows], train_y[rows], steps=args.steps,
-                                 batch_size=min(32, len(rows)), lr=args.lr, warmup=15, seed=seed)
+                step, score = train_on_validation(model, (x["train"][rows], y["train"][rows]),
+                                                  (x["valid"], y["valid"]), args.steps, args.eval_every,
+                                                  args.lr, seed)
                 with torch.no_grad():
-                    predicted[name] = model(test_x).argmax(dim=-1)
+                    predicted[name] = model(x["test"]).argmax(dim=-1)
+                chosen[name] = {"step": step, "valid_accuracy": score}
             if MODELS[3] in args.models:  # the head: a logistic regression on the fixed embeddings
-                head = fit_logistic_regression(train_e[rows], train_y[rows])
+                head, decay, score = fit_on_validation((e["train"][rows], y["train"][rows]), (e["valid"], y["valid"]))
                 with torch.no_grad():
-                    predicted[MODELS[3]] = head(test_e).argmax(dim=-1)
+                    predicted[MODELS[3]] = head(e["test"]).argmax(dim=-1)
+                chosen[MODELS[3]] = {"weight_decay": decay, "valid_accuracy": score}
             for name, guess in predicted.items():
-                runs.append({"labels": len(rows), "seed": seed, "model": name, **scores(guess, test_y)})
-                print(json.dumps(runs[-1]), flush=True)
-    command = "python -m benchmarks.spam_curve " + " ".join(
-        f'"{a}"' if " " in a else a for a in (sys.argv[1:] if argv is None else argv))
+                low, high = bootstrap_interval(guess == y["test"])
+                runs.append({"labels": len(rows), "seed": seed, "model": name, **scores(guess, y["test"]),
+                             "accuracy_interval": [low, high], **chosen[name],
+                             "predicted": "".join(str(int(v)) for v in guess)})
+                print(json.dumps({k: v for k, v in runs[-1].items() if k != "predicted"}), flush=True)
+    given = sys.argv[1:] if argv is None else argv
+    given = [a for i, a in enumerate(given) if "--out" not in (a, given[i - 1] if i else "")]  # where, not what
+    command = "python -m benchmarks.spam_curve " + " ".join(f'"{a}"' if " " in a else a for a in given)
     record = {"models": list(args.models), "command": command, "seconds": round(time.perf_counter() - start, 1),
               "machine": machine()}
     if MODELS[3] in args.models:
@@ -145,9 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.out.exists():  # keep the other models' runs, and the records of the runs that made them
         results = json.loads(args.out.read_text())
         results["runs"] = [run for run in results["runs"] if run["model"] not in args.models]
-    results.update(test_emails=len(test_y), train_emails=len(train_y))
+        results["records"] = [r for r in results["records"] if set(r["models"]) - set(args.models)]
+    results.update(test_emails=len(y["test"]), valid_emails=len(y["valid"]), train_emails=len(y["train"]),
+                   weight_decays=list(WEIGHT_DECAYS))
     if any(m in args.models for m in MODELS[1:3]):
-        results.update(steps=args.steps, lr=args.lr)
+        results.update(steps=args.steps, eval_every=args.eval_every, lr=args.lr)
     results["runs"] += runs
     results["records"].append(record)
     args.out.write_text(json.dumps(results, indent=1) + "\n")

@@ -221,9 +221,40 @@ def test_the_learning_curves_claims_hold_in_its_committed_results():
     for size in sizes[:2]:  # few labels: pre-training finds more spam than no pre-training
         assert mean(models[2], size, "spam_f1") > max(mean(m, size, "spam_f1") for m in models[:2]) + 0.05
     assert max(mean(m, sizes[-1], "accuracy") for m in models) >= 0.95
-    for size in sizes:  # the frozen MiniLM with a linear head finds less spam than the fine-tuned encoder
-        assert mean(models[2], size, "spam_f1") > mean(models[3], size, "spam_f1") + 0.05
-    assert min(mean(m, sizes[-1], "accuracy") for m in models[:3]) > mean(models[3], sizes[-1], "accuracy") + 0.005
+    # the frozen MiniLM with a linear head: far less spam found than the fine-tuned encoder with 32 labels, level
+    # with it (within 0.05 of F1) from 128 on
+    assert mean(models[2], 32, "spam_f1") > mean(models[3], 32, "spam_f1") + 0.05
+    for size in sizes[1:]:
+        assert abs(mean(models[2], size, "spam_f1") - mean(models[3], size, "spam_f1")) < 0.05
+
+
+def test_the_learning_curves_figures_follow_from_its_recorded_predictions():
+    """Each run's accuracy, spam F1 and interval are computed again from its predictions and the test
+    labels (F1 by the formula; the interval by a binomial's normal approximation, which the percentile
+    bootstrap should match within half a point at 331 emails), and what validation chose is in range."""
+    from transformer.tasks.email import read_emails, split_emails
+
+    results = json.loads((ROOT / "benchmarks" / "spam_curve_results.json").read_text())
+    labels = [m.label for m in split_emails(read_emails())["test"]]
+    n = len(labels)
+    for run in results["runs"]:
+        guess = [int(c) for c in run["predicted"]]
+        assert len(guess) == n == results["test_emails"]
+        right = sum(g == t for g, t in zip(guess, labels))
+        tp = sum(g == t == 1 for g, t in zip(guess, labels))
+        wrong = n - right
+        assert run["accuracy"] == pytest.approx(right / n, abs=1e-6)
+        assert run["spam_f1"] == pytest.approx(2 * tp / (2 * tp + wrong), abs=1e-9)
+        low, high = run["accuracy_interval"]
+        p = right / n
+        half = 1.96 * (p * (1 - p) / n) ** 0.5
+        assert low <= p <= high and abs(low - (p - half)) < 0.005 and abs(high - (p + half)) < 0.005
+        if "step" in run:  # (b) and (c): a validation step, at most the budget
+            assert run["step"] % results["eval_every"] == 0 or run["step"] == results["steps"]
+            assert 0 < run["step"] <= results["steps"]
+        else:  # (a) and (d): a weight decay from the grid
+            assert run["weight_decay"] in results["weight_decays"]
+        assert 0.5 < run["valid_accuracy"] <= 1
 
 
 @pytest.mark.slow  # MiniLM reads 363 emails (about half a minute on one thread)
@@ -245,18 +276,20 @@ def test_a_point_of_the_frozen_minilm_curve_is_reproduced():
     rows = sample(train_y, 32, 0)
     x = minilm_features([splits["train"][i].text for i in rows], record["minilm_tokens"])  # (32, 384)
     test_x = minilm_features([m.text for m in splits["test"]], record["minilm_tokens"])  # (331, 384)
-    head = fit_logistic_regression(x, train_y[rows])
+    decay = recorded["weight_decay"]  # chosen on the validation emails
+    head = fit_logistic_regression(x, train_y[rows], weight_decay=decay)
     with torch.no_grad():
         predicted = head(test_x).argmax(dim=-1)
     got = scores(predicted, test_y)
     assert abs(got["accuracy"] - recorded["accuracy"]) <= 1 / len(test_y) + 1e-6  # one email may flip on another CPU
     assert abs(got["spam_f1"] - recorded["spam_f1"]) < 0.05
-    # the hand-written reference: mean cross-entropy + 1e-3 / 2 |W|^2, by gradient descent from zero
+    assert sum(str(int(v)) != c for v, c in zip(predicted, recorded["predicted"])) <= 1
+    # the hand-written reference: mean cross-entropy + decay / 2 |W|^2, by gradient descent from zero
     w, b, y = torch.zeros(384, 2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64), train_y[rows]
     xd, onehot = x.double(), torch.nn.functional.one_hot(y, 2).double()
     for _ in range(3000):
         p = torch.softmax(xd @ w + b, dim=-1)
-        w -= 2.0 * (xd.T @ (p - onehot) / len(y) + 1e-3 * w)
+        w -= 2.0 * (xd.T @ (p - onehot) / len(y) + decay * w)
         b -= 2.0 * (p - onehot).mean(dim=0)
     reference = (test_x.double() @ w + b).argmax(dim=-1)
     assert (reference == predicted).float().mean() >= 0.99
