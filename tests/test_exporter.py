@@ -87,7 +87,7 @@ def test_a_subpackage_init_reexports_its_public_modules_only(tmp_path):
     files = export.build(tmp_path)
     init = files["transformer/nn/__init__.py"]
     assert "from transformer.nn.thing import Thing" in init and "_internal" not in init
-    assert export.SUBPACKAGES["nn"] in init  # the subpackage's docstring
+    assert " ".join(export.SUBPACKAGES["nn"].split()) in " ".join(init.split())  # the subpackage's docstring, wrapped
     namespace: dict = {}
     exec(compile(init.replace("from transformer.nn.thing import Thing", "Thing = 1"), "init", "exec"), namespace)
     assert namespace["__all__"] == ["Thing"]
@@ -95,6 +95,23 @@ def test_a_subpackage_init_reexports_its_public_modules_only(tmp_path):
     assert "check" not in files["transformer/__init__.py"].split('"""')[-1].replace("version", "")
     assert set(files) == {"transformer/nn/_internal.py", "transformer/nn/thing.py", "transformer/checks.py",
                           "transformer/nn/__init__.py", "transformer/__init__.py"}
+
+
+def test_what_the_exporter_writes_is_wrapped_to_its_width(tmp_path):
+    names = [f"a_function_with_a_long_name_{i}" for i in range(6)]
+    chapter(tmp_path, "01_a.md", code("\n\n".join(f"def {n}():\n    pass" for n in names), ["export"]),
+            module="transformer/nn/thing.py")
+    files = export.build(tmp_path)
+    for path, text in files.items():  # ruff's limit for the package (pyproject.toml)
+        assert max(map(len, text.splitlines())) <= 120, path
+    thing = files["transformer/nn/thing.py"]
+    assert max(map(len, thing.splitlines())) <= export.WIDTH
+    assert "__all__ = [\n" + "".join(f"    {n!r},\n" for n in names) + "]\n" in thing  # one name a line
+    namespace: dict = {}
+    exec(compile(thing, "thing", "exec"), namespace)
+    assert namespace["__all__"] == names
+    # a short list stays on one line
+    assert export._list_of_names(["a", "b"]) == "__all__ = ['a', 'b']"
 
 
 def test_the_top_level_reexports_the_names_the_front_matter_lists(tmp_path):
