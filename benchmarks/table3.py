@@ -106,7 +106,7 @@ def build_model(config: TrainConfig, src_vocab: Vocab, tgt_vocab: Vocab, d_k: in
             if isinstance(child, MultiHeadAttention) and d_k is not None:
                 narrow_keys(child, d_k)
     if positions == "learned":
-        model.positional_encoding = LearnedPositionalEncoding(config.max_len, config.d_model, config.dropout)
+        model.positional_encoding = LearnedPositionalEncoding(config.d_model, config.max_len, config.dropout)
     elif positions != "sinusoidal":
         raise ValueError(f"positions must be 'sinusoidal' or 'learned', got {positions!r}")
     return model

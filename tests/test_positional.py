@@ -238,7 +238,7 @@ def test_sinusoidal_layer_broadcasts_over_batch():
 
 
 def test_learned_layer_table_is_trainable_parameter_in_state_dict():
-    layer = LearnedPositionalEncoding(max_len=12, d_model=6)
+    layer = LearnedPositionalEncoding(d_model=6, max_len=12)
     assert isinstance(layer.table, nn.Parameter)
     assert layer.table.requires_grad
     assert layer.table.shape == (12, 6)
@@ -247,9 +247,16 @@ def test_learned_layer_table_is_trainable_parameter_in_state_dict():
     assert "table" not in dict(layer.named_buffers())
 
 
+def test_the_two_position_layers_take_their_arguments_in_one_order():
+    # (d_model, max_len): one positional call builds either layer, with a table of the same shape
+    for layer in (SinusoidalPositionalEncoding(6, 12), LearnedPositionalEncoding(6, 12)):
+        assert layer.table.shape == (12, 6) and (layer.d_model, layer.max_len) == (6, 12)
+        assert repr(layer).splitlines()[1].strip() == "d_model=6, max_len=12"
+
+
 def test_learned_layer_output_is_x_plus_table():
     torch.manual_seed(0)
-    layer = LearnedPositionalEncoding(max_len=12, d_model=6)
+    layer = LearnedPositionalEncoding(d_model=6, max_len=12)
     x = _x((2, 7, 6))
     out = layer(x)
     assert out.shape == x.shape
@@ -261,7 +268,7 @@ def test_learned_layer_output_is_x_plus_table():
 
 
 def test_learned_layer_accepts_odd_d_model_and_n_equal_to_max_len():
-    layer = LearnedPositionalEncoding(max_len=5, d_model=7)
+    layer = LearnedPositionalEncoding(d_model=7, max_len=5)
     assert layer(_x((2, 5, 7))).shape == (2, 5, 7)
     with pytest.raises(ValueError, match=r"x has sequence length 6, longer than max_len=5"):
         layer(_x((2, 6, 7)))
@@ -269,7 +276,7 @@ def test_learned_layer_accepts_odd_d_model_and_n_equal_to_max_len():
 
 def test_learned_layer_gradient_reaches_rows_below_n_only():
     torch.manual_seed(0)
-    layer = LearnedPositionalEncoding(max_len=10, d_model=4)
+    layer = LearnedPositionalEncoding(d_model=4, max_len=10)
     x = _x((3, 6, 4)).requires_grad_()
     upstream = _x((3, 6, 4), seed=5)
     (layer(x) * upstream).sum().backward()
@@ -280,25 +287,25 @@ def test_learned_layer_gradient_reaches_rows_below_n_only():
 
 def test_learned_layer_init_std():
     torch.manual_seed(0)
-    layer = LearnedPositionalEncoding(max_len=1000, d_model=64)  # 64,000 entries
+    layer = LearnedPositionalEncoding(d_model=64, max_len=1000)  # 64,000 entries
     table = layer.table.detach()
     assert abs(table.mean().item()) < 0.001
     assert abs(table.std().item() - 0.02) < 0.001
 
 
 def test_learned_layer_float64_and_dtype_follow_input():
-    layer = LearnedPositionalEncoding(max_len=8, d_model=4).double()
+    layer = LearnedPositionalEncoding(d_model=4, max_len=8).double()
     assert layer.table.dtype == torch.float64
     x = _x((2, 3, 4), dtype=torch.float64)
     torch.testing.assert_close(layer(x), x + layer.table.detach()[:3])
-    half = LearnedPositionalEncoding(max_len=8, d_model=4)
+    half = LearnedPositionalEncoding(d_model=4, max_len=8)
     assert half(_x((2, 3, 4)).to(torch.bfloat16)).dtype == torch.bfloat16
 
 
 def test_learned_layer_dropout_in_train_mode():
     torch.manual_seed(0)
     p = 0.25
-    layer = LearnedPositionalEncoding(max_len=40, d_model=16, dropout=p).train()
+    layer = LearnedPositionalEncoding(d_model=16, max_len=40, dropout=p).train()
     x = _x((4, 32, 16))
     out = layer(x)
     summed = x + layer.table.detach()[:32]
@@ -397,7 +404,7 @@ def test_layers_reject_sequence_longer_than_max_len(make):
 # --- sizes against memory (issue 47) ------------------------------------------------------------
 
 @pytest.mark.parametrize("make", [lambda: SinusoidalPositionalEncoding(d_model=64, max_len=10**12),
-                                  lambda: LearnedPositionalEncoding(max_len=10**12, d_model=64)])
+                                  lambda: LearnedPositionalEncoding(d_model=64, max_len=10**12)])
 def test_a_table_larger_than_the_machine_is_refused_in_one_line_naming_max_len(make):
     # 256 TB: more than any machine's memory, and refused before torch tries to allocate it
     with pytest.raises(ValueError, match=r"max_len=1,000,000,000,000 is too large: its \(max_len, d_model\) table "

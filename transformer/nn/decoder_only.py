@@ -33,7 +33,7 @@ def _positional_encoding(
     if position not in _POSITIONS:
         raise ValueError(f"position must be one of {_POSITIONS}, got {position!r}")
     if position == "learned":
-        return LearnedPositionalEncoding(max_len=max_len, d_model=d_model)
+        return LearnedPositionalEncoding(d_model=d_model, max_len=max_len)
     if position == "sinusoidal":
         return SinusoidalPositionalEncoding(d_model=d_model, max_len=max_len)
     return None  # positions, if any, come from inside attention

@@ -147,18 +147,21 @@ class LearnedPositionalEncoding(_AddPositionTable):
     sinusoidal table it has no rows beyond ``max_len``: longer inputs are refused.
 
     Args:
-        max_len: number of positions with a learned vector.
         d_model: width of the embeddings.
+        max_len: number of positions with a learned vector.
         dropout: dropout rate applied to the sum.
+
+    The arguments come in ``SinusoidalPositionalEncoding``'s order, so that the two
+    layers can be swapped in a call.
 
     Shape:
         x (B, S, d_model) -> (B, S, d_model), S <= max_len.
     """
 
-    def __init__(self, max_len: int, d_model: int, dropout: float = 0.0):
+    def __init__(self, d_model: int, max_len: int, dropout: float = 0.0):
         super().__init__()
-        self.max_len = check_positive_int("max_len", max_len)
         self.d_model = check_positive_int("d_model", d_model)
+        self.max_len = check_positive_int("max_len", max_len)
         check_fits_in_memory(
             "max_len", max_len, 4 * max_len * d_model, "its (max_len, d_model) table"
         )
@@ -167,7 +170,7 @@ class LearnedPositionalEncoding(_AddPositionTable):
         nn.init.normal_(self.table, mean=0.0, std=0.02)
 
     def extra_repr(self) -> str:
-        return f"max_len={self.max_len}, d_model={self.d_model}"
+        return f"d_model={self.d_model}, max_len={self.max_len}"
 
 
 # chapters/model.md: The model

@@ -76,7 +76,7 @@ class TextEncoder(nn.Module):
         self.embed = TokenEmbedding(
             vocab_size, d_model, padding_idx=pad_id, scale=False
         )
-        self.positional_encoding = LearnedPositionalEncoding(max_len, d_model)
+        self.positional_encoding = LearnedPositionalEncoding(d_model, max_len)
         self.num_token_types = check_non_negative_int(
             "num_token_types", num_token_types
         )
