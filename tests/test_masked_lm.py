@@ -208,9 +208,12 @@ def test_train_mlm_hands_its_run_to_callbacks_that_measure_and_save(tmp_path):
 def test_the_learning_curves_claims_hold_in_its_committed_results():
     results = json.loads((ROOT / "benchmarks" / "spam_curve_results.json").read_text())
     runs = results["runs"]
-    models = ("bag of words", "encoder from scratch", "pre-trained encoder", "frozen MiniLM + linear")
+    models = ("bag of words", "encoder from scratch", "pre-trained encoder", "frozen MiniLM + linear",
+              "fine-tuned MiniLM")
     sizes = sorted({run["labels"] for run in runs})
-    assert sizes == [32, 128, 512, results["train_emails"]] and len(runs) == 4 * 4 * 3
+    # (a) to (d) at every size, (e) with all the labels, three seeds each
+    assert sizes == [32, 128, 512, results["train_emails"]] and len(runs) == 4 * 4 * 3 + 3
+    assert {run["labels"] for run in runs if run["model"] == models[4]} == {sizes[-1]}
     assert sorted(m for record in results["records"] for m in record["models"]) == sorted(models)
 
     def mean(model, size, metric):
@@ -249,7 +252,9 @@ def test_the_learning_curves_figures_follow_from_its_recorded_predictions():
         p = right / n
         half = 1.96 * (p * (1 - p) / n) ** 0.5
         assert low <= p <= high and abs(low - (p - half)) < 0.005 and abs(high - (p + half)) < 0.005
-        if "step" in run:  # (b) and (c): a validation step, at most the budget
+        if "of_steps" in run:  # (e): as many emails as (b) and (c) see, in batches of 16
+            assert 0 < run["step"] <= run["of_steps"] and abs(16 * run["of_steps"] - 32 * results["steps"]) <= 32
+        elif "step" in run:  # (b) and (c): a validation step, at most the budget
             assert run["step"] % results["eval_every"] == 0 or run["step"] == results["steps"]
             assert 0 < run["step"] <= results["steps"]
         else:  # (a) and (d): a weight decay from the grid
