@@ -221,12 +221,17 @@ class Module:
             parts.append("\n".join(imports) + "\n")
         for cell, body in zip(self.cells, bodies):
             if body and cell.owner_class is None:
-                parts.append(f"# {cell.chapter}: {cell.section}\n{body}\n")
+                parts.append(f"{_provenance(cell)}\n{body}\n")
         return "\n\n".join(parts)
 
 
 #: The width of the lines the exporter writes (the chapters' code cells keep theirs, 88).
 WIDTH = 88
+
+
+def _provenance(cell: Cell) -> str:
+    """The comment above the code of a cell: where in the book it comes from (not a label of the code)."""
+    return f'# (from {cell.chapter}, section "{cell.section}")'
 
 
 def _comment(text: str) -> str:
@@ -259,7 +264,7 @@ def _with_methods(cells: list[Cell], bodies: list[str]) -> list[str]:
                 continue
             start = (node.decorator_list[0].lineno if node.decorator_list else node.lineno) - 1
             method = body.splitlines()[start:node.end_lineno]
-            text = [f"    # {cell.chapter}: {cell.section}"] + [("    " + line).rstrip() for line in method]
+            text = ["    " + _provenance(cell)] + [("    " + line).rstrip() for line in method]
             klass = next(n for n in ast.parse("\n".join(lines)).body
                          if isinstance(n, ast.ClassDef) and n.name == cell.owner_class)
             lines[klass.end_lineno:klass.end_lineno] = [""] + text  # new (checked in collect)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from transformer.interrupts import ctrl_c_held, run_command
 
 
-# chapters/scaling_out.md: Putting it together
+# (from chapters/scaling_out.md, section "Putting it together")
 #: The commands: their name -> (the module whose ``main`` runs them, what they do).
 COMMANDS = {
     "train": (
@@ -69,7 +69,7 @@ def command(argv: Sequence[str] | None = None) -> int:
         return int(stop.code or 0)
 
 
-# chapters/classify_command.md: Labelling: `transformer classify`
+# (from chapters/classify_command.md, section "Labelling: `transformer classify`")
 COMMANDS["classify"] = (
     "transformer.cli.classify",
     "label the texts of a JSON-lines file with a trained classifier",
@@ -82,21 +82,21 @@ COMMANDS["train"] = (
 )
 
 
-# chapters/modern_decoder.md: A command: `transformer generate`
+# (from chapters/modern_decoder.md, section "A command: `transformer generate`")
 COMMANDS["generate"] = (
     "transformer.cli.generate",
     "continue a prompt with SmolLM2 (or another Llama GGUF file)",
 )
 
 
-# chapters/exporting.md: A folder, and the command that writes it
+# (from chapters/exporting.md, section "A folder, and the command that writes it")
 COMMANDS["export"] = (
     "transformer.cli.export",
     "write a trained translator in another format (huggingface)",
 )
 
 
-# chapters/scaling_out.md: Putting it together
+# (from chapters/scaling_out.md, section "Putting it together")
 # `python -m transformer`, not a notebook
 if __name__ == "__main__" and __spec__ is not None:
     raise SystemExit(command())

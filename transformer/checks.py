@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from torch._subclasses.fake_tensor import FakeTensor
 
 
-# chapters/positional_encoding.md: The layer: add, then dropout
+# (from chapters/positional_encoding.md, section "The layer: add, then dropout")
 def device_memory(device: str | torch.device = "cpu") -> int | None:
     """The memory of ``device`` in bytes: a GPU's total, else this machine's physical
     memory (None where the system does not say)."""
@@ -67,7 +67,7 @@ def check_fits_in_memory(name: str, value: int, nbytes: int, what: str) -> None:
         )
 
 
-# chapters/model.md: The model
+# (from chapters/model.md, section "The model")
 def check_token_batch(
     name: str,
     tokens: object,
@@ -97,7 +97,7 @@ def check_token_batch(
     return tokens
 
 
-# chapters/conventions.md: Checked input
+# (from chapters/conventions.md, section "Checked input")
 def check_positive_int(name: str, value: object) -> int:
     """Return ``value`` as an int if it is a positive integer, else raise naming
     ``name``.
@@ -166,7 +166,7 @@ def check_fraction(name: str, value: object) -> float:
     return p
 
 
-# chapters/conventions.md: Checked input
+# (from chapters/conventions.md, section "Checked input")
 def check_tensor(name: str, value: object) -> Tensor:
     """Return ``value`` if it is a tensor, else raise a TypeError naming ``name``."""
     if not isinstance(value, Tensor):
@@ -233,7 +233,7 @@ def input_dtype(linear: nn.Module) -> torch.dtype:
     return weight.dtype if isinstance(weight, Tensor) else torch.float32
 
 
-# chapters/conventions.md: Token ids: read where that is free
+# (from chapters/conventions.md, section "Token ids: read where that is free")
 def _values_readable(tokens: Tensor, any_device: bool = False) -> bool:
     """Whether the values of ``tokens`` can be read in eager mode: on the CPU, where
     that is free, or on any real device when ``any_device``, at the price of one wait
@@ -275,7 +275,7 @@ def check_token_ids(
     return tokens
 
 
-# chapters/conventions.md: Token ids: read where that is free
+# (from chapters/conventions.md, section "Token ids: read where that is free")
 def check_token_id(name: str, value: object, vocab_size: int) -> int:
     """Return ``value`` as an int if it is a token id in [0, vocab_size), else raise
     naming ``name``."""

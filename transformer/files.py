@@ -17,7 +17,7 @@ import sys
 from typing import IO
 
 
-# chapters/package_as_tool.md: Text that is not UTF-8
+# (from chapters/package_as_tool.md, section "Text that is not UTF-8")
 def read_lines(
     source: str | os.PathLike | IO, *, what: str, errors: str = "strict"
 ) -> list[str]:
@@ -77,7 +77,7 @@ def read_lines(
     return lines
 
 
-# chapters/package_as_tool.md: Text that is not UTF-8
+# (from chapters/package_as_tool.md, section "Text that is not UTF-8")
 def read_parallel(
     source_what: str,
     source: str | os.PathLike,

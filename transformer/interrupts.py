@@ -22,7 +22,7 @@ import importlib
 import sys
 
 
-# chapters/package_as_tool.md: Files written whole, read safely
+# (from chapters/package_as_tool.md, section "Files written whole, read safely")
 @contextlib.contextmanager
 def ctrl_c_held() -> Iterator[None]:
     """Hold Ctrl-C (SIGINT) back for the length of the block, and raise it after: the
@@ -46,7 +46,7 @@ def ctrl_c_held() -> Iterator[None]:
             signal.raise_signal(signal.SIGINT)
 
 
-# chapters/scaling_out.md: Putting it together
+# (from chapters/scaling_out.md, section "Putting it together")
 def run_command(module: str, argv: Sequence[str], prog: str) -> int:
     """Run the command of ``module`` (its ``main(argv, prog=prog)``). A Ctrl-C while the
     module is imported waits for the import's end (torch's takes seconds, and a library

@@ -16,7 +16,7 @@ import statistics
 import tempfile
 
 
-# chapters/subwords.md: The data: Multi30k
+# (from chapters/subwords.md, section "The data: Multi30k")
 def book_root() -> Path | None:
     """The book's root folder: the first folder above the working directory that holds
     ``_toc.yml`` (a notebook runs in ``chapters/``, the commands in the root); None
@@ -48,7 +48,7 @@ def data_file(name: str) -> Path:
     )
 
 
-# chapters/training_run.md: Where finished runs are kept
+# (from chapters/training_run.md, section "Where finished runs are kept")
 def model_cache_dir() -> Path:
     """``<book root>/_build/models``; outside the book, a folder in the system's
     temporary directory."""
@@ -60,7 +60,7 @@ def model_cache_dir() -> Path:
     )
 
 
-# chapters/training_run.md: Training the model
+# (from chapters/training_run.md, section "Training the model")
 def seed_spread(chapter: str, name: str) -> dict[str, float]:
     """Min, median, max and count of a number glued by a chapter, over the book's
     recorded robustness runs."""

@@ -14,7 +14,7 @@ import sys
 from transformer.interrupts import run_command
 
 
-# chapters/scaling_out.md: Putting it together
+# (from chapters/scaling_out.md, section "Putting it together")
 # `python -m transformer.train`, not a notebook
 if __name__ == "__main__" and __spec__ is not None:
     raise SystemExit(

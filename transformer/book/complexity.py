@@ -42,7 +42,7 @@ from transformer.checks import check_non_negative_int, check_positive_int, check
 from transformer.nn.attention import scaled_dot_product_attention
 
 
-# chapters/complexity.md: Counting multiply-adds
+# (from chapters/complexity.md, section "Counting multiply-adds")
 def self_attention_macs(n: int, d: int, projections: bool = False) -> int:
     """Multiply-adds of one self-attention layer over ``n`` positions of width ``d``.
 
@@ -88,7 +88,7 @@ def restricted_attention_macs(n: int, d: int, r: int) -> int:
     return 2 * r * n * d
 
 
-# chapters/complexity.md: Counting multiply-adds
+# (from chapters/complexity.md, section "Counting multiply-adds")
 def flops(fn: Callable[..., object], *args: object) -> int:
     """Floating-point operations of fn(*args), as torch's FLOP counter counts them."""
     with FlopCounterMode(display=False) as counter:
@@ -96,7 +96,7 @@ def flops(fn: Callable[..., object], *args: object) -> int:
     return counter.get_total_flops()
 
 
-# chapters/complexity.md: How we time
+# (from chapters/complexity.md, section "How we time")
 def cpu_times(
     fns: dict[Any, Callable[[], object]], rounds: int = 5, min_time: float = 0.01
 ) -> dict[Any, float]:
@@ -123,7 +123,7 @@ def cpu_times(
     return best
 
 
-# chapters/complexity.md: How we time
+# (from chapters/complexity.md, section "How we time")
 def loglog_slope(sizes: Iterable[float], values: Iterable[float]) -> float:
     """The slope p of the least-squares line through (log size, log value): value ~ c *
     size^p.
@@ -178,7 +178,7 @@ def loglog_plot(
     ax.legend(fontsize=9)
 
 
-# chapters/complexity.md: Sequential operations
+# (from chapters/complexity.md, section "Sequential operations")
 def autograd_depth(output: Tensor) -> int:
     """The number of operations on the longest chain of dependent operations behind
     ``output``.
@@ -210,7 +210,7 @@ def autograd_depth(output: Tensor) -> int:
     return depth[root]
 
 
-# chapters/complexity.md: Maximum path length
+# (from chapters/complexity.md, section "Maximum path length")
 def layers_to_connect(
     make_layer: Callable[[int], Callable[[Tensor], Tensor]],
     n: int,
@@ -233,7 +233,7 @@ def layers_to_connect(
     return None
 
 
-# chapters/restricted_attention.md: Restricted self-attention
+# (from chapters/restricted_attention.md, section "Restricted self-attention")
 def band_mask(
     size: int, radius: int, device: torch.device | str | None = None
 ) -> Tensor:
@@ -258,7 +258,7 @@ def band_mask(
     return (position[:, None] - position[None, :]).abs() > radius  # (size, size)
 
 
-# chapters/restricted_attention.md: A mask saves no work
+# (from chapters/restricted_attention.md, section "A mask saves no work")
 def _band_block_mask(
     size: int, block: int, radius: int, num_blocks: int, device: torch.device
 ) -> Tensor:
@@ -326,7 +326,7 @@ def banded_attention(query: Tensor, key: Tensor, value: Tensor, radius: int) -> 
     return out.flatten(-3, -2)[..., :n, :]  # (..., n/w, w, d_v) -> (..., n, d_v)
 
 
-# chapters/restricted_attention.md: Memory: the $n \times n$ matrix
+# (from chapters/restricted_attention.md, section "Memory: the $n \times n$ matrix")
 def saved_tensor_bytes(fn: Callable[[], object], ignore: Iterable[Tensor] = ()) -> int:
     """Run ``fn()`` and return the bytes of the tensors autograd saves for the backward
     pass.

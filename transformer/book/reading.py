@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 
-# chapters/generation.md: What each digit looks at
+# (from chapters/generation.md, section "What each digit looks at")
 ATTENTION_KINDS = {
     "encoder self-attention": ("encoder", "self_attn"),
     "decoder self-attention": ("decoder", "self_attn"),

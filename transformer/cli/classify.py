@@ -54,7 +54,7 @@ from transformer.training.checkpoint import model_of, read_checkpoint, save_chec
 from transformer.training.loop import DivergedError
 
 
-# chapters/classify_command.md: Reading the files
+# (from chapters/classify_command.md, section "Reading the files")
 def read_jsonl_lines(
     source: str | Path, fields: Sequence[str]
 ) -> list[dict[str, Any] | None]:
@@ -131,7 +131,7 @@ def what_is_read(text: str, reads: str) -> str:
     )
 
 
-# chapters/classify_command.md: The checkpoint
+# (from chapters/classify_command.md, section "The checkpoint")
 TASK = "classify"
 #: The width (d_model) of a classifier trained from scratch (without --pretrained).
 WIDTH = 64
@@ -220,7 +220,7 @@ def load_classifier(path: str | Path) -> tuple[SequenceClassifier, Any, dict]:
     return model, Tokenizer.from_str(checkpoint["tokenizer"]), checkpoint
 
 
-# chapters/classify_command.md: Training: `transformer train --task classify`
+# (from chapters/classify_command.md, section "Training: `transformer train --task classify`")
 def build_train_parser(prog: str) -> argparse.ArgumentParser:
     """The options of ``transformer train --task classify``: the data, the run, and
     where (``add_where_options``)."""
@@ -536,7 +536,7 @@ def train_main(
     return 0
 
 
-# chapters/classify_command.md: Labelling: `transformer classify`
+# (from chapters/classify_command.md, section "Labelling: `transformer classify`")
 def label_rows(
     model: SequenceClassifier,
     tokenizer: Any,

@@ -17,7 +17,7 @@ from transformer.cli.options import CommandParser
 from transformer.interop.huggingface_out import export_huggingface
 
 
-# chapters/exporting.md: A folder, and the command that writes it
+# (from chapters/exporting.md, section "A folder, and the command that writes it")
 def main(
     argv: Sequence[str] | None = None, prog: str = "python -m transformer.cli.export"
 ) -> int:

@@ -28,7 +28,7 @@ from transformer.interop.gguf import (SMOLLM2_SHA256, chat_prompt, gguf_tokenize
     smollm2_path)
 
 
-# chapters/modern_decoder.md: A command: `transformer generate`
+# (from chapters/modern_decoder.md, section "A command: `transformer generate`")
 def _checked(check: Callable[[float], float], name: str) -> Callable[[str], float]:
     """An argparse type: a float that ``check`` accepts (its message, naming ``name``,
     if not)."""
@@ -138,7 +138,7 @@ def _parser(prog: str) -> CommandParser:
     return parser
 
 
-# chapters/modern_decoder.md: A command: `transformer generate`
+# (from chapters/modern_decoder.md, section "A command: `transformer generate`")
 def _read_prompt(text: str) -> str:
     """``--prompt``'s text, or standard input's for ``-``; ValueError for input that is
     not UTF-8."""

@@ -54,7 +54,7 @@ from transformer.training.config import TrainConfig
 from transformer.training.loop import DivergedError
 
 
-# chapters/long_runs.md: A command for every run
+# (from chapters/long_runs.md, section "A command for every run")
 def package_version() -> str:
     """The installed package's version; in a clone that is not installed, the one in
     pyproject.toml."""
@@ -113,7 +113,7 @@ class CommandParser(argparse.ArgumentParser):
         self.exit(2, f"{usage}\n{self.prog}: error: {' '.join(message.splitlines())}\n")
 
 
-# chapters/long_runs.md: A command for every run
+# (from chapters/long_runs.md, section "A command for every run")
 def field_docs(config_class: type) -> dict[str, str]:
     """The docstring written under each field of a dataclass and of its dataclass bases.
 
@@ -142,7 +142,7 @@ def field_docs(config_class: type) -> dict[str, str]:
     return docs
 
 
-# chapters/long_runs.md: A command for every run
+# (from chapters/long_runs.md, section "A command for every run")
 def _field_type(
     default: Any, name: str, parse: Callable[[str], Any]
 ) -> Callable[[str], Any]:
@@ -212,7 +212,7 @@ def add_config_options(
     return group
 
 
-# chapters/long_runs.md: A command for every run
+# (from chapters/long_runs.md, section "A command for every run")
 def read_config_file(path: str | os.PathLike, default: Any) -> dict[str, Any]:
     """The fields in the JSON file ``path``, each checked by ``default``'s class;
     ValueError or TypeError, naming the file, for anything else."""
@@ -268,7 +268,7 @@ def config_from_args(
     return dataclasses.replace(default, **values)
 
 
-# chapters/long_runs.md: A command for every run
+# (from chapters/long_runs.md, section "A command for every run")
 def positive_int(text: str) -> int:
     """An argparse type: an integer of at least 1, with a message that says so."""
     try:
@@ -343,7 +343,7 @@ def add_where_options(
     return where
 
 
-# chapters/long_runs.md: A command for every run
+# (from chapters/long_runs.md, section "A command for every run")
 def check_where(args: argparse.Namespace, config: TrainConfig | dict[str, Any]) -> None:
     """The options of ``add_where_options`` can be honoured: the device exists, the
     checkpoint folder can be written, and a run in it is continued only with
@@ -397,7 +397,7 @@ def _check_checkpoint_dir(
         check_resume(checkpoint, config, path)
 
 
-# chapters/long_runs.md: A command for every run
+# (from chapters/long_runs.md, section "A command for every run")
 def check_machine(config: TrainConfig, vocab_size: int, device: str) -> None:
     """Refuse settings this machine cannot run: a model whose training state alone
     (weights, gradients, Adam's two moments: 16 bytes a parameter) exceeds the device's
@@ -437,7 +437,7 @@ def check_threads(num_threads: int | None, flag: str = "--num-threads") -> None:
         )
 
 
-# chapters/scaling_out.md: Putting it together
+# (from chapters/scaling_out.md, section "Putting it together")
 def where_it_starts(folder: str, steps: int) -> int:
     """Say where a ``--resume`` run in ``folder`` starts (process 0 says it); return
     that step. Every task's trainer says it so."""
@@ -455,7 +455,7 @@ def where_it_starts(folder: str, steps: int) -> int:
     return step
 
 
-# chapters/scaling_out.md: Putting it together
+# (from chapters/scaling_out.md, section "Putting it together")
 def stopped(
     prog: str,
     stop: BaseException,

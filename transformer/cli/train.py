@@ -55,7 +55,7 @@ from transformer.tasks.translation import TranslatorFolder, fit_translation, sav
 from transformer.files import read_parallel
 
 
-# chapters/long_runs.md: A command for every run
+# (from chapters/long_runs.md, section "A command for every run")
 #: The trainers of ``transformer train``: task name -> its ``main(argv, prog)``. The
 #: scaling-out chapter registers ``numbers`` and ``multi30k``; a later chapter may
 #: register a task of its own.
@@ -106,7 +106,7 @@ def build_numbers_parser(
     return parser
 
 
-# chapters/long_runs.md: The translator's commands
+# (from chapters/long_runs.md, section "The translator's commands")
 def build_multi30k_parser(
     prog: str = "python -m transformer.train",
 ) -> argparse.ArgumentParser:
@@ -139,7 +139,7 @@ def check_multi30k_arguments(args: argparse.Namespace) -> TranslationConfig:
     return config
 
 
-# chapters/scaling_out.md: One process per device
+# (from chapters/scaling_out.md, section "One process per device")
 def check_numbers_arguments(
     args: argparse.Namespace, world_size: int = 1
 ) -> TrainConfig:
@@ -195,7 +195,7 @@ def check_numbers_arguments(
     return config
 
 
-# chapters/scaling_out.md: Putting it together
+# (from chapters/scaling_out.md, section "Putting it together")
 def _train_here(
     args: argparse.Namespace,
     config: TrainConfig,
@@ -239,7 +239,7 @@ def _train_here(
     return model
 
 
-# chapters/scaling_out.md: Putting it together
+# (from chapters/scaling_out.md, section "Putting it together")
 def run_training(args: argparse.Namespace) -> Transformer:
     """Train as ``args`` says, alone or as one process of several; return the trained
     model."""
@@ -287,7 +287,7 @@ def run_training(args: argparse.Namespace) -> Transformer:
             dist.destroy_process_group()
 
 
-# chapters/scaling_out.md: Putting it together
+# (from chapters/scaling_out.md, section "Putting it together")
 def multi30k_main(
     argv: Sequence[str] | None = None, prog: str = "python -m transformer.train"
 ) -> int:
@@ -398,7 +398,7 @@ def train_translator(
             torch.distributed.destroy_process_group()
 
 
-# chapters/scaling_out.md: Putting it together
+# (from chapters/scaling_out.md, section "Putting it together")
 def numbers_main(
     argv: Sequence[str] | None = None, prog: str = "python -m transformer.train"
 ) -> int:
@@ -445,7 +445,7 @@ TRAINERS["numbers"] = numbers_main
 TRAINERS["multi30k"] = multi30k_main
 
 
-# chapters/scaling_out.md: Your own parallel text
+# (from chapters/scaling_out.md, section "Your own parallel text")
 def build_translation_parser(
     prog: str = "python -m transformer.train",
 ) -> argparse.ArgumentParser:
@@ -503,7 +503,7 @@ def translation_main(
 TRAINERS["translation"] = translation_main
 
 
-# chapters/classify_command.md: Training: `transformer train --task classify`
+# (from chapters/classify_command.md, section "Training: `transformer train --task classify`")
 def classify_main(
     argv: Sequence[str] | None = None, prog: str = "python -m transformer.train"
 ) -> int:
@@ -517,7 +517,7 @@ def classify_main(
 TRAINERS["classify"] = classify_main
 
 
-# chapters/scaling_out.md: Putting it together
+# (from chapters/scaling_out.md, section "Putting it together")
 # `python -m transformer.cli.train`, not a notebook
 if __name__ == "__main__" and __spec__ is not None:
     raise SystemExit(main())

@@ -27,7 +27,7 @@ from transformer.generation.quantize import quantize_int8
 from transformer.tasks.translation import load_translator, translate_lines
 
 
-# chapters/long_runs.md: Text that is not UTF-8, and lines too long
+# (from chapters/long_runs.md, section "Text that is not UTF-8, and lines too long")
 def build_parser(
     prog: str = "python -m transformer.translate",
 ) -> argparse.ArgumentParser:

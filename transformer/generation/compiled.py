@@ -34,7 +34,7 @@ from transformer.nn.model import Transformer
 from transformer.nn.multihead import MultiHeadAttention
 
 
-# chapters/fixed_shapes.md: One step, one graph
+# (from chapters/fixed_shapes.md, section "One step, one graph")
 def static_cache(model: Transformer, memory: Tensor, capacity: int) -> DecoderCache:
     """A ``DecoderCache`` for ``decode_step``: in every layer a ``FixedKVCache`` of
     ``capacity`` positions, and the memory's keys and values, (B, H, S, d_k), projected
@@ -139,7 +139,7 @@ def static_greedy_decode(
     return tokens[:, : int(generated.max()) + 1]
 
 
-# chapters/fixed_shapes.md: Packed weights
+# (from chapters/fixed_shapes.md, section "Packed weights")
 class PackedLinear(nn.Linear):
     """An ``nn.Linear`` whose float32 inference on the CPU multiplies by its weight as
     oneDNN packed it (made at the first such call of more than one row, with its number

@@ -30,7 +30,7 @@ from transformer.nn.modes import evaluating
 from transformer.generation.topk import block_top_k
 
 
-# chapters/training.md: Reading the answer: greedy decoding
+# (from chapters/training.md, section "Reading the answer: greedy decoding")
 def output_limits(
     src: Tensor, src_mask: Tensor | None, max_len: int, extra_len: object
 ) -> Tensor:
@@ -58,7 +58,7 @@ def output_limits(
     return torch.minimum(limits, lengths + int(extra_len))
 
 
-# chapters/training.md: Reading the answer: greedy decoding
+# (from chapters/training.md, section "Reading the answer: greedy decoding")
 class DecoderState:
     """What the decoding loops keep for their rows besides the tokens: the memory each
     row reads and its source mask; ``next_logits`` scores the next token of every row.
@@ -135,7 +135,7 @@ def _keep_rows(mask: Tensor | None, rows: Tensor) -> Tensor | None:
     return mask if mask is None or mask.dim() < 4 or mask.shape[0] == 1 else mask[rows]
 
 
-# chapters/training.md: Reading the answer: greedy decoding
+# (from chapters/training.md, section "Reading the answer: greedy decoding")
 def greedy_decode(
     model: Transformer,
     src: Tensor,
@@ -222,7 +222,7 @@ def generated_ids(tokens: Tensor, eos_id: int) -> list[list[int]]:
     ]
 
 
-# chapters/generation.md: Beam search
+# (from chapters/generation.md, section "Beam search")
 def _length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
     """GNMT's lp(Y) = ((5 + |Y|) / 6) ** alpha, for lengths |Y| >= 0."""
     return ((5.0 + length) / 6.0) ** alpha
@@ -244,7 +244,7 @@ def _check_length_penalty(alpha: object) -> float:
     return value
 
 
-# chapters/generation.md: Beam search
+# (from chapters/generation.md, section "Beam search")
 def _start_beams(
     batch_size: int, beam_size: int, device: torch.device
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -328,7 +328,7 @@ def _beam_step(
     )
 
 
-# chapters/generation.md: Beam search
+# (from chapters/generation.md, section "Beam search")
 def beam_search(
     model: Transformer,
     src: Tensor,

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 
-# chapters/fast_generation.md: int8 on the CPU
+# (from chapters/fast_generation.md, section "int8 on the CPU")
 _Model = TypeVar("_Model", bound=nn.Module)
 
 

@@ -30,7 +30,7 @@ from transformer.nn.modes import evaluating
 from transformer.nn.decoder_only import DecoderOnlyLM
 
 
-# chapters/sampling.md: Temperature, top-k and top-p
+# (from chapters/sampling.md, section "Temperature, top-k and top-p")
 def top_k_filter(logits: Tensor, k: int | None) -> Tensor:
     """Keep the ``k`` largest logits of each row (and any tied with the k-th); set the
     rest to -inf.
@@ -54,7 +54,7 @@ def top_k_filter(logits: Tensor, k: int | None) -> Tensor:
     return logits.masked_fill(logits < kth, float("-inf"))  # (..., V)
 
 
-# chapters/sampling.md: Temperature, top-k and top-p
+# (from chapters/sampling.md, section "Temperature, top-k and top-p")
 def check_top_p(p: object, name: str = "top_p") -> float:
     """Return ``p`` as a float if it is a number in (0, 1], else raise a clear error
     naming ``name``."""
@@ -96,7 +96,7 @@ def top_p_filter(logits: Tensor, p: float | None) -> Tensor:
     return logits.masked_fill(probabilities < least, float("-inf"))  # (..., V)
 
 
-# chapters/sampling.md: Temperature, top-k and top-p
+# (from chapters/sampling.md, section "Temperature, top-k and top-p")
 def draw_tokens(
     logits: Tensor,
     temperature: float = 1.0,

@@ -24,7 +24,7 @@ from collections.abc import Collection, Sequence
 from transformer.checks import check_non_negative_int, check_positive_int
 
 
-# chapters/sampling.md: Checks
+# (from chapters/sampling.md, section "Checks")
 def _check_text(name: str, value: object) -> None:
     """Raise a clear TypeError unless ``value`` is a str."""
     if not isinstance(value, str):
@@ -98,7 +98,7 @@ def repeat_rate(
     return sum(marks) / len(marks)
 
 
-# chapters/sampling.md: Samples
+# (from chapters/sampling.md, section "Samples")
 _WORD = re.compile(r"[a-z']+")  # a word, in lower case: letters and apostrophes
 
 

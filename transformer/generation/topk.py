@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 
-# chapters/generation.md: Beam search
+# (from chapters/generation.md, section "Beam search")
 def block_top_k(x: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor]:
     """``x.topk(k, dim=-1)``, values best first and their indices, in one fast pass over
     the last axis: the maximum of every ``block`` values, then the top k of only the k

@@ -46,7 +46,7 @@ from transformer.paths import book_root
 from transformer.checks import check_positive_int
 
 
-# chapters/pretrained_encoder.md: BERT is the book's encoder with another front
+# (from chapters/pretrained_encoder.md, section "BERT is the book's encoder with another front")
 #: BERT's parameters in one layer -> the book's, in ``EncoderLayer`` (each has a weight
 #: and a bias)
 BERT_LAYER_NAMES = {
@@ -173,7 +173,7 @@ def text_encoder_from_bert(
     return model
 
 
-# chapters/pretrained_encoder.md: The real model
+# (from chapters/pretrained_encoder.md, section "The real model")
 MINILM_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
 #: sentence-transformers cuts all-MiniLM-L6-v2's inputs at 256 tokens (its
 #: ``sentence_bert_config.json``)
@@ -272,7 +272,7 @@ def embed_sentences(
     return F.normalize(mean_pool(hidden, mask), dim=-1)  # (N, d_model), unit length
 
 
-# chapters/sentiment.md: MiniLM, fine-tuned end to end
+# (from chapters/sentiment.md, section "MiniLM, fine-tuned end to end")
 class BertClassifier(nn.Module):
     """A pretrained ``TextEncoder`` with a head that labels a whole text: the mean of
     its output vectors over the tokens, dropout, a linear layer. Trained as one model,

@@ -47,7 +47,7 @@ from transformer.nn.modern import LlamaLM
 from transformer.paths import book_root
 
 
-# chapters/modern_decoder.md: SmolLM2 in the book's classes
+# (from chapters/modern_decoder.md, section "SmolLM2 in the book's classes")
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
@@ -115,7 +115,7 @@ def read_gguf(
     return metadata, tensors
 
 
-# chapters/modern_decoder.md: SmolLM2 in the book's classes
+# (from chapters/modern_decoder.md, section "SmolLM2 in the book's classes")
 #: llama.cpp's tensor names (without ".weight" or ".bias") -> the book's modules in a
 #: ``LlamaLM``.
 GGUF_NAMES = {"token_embd": "embed", "output_norm": "decoder.norm", "output": "output"}
@@ -215,7 +215,7 @@ def llama_from_gguf(
     return model.eval()
 
 
-# chapters/modern_decoder.md: SmolLM2 in the book's classes
+# (from chapters/modern_decoder.md, section "SmolLM2 in the book's classes")
 #: llama.cpp's pre-tokenizers this module rebuilds -> whether each digit is cut apart
 #: first.
 GGUF_PRE_TOKENIZERS = {"smollm": True, "gpt2": False, "default": False}
@@ -301,7 +301,7 @@ def load_smollm2(path: str | os.PathLike | None = None) -> tuple[LlamaLM, Any]:
     return llama_from_gguf(metadata, tensors), gguf_tokenizer(metadata)
 
 
-# chapters/modern_decoder.md: It writes
+# (from chapters/modern_decoder.md, section "It writes")
 def chat(
     model: LlamaLM,
     tokenizer: Any,

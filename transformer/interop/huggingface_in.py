@@ -36,7 +36,7 @@ from transformer.nn.model import Transformer
 from transformer.nn.modern import LlamaLM
 
 
-# chapters/pretrained.md: Pretrained weights
+# (from chapters/pretrained.md, section "Pretrained weights")
 def import_transformers() -> Any:
     """The ``transformers`` module, or an ImportError that says how to install it."""
     try:
@@ -49,7 +49,7 @@ def import_transformers() -> Any:
         ) from err
 
 
-# chapters/pretrained.md: The permutation of the residual stream
+# (from chapters/pretrained.md, section "The permutation of the residual stream")
 def marian_permutation(d_model: int) -> Tensor:
     """The order of Marian's residual coordinates that gives the book's:
     ``ours = marian[..., perm]``.
@@ -71,7 +71,7 @@ def marian_permutation(d_model: int) -> Tensor:
     return torch.stack([half, half + d_model // 2], dim=1).flatten()
 
 
-# chapters/pretrained.md: Copying, one tensor at a time
+# (from chapters/pretrained.md, section "Copying, one tensor at a time")
 def _copy(name: str, target: Tensor, source: Tensor) -> None:
     """Copy ``source`` into the parameter ``target`` (in place), after checking the
     shapes agree."""
@@ -150,7 +150,7 @@ def _load_feed_forward(
     _load_linear(f"{name}.w_2", ours.w_2, *w_2, writes=perm)
 
 
-# chapters/pretrained.md: Copying, one tensor at a time
+# (from chapters/pretrained.md, section "Copying, one tensor at a time")
 # Hugging Face's name of a feed-forward activation -> the book's (the first of each is
 # the one written back)
 HF_ACTIVATIONS = {
@@ -187,7 +187,7 @@ def _require_equal(config: Any, first: str, second: str) -> int:
     return a
 
 
-# chapters/pretrained.md: Marian → `Transformer`
+# (from chapters/pretrained.md, section "Marian → `Transformer`")
 def _marian_model(config: Any, shared: bool, tied: bool) -> Transformer:
     """An empty ``Transformer`` of the sizes and choices of a ``MarianConfig``;
     ``shared``: one embedding table for source and target, ``tied``: the output layer is
@@ -321,7 +321,7 @@ def _from_marian(hf: Any) -> Transformer:
     return model
 
 
-# chapters/pretrained.md: GPT-2 → `DecoderOnlyLM`
+# (from chapters/pretrained.md, section "GPT-2 → `DecoderOnlyLM`")
 def _gpt2_model(config: Any) -> DecoderOnlyLM:
     """An empty ``DecoderOnlyLM`` of the sizes and choices of a ``GPT2Config``."""
     activation = HF_ACTIVATIONS[
@@ -406,7 +406,7 @@ def _from_gpt2(hf: Any) -> DecoderOnlyLM:
     return model
 
 
-# chapters/pretrained.md: Llama → `LlamaLM`
+# (from chapters/pretrained.md, section "Llama → `LlamaLM`")
 #: Hugging Face's Llama names inside layer i (``model.layers.{i}.<name>``) -> the book's
 #: (``decoder.layers.{i}.<name>``).
 LLAMA_LAYER_NAMES = {
@@ -507,7 +507,7 @@ def _from_llama(hf: Any) -> LlamaLM:
     return model
 
 
-# chapters/pretrained.md: The package's entry points
+# (from chapters/pretrained.md, section "The package's entry points")
 def from_huggingface(model: nn.Module) -> nn.Module:
     """The model of this package equal to a Hugging Face ``transformers`` model, weights
     copied.

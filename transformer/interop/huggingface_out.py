@@ -34,7 +34,7 @@ from transformer.interop.huggingface_in import HF_ACTIVATIONS, import_transforme
 from transformer.tasks.subwords import SPECIAL_TOKENS
 
 
-# chapters/exporting.md: What Marian can hold
+# (from chapters/exporting.md, section "What Marian can hold")
 # the book's activation -> Marian's name for it: the reading table of the chapter
 # "Pretrained weights", backwards, keeping the first of its names for each (gelu_tanh ->
 # "gelu_new", silu -> "silu")
@@ -112,7 +112,7 @@ def marian_config(model: Transformer) -> Any:
     )
 
 
-# chapters/exporting.md: The permutation, backwards
+# (from chapters/exporting.md, section "The permutation, backwards")
 def _weights(
     ours: Any,
     inv: Tensor,
@@ -206,7 +206,7 @@ def marian_state_dict(model: Transformer) -> dict[str, Tensor]:
     return {name: tensor.detach().clone() for name, tensor in state.items()}
 
 
-# chapters/exporting.md: `to_huggingface`
+# (from chapters/exporting.md, section "`to_huggingface`")
 def to_huggingface(model: Transformer, tokenizer: Any) -> tuple[Any, Any]:
     """The book's translator as Hugging Face objects: the inverse of
     ``from_huggingface``.
@@ -283,7 +283,7 @@ def to_huggingface(model: Transformer, tokenizer: Any) -> tuple[Any, Any]:
     return hf.eval(), fast
 
 
-# chapters/exporting.md: The same translations
+# (from chapters/exporting.md, section "The same translations")
 @torch.no_grad()
 def hf_greedy(
     hf_model: Any,
@@ -315,7 +315,7 @@ def hf_greedy(
     return output
 
 
-# chapters/exporting.md: A folder, and the command that writes it
+# (from chapters/exporting.md, section "A folder, and the command that writes it")
 def export_huggingface(checkpoint: str | os.PathLike, out: str | os.PathLike) -> Path:
     """Write the translator of ``checkpoint`` as a Hugging Face folder ``out``: model,
     tokenizer and a model card (``README.md``, ``model_card``: source, how it was made,
@@ -355,7 +355,7 @@ def export_huggingface(checkpoint: str | os.PathLike, out: str | os.PathLike) ->
     return out
 
 
-# chapters/exporting.md: CTranslate2
+# (from chapters/exporting.md, section "CTranslate2")
 def ctranslate2_folder(hf_folder: str | os.PathLike, out: str | os.PathLike) -> Path:
     """Convert a folder of ``export_huggingface`` with CTranslate2's converter
     (float32), keeping the book's vocabulary (``<pad>`` at 0, not dropped) and its

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from transformer.nn.model import Transformer
 
 
-# chapters/exporting.md: ONNX: the encoder and one decoder step
+# (from chapters/exporting.md, section "ONNX: the encoder and one decoder step")
 class EncoderGraph(nn.Module):
     """src ids (1, S) -> memory (1, S, d_model), for a single unpadded sentence."""
 
@@ -76,7 +76,7 @@ class DecoderStepGraph(nn.Module):
         return model.output(x[:, -1]), weights[:, :, -1].mean(dim=1)  # (1, V), (1, S)
 
 
-# chapters/exporting.md: ONNX: the encoder and one decoder step
+# (from chapters/exporting.md, section "ONNX: the encoder and one decoder step")
 class _TorchvisionNotes(logging.Filter):
     """Drops the exporter's "torchvision is not installed. Skipping torchvision::nms"
     lines: it looks up torchvision's operators for every graph, and the book's graphs

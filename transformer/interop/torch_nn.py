@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 
-# chapters/encoder.md: Checked against `nn.TransformerEncoderLayer`
+# (from chapters/encoder.md, section "Checked against `nn.TransformerEncoderLayer`")
 TORCH_NN_RENAMES = {
     "cross_attn": "multihead_attn",
     "feed_forward.w_1": "linear1",

@@ -22,7 +22,7 @@ from transformer.nn.attention import masked_softmax
 from transformer.nn.multihead import MultiHeadAttention
 
 
-# chapters/train_short_test_long.md: ALiBi
+# (from chapters/train_short_test_long.md, section "ALiBi")
 def alibi_slopes(num_heads: int) -> Tensor:
     """The heads' slopes m of ALiBi, ``(num_heads,)``: for h heads, h a power of 2, the
     geometric sequence 2^(-8/h), 2^(-16/h), ..., 2^(-8); otherwise those of the power of

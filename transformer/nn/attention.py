@@ -29,7 +29,7 @@ from torch import Tensor
 from transformer.checks import check_fraction, check_length, check_tensor, check_token_tensor
 
 
-# chapters/attention.md: The causal mask
+# (from chapters/attention.md, section "The causal mask")
 def causal_mask(size: int, device: torch.device | str | None = None) -> Tensor:
     """The mask that stops each position from attending to later positions.
 
@@ -48,7 +48,7 @@ def causal_mask(size: int, device: torch.device | str | None = None) -> Tensor:
     return torch.ones(size, size, dtype=torch.bool, device=device).triu(diagonal=1)
 
 
-# chapters/attention.md: The padding mask
+# (from chapters/attention.md, section "The padding mask")
 def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
     """The mask that stops every query from attending to padding tokens.
 
@@ -73,7 +73,7 @@ def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
     return (tokens == int(pad_id))[:, None, None, :]  # (B, S) -> (B, 1, 1, S)
 
 
-# chapters/attention.md: A query with nothing to attend to
+# (from chapters/attention.md, section "A query with nothing to attend to")
 def masked_softmax(scores: Tensor, mask: Tensor | None) -> Tensor:
     """Softmax over the last dimension, with masked entries (True) set to zero weight.
 
@@ -90,7 +90,7 @@ def masked_softmax(scores: Tensor, mask: Tensor | None) -> Tensor:
     return scores.softmax(dim=-1).masked_fill(nothing_to_attend, 0.0)
 
 
-# chapters/attention.md: The function
+# (from chapters/attention.md, section "The function")
 def scaled_dot_product_attention(
     query: Tensor,
     key: Tensor,
@@ -132,7 +132,7 @@ def scaled_dot_product_attention(
     return output, weights
 
 
-# chapters/conventions.md: Refusing masks that are not boolean
+# (from chapters/conventions.md, section "Refusing masks that are not boolean")
 def check_attention_mask(
     mask: Tensor | None, scores_shape: tuple[int, ...], name: str | None = None
 ) -> Tensor | None:
@@ -176,7 +176,7 @@ def check_attention_mask(
     return mask
 
 
-# chapters/conventions.md: Every check of attention
+# (from chapters/conventions.md, section "Every check of attention")
 def check_query_key_value(query: Tensor, key: Tensor, value: Tensor) -> tuple[int, ...]:
     """Check the three inputs of attention; return the shape of the scores, (..., L,
     S)."""

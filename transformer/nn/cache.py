@@ -20,7 +20,7 @@ from transformer.nn.decoder import GenerationCache, LayerCache
 from transformer.nn.multihead import AttentionCache
 
 
-# chapters/fast_generation.md: One attention layer
+# (from chapters/fast_generation.md, section "One attention layer")
 class KVCache(AttentionCache):
     """The projected keys and values of one attention layer, kept between the steps of
     generation.
@@ -172,7 +172,7 @@ class KVCache(AttentionCache):
         self._key, self._value = key[:rows], value[:rows]
 
 
-# chapters/fast_generation.md: Every layer of the decoder
+# (from chapters/fast_generation.md, section "Every layer of the decoder")
 class DecoderLayerCache(LayerCache):
     """The caches of one decoder layer during generation (see the book's chapter "Fast
     generation").
@@ -235,7 +235,7 @@ class DecoderCache(GenerationCache):
             if memory:
                 layer.cross_attn.reorder(index)
 
-    # chapters/fixed_shapes.md: A cache of fixed shape
+    # (from chapters/fixed_shapes.md, section "A cache of fixed shape")
     def seek(self, position: Tensor) -> None:
         """Write the next target positions from ``position`` (a 0-d tensor) on, in every
         ``FixedKVCache``."""
@@ -243,7 +243,7 @@ class DecoderCache(GenerationCache):
             cast(FixedKVCache, layer.self_attn).position = position
 
 
-# chapters/fixed_shapes.md: A cache of fixed shape
+# (from chapters/fixed_shapes.md, section "A cache of fixed shape")
 class FixedKVCache(KVCache):
     """A self-attention cache of fixed shape, for compiled decoding. Its buffers
     ``(B, H, C, d_k)`` are given, zero, and every call returns all C of their positions

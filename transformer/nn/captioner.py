@@ -20,7 +20,7 @@ from transformer.nn.model import Transformer
 from transformer.nn.vision import PatchEmbedding
 
 
-# chapters/captioning.md: One encoder–decoder, another front-end
+# (from chapters/captioning.md, section "One encoder–decoder, another front-end")
 class PatchFrontEnd(nn.Module):
     """The captioner's source front-end: grey-level tokens -> projected patches +
     learned positions.
@@ -84,7 +84,7 @@ class PatchFrontEnd(nn.Module):
         return self.dropout(self.patch_embed(images) + self.pos_embed)
 
 
-# chapters/captioning.md: One encoder–decoder, another front-end
+# (from chapters/captioning.md, section "One encoder–decoder, another front-end")
 class ImageCaptioner(Transformer):
     """``Transformer`` over a patch front-end: grey-level tokens of an image in, caption
     logits out.

@@ -25,7 +25,7 @@ from transformer.nn.multihead import AttentionCache, MultiHeadAttention
 from transformer.nn.residual import add_and_norm
 
 
-# chapters/decoder.md: One decoder layer
+# (from chapters/decoder.md, section "One decoder layer")
 def _check_decoder_inputs(
     x: Tensor,
     memory: Tensor | None,
@@ -60,7 +60,7 @@ def _check_decoder_inputs(
     check_attention_mask(memory_mask, (B, num_heads, T, S), name=memory_mask_name)
 
 
-# chapters/decoder.md: Always causal
+# (from chapters/decoder.md, section "Always causal")
 def _self_attention_mask(
     tgt_mask: Tensor | None, causal: Tensor | None
 ) -> Tensor | None:
@@ -73,7 +73,7 @@ def _self_attention_mask(
     return causal | tgt_mask  # e.g. (T, T) | (B, 1, 1, T) -> (B, 1, T, T)
 
 
-# chapters/decoder.md: Always causal
+# (from chapters/decoder.md, section "Always causal")
 class LayerCache(ABC):
     """What ``DecoderLayer`` asks of the caches of one layer (the hook of generation):
     the book's chapter "Fast generation" builds one, ``DecoderLayerCache``.
@@ -94,7 +94,7 @@ class LayerCache(ABC):
         attend)."""
 
 
-# chapters/decoder.md: Always causal
+# (from chapters/decoder.md, section "Always causal")
 class DecoderLayer(nn.Module):
     """One decoder layer: causal self-attention, cross-attention over the memory,
     feed-forward.
@@ -309,7 +309,7 @@ class DecoderLayer(nn.Module):
                 check_dtype(name, value, input_dtype(self.norm1))
 
 
-# chapters/decoder.md: A stack of layers
+# (from chapters/decoder.md, section "A stack of layers")
 class StackCache(ABC):
     """What ``Decoder`` asks of the caches of a stack (the hook of generation): the
     book's chapter "Fast generation" builds one, ``DecoderCache``.
@@ -327,7 +327,7 @@ class StackCache(ABC):
         0-d tensor when the caller keeps it on the device)."""
 
 
-# chapters/decoder.md: A stack of layers
+# (from chapters/decoder.md, section "A stack of layers")
 class Decoder(nn.Module):
     """A stack of ``num_layers`` decoder layers, each feeding the next; all read the
     same memory.
@@ -448,7 +448,7 @@ class Decoder(nn.Module):
         return [None] * len(self.layers) if cache is None else list(cache.layers)
 
 
-# chapters/training.md: Reading the answer: greedy decoding
+# (from chapters/training.md, section "Reading the answer: greedy decoding")
 class GenerationCache(StackCache):
     """What ``DecoderState`` asks of a decoder's key/value cache (the hook of
     generation), besides ``StackCache``'s ``layers`` and ``length``. The model names its

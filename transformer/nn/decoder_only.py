@@ -21,7 +21,7 @@ from transformer.nn.encoder import LayerOptions
 from transformer.nn.positional import LearnedPositionalEncoding, SinusoidalPositionalEncoding, add_positions
 
 
-# chapters/decoder_only.md: The model
+# (from chapters/decoder_only.md, section "The model")
 _POSITIONS = ("learned", "sinusoidal", None)
 
 
@@ -39,7 +39,7 @@ def _positional_encoding(
     return None  # positions, if any, come from inside attention
 
 
-# chapters/decoder_only.md: The model
+# (from chapters/decoder_only.md, section "The model")
 class DecoderOnlyLM(nn.Module):
     """A decoder-only (GPT-style) language model: token ids in, next-token logits out.
 

@@ -20,7 +20,7 @@ from transformer.nn.encoder import Encoder, LayerOptions
 from transformer.nn.vision import PatchEmbedding
 
 
-# chapters/detection.md: The detector
+# (from chapters/detection.md, section "The detector")
 class DigitDetector(nn.Module):
     """DETR (Carion et al., 2020) from the book's parts: patches, ``Encoder``, object
     queries, ``Decoder``.

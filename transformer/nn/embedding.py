@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from transformer.checks import check_bool, check_positive_int, check_token_ids
 
 
-# chapters/embeddings.md: `TokenEmbedding`
+# (from chapters/embeddings.md, section "`TokenEmbedding`")
 class TokenEmbedding(nn.Module):
     """Token ids to vectors: a learned lookup table scaled by sqrt(d_model).
 

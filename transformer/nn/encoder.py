@@ -23,7 +23,7 @@ from transformer.nn.multihead import MultiHeadAttention
 from transformer.nn.residual import LayerNorm, add_and_norm
 
 
-# chapters/encoder.md: One encoder layer
+# (from chapters/encoder.md, section "One encoder layer")
 @dataclass(frozen=True)
 class LayerOptions:
     """What a layer does beyond the paper's ``d_model``, ``num_heads``, ``d_ff`` and
@@ -92,7 +92,7 @@ def check_layer_options(options: object) -> LayerOptions:
     return options
 
 
-# chapters/encoder.md: One encoder layer
+# (from chapters/encoder.md, section "One encoder layer")
 class EncoderLayer(nn.Module):
     """One encoder layer: self-attention, then a feed-forward network, each wrapped in
     Add & Norm.
@@ -202,7 +202,7 @@ class EncoderLayer(nn.Module):
         check_attention_mask(mask, (B, self.self_attn.num_heads, S, S), name=mask_name)
 
 
-# chapters/encoder.md: A stack of layers
+# (from chapters/encoder.md, section "A stack of layers")
 class Encoder(nn.Module):
     """A stack of ``num_layers`` encoder layers, each feeding the next.
 

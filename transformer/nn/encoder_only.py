@@ -27,7 +27,7 @@ from transformer.nn.encoder import Encoder, LayerOptions
 from transformer.nn.positional import SinusoidalPositionalEncoding
 
 
-# chapters/encoder_only.md: The classifier
+# (from chapters/encoder_only.md, section "The classifier")
 class SequenceClassifier(nn.Module):
     """An encoder-only classifier: embeddings, sinusoidal positions, ``Encoder``,
     pooling, linear head.
@@ -145,7 +145,7 @@ class SequenceClassifier(nn.Module):
         return self.head(self.pool(h, mask))  # (B, d_model) -> (B, num_classes)
 
 
-# chapters/pretraining.md: The model
+# (from chapters/pretraining.md, section "The model")
 class MaskedLanguageModel(nn.Module):
     """An encoder with a head that scores the vocabulary at every position (BERT's
     masked LM).
@@ -217,7 +217,7 @@ class MaskedLanguageModel(nn.Module):
         return self.head(self.encode(tokens))
 
 
-# chapters/tagging.md: The tagger
+# (from chapters/tagging.md, section "The tagger")
 class TokenClassifier(SequenceClassifier):
     """An encoder-only tagger: ``SequenceClassifier``'s embeddings, positions and
     encoder, and its linear head applied at every position (no pooling, no class token).

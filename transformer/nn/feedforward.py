@@ -21,7 +21,7 @@ from transformer.checks import (check_bool, check_fraction, check_dtype, input_d
     check_positive_int, check_tensor)
 
 
-# chapters/feedforward.md: The module
+# (from chapters/feedforward.md, section "The module")
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": torch.relu_,  # the paper; in place: its backward reads only its output
     "gelu": F.gelu,  # x Phi(x), exact
@@ -54,7 +54,7 @@ def activation_function(activation: object) -> Callable[[Tensor], Tensor]:
     return _ACTIVATIONS[_check_activation(activation)]
 
 
-# chapters/feedforward.md: The module
+# (from chapters/feedforward.md, section "The module")
 class PositionwiseFeedForward(nn.Module):
     """The position-wise feed-forward network, FFN(x) = max(0, x W_1 + b_1) W_2 + b_2.
 

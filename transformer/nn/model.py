@@ -21,7 +21,7 @@ from transformer.nn.positional import SinusoidalPositionalEncoding, add_position
 from transformer.nn.cache import DecoderCache
 
 
-# chapters/model.md: The model
+# (from chapters/model.md, section "The model")
 class Transformer(nn.Module):
     """The encoder-decoder Transformer of the paper, from token ids to logits.
 
@@ -219,7 +219,7 @@ class Transformer(nn.Module):
         memory = self.encode(src, src_mask)  # (B, S, d_model)
         return self.output(self.decode(tgt, memory, src_mask, tgt_mask))  # (B, T, V)
 
-    # chapters/fast_generation.md: Every layer of the decoder
+    # (from chapters/fast_generation.md, section "Every layer of the decoder")
     def new_cache(self, capacity: int | None = None) -> DecoderCache:
         """An empty key/value cache for ``decode``, one ``DecoderLayerCache`` per decoder
         layer, with room for ``capacity`` target positions (or None: it grows);

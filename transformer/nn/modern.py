@@ -35,7 +35,7 @@ from transformer.nn.multihead import MultiHeadAttention
 from transformer.nn.relative import RotaryMultiHeadAttention, rotary_angles, rotate_pairs
 
 
-# chapters/modern_decoder.md: RMSNorm
+# (from chapters/modern_decoder.md, section "RMSNorm")
 class RMSNorm(nn.Module):
     """Root-mean-square normalisation over the last dimension, g * x / sqrt(mean(x^2) +
     eps).
@@ -72,7 +72,7 @@ class RMSNorm(nn.Module):
         return f"{self.d_model}, eps={self.eps}"
 
 
-# chapters/modern_decoder.md: The gated feed-forward network: SwiGLU
+# (from chapters/modern_decoder.md, section "The gated feed-forward network: SwiGLU")
 class GatedFeedForward(nn.Module):
     """The gated feed-forward network, FFN(x) = (act(x W) * x V) W_2 (Shazeer 2020);
     SwiGLU with "silu".
@@ -125,7 +125,7 @@ class GatedFeedForward(nn.Module):
         return self.w_2(self.dropout(gate * self.v(x)))
 
 
-# chapters/modern_decoder.md: Grouped-query attention
+# (from chapters/modern_decoder.md, section "Grouped-query attention")
 class GroupedQueryAttention(MultiHeadAttention):
     """Grouped-query attention (Ainslie et al. 2023): ``num_heads`` query heads share
     ``num_kv_heads`` key/value heads, query head i reading group
@@ -342,7 +342,7 @@ class RotaryGroupedQueryAttention(GroupedQueryAttention, RotaryMultiHeadAttentio
         return super().attend(q, k, v, mask, dropout_p, need_weights, query_start)
 
 
-# chapters/modern_decoder.md: Llama's layout: `LlamaLM`
+# (from chapters/modern_decoder.md, section "Llama's layout: `LlamaLM`")
 def llama_options(
     num_kv_heads: int,
     rope_base: float = 10000.0,

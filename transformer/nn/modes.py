@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 
-# chapters/training.md: Reading the answer: greedy decoding
+# (from chapters/training.md, section "Reading the answer: greedy decoding")
 @contextlib.contextmanager
 def evaluating(model: nn.Module) -> Iterator[None]:
     """Eval mode and no gradients inside the block; the model's mode is restored after

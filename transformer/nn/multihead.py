@@ -22,7 +22,7 @@ from transformer.checks import check_bool, check_fraction, check_dtype, check_fe
 from transformer.nn.attention import check_attention_mask, scaled_dot_product_attention
 
 
-# chapters/multihead_attention.md: All heads at once
+# (from chapters/multihead_attention.md, section "All heads at once")
 def _split_heads(x: Tensor, num_heads: int) -> Tensor:
     """Cut the features into ``num_heads`` blocks: (B, S, d_model) -> (B, H, S, d_k)."""
     B, S, d_model = x.shape
@@ -36,7 +36,7 @@ def _merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(B, S, H * d_v)  # (B, S, H, d_v) -> (B, S, H * d_v)
 
 
-# chapters/multihead_attention.md: Two ways to run the heads
+# (from chapters/multihead_attention.md, section "Two ways to run the heads")
 def _fused_attention(
     query: Tensor,
     key: Tensor,
@@ -69,7 +69,7 @@ def _fused_attention(
     return output.masked_fill(broken, math.nan).masked_fill(empty, 0.0)
 
 
-# chapters/multihead_attention.md: The module
+# (from chapters/multihead_attention.md, section "The module")
 class AttentionCache(ABC):
     """What ``MultiHeadAttention`` asks of a cache of keys and values (the hook of
     generation): the book's chapter "Fast generation" builds one, ``KVCache``."""
@@ -89,7 +89,7 @@ class AttentionCache(ABC):
         precede it."""
 
 
-# chapters/multihead_attention.md: The module
+# (from chapters/multihead_attention.md, section "The module")
 def _check_inputs(
     query: Tensor, key: Tensor, value: Tensor, d_model: int, cache: object = None
 ) -> None:
@@ -113,7 +113,7 @@ def _check_inputs(
         )
 
 
-# chapters/multihead_attention.md: The module
+# (from chapters/multihead_attention.md, section "The module")
 class MultiHeadAttention(nn.Module):
     """Multi-head attention, MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O.
 

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from transformer.checks import check_fits_in_memory, check_fraction, check_features, check_positive_int
 
 
-# chapters/positional_encoding.md: The sinusoidal encoding
+# (from chapters/positional_encoding.md, section "The sinusoidal encoding")
 def sinusoidal_encoding(
     num_positions: int, d_model: int, base: float = 10000.0
 ) -> Tensor:
@@ -58,7 +58,7 @@ def sinusoidal_encoding(
     return table.flatten(1).to(torch.get_default_dtype())
 
 
-# chapters/positional_encoding.md: The layer: add, then dropout
+# (from chapters/positional_encoding.md, section "The layer: add, then dropout")
 class _AddPositionTable(nn.Module):
     """Shared forward of the positional encodings: x + table[:S], then dropout.
 
@@ -90,7 +90,7 @@ class _AddPositionTable(nn.Module):
         return self.dropout(x + positions)  # (B, S, d_model)
 
 
-# chapters/positional_encoding.md: The layer: add, then dropout
+# (from chapters/positional_encoding.md, section "The layer: add, then dropout")
 class SinusoidalPositionalEncoding(_AddPositionTable):
     """Adds the paper's fixed sinusoidal table to token embeddings, then applies
     dropout.
@@ -137,7 +137,7 @@ def _refill_table(
     module.reset_parameters()
 
 
-# chapters/positional_encoding.md: The layer: add, then dropout
+# (from chapters/positional_encoding.md, section "The layer: add, then dropout")
 class LearnedPositionalEncoding(_AddPositionTable):
     """Adds a learned table of position vectors to token embeddings, then applies
     dropout.
@@ -173,7 +173,7 @@ class LearnedPositionalEncoding(_AddPositionTable):
         return f"d_model={self.d_model}, max_len={self.max_len}"
 
 
-# chapters/model.md: The model
+# (from chapters/model.md, section "The model")
 def add_positions(
     encoding: _AddPositionTable, x: Tensor, start: int | Tensor
 ) -> Tensor:

@@ -31,7 +31,7 @@ from transformer.nn.attention import masked_softmax
 from transformer.nn.multihead import MultiHeadAttention
 
 
-# chapters/positions_compared.md: Distances as indices
+# (from chapters/positions_compared.md, section "Distances as indices")
 def relative_positions(
     query_len: int,
     key_len: int,
@@ -67,7 +67,7 @@ def relative_positions(
     return (j - i).clamp(-max_distance, max_distance) + max_distance  # (L, S)
 
 
-# chapters/positions_compared.md: The layer
+# (from chapters/positions_compared.md, section "The layer")
 class RelativeMultiHeadAttention(MultiHeadAttention):
     """Multi-head self-attention with relative position representations (Shaw et al.,
     2018).
@@ -161,7 +161,7 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
         )
 
 
-# chapters/positions_compared.md: Rotary position embeddings
+# (from chapters/positions_compared.md, section "Rotary position embeddings")
 def _check_base(base: object) -> float:
     """Return ``base`` as a float if it is a number > 1, else raise a clear error."""
     if isinstance(base, bool) or not isinstance(base, numbers.Real):
@@ -244,7 +244,7 @@ def rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return rotated.flatten(-2)
 
 
-# chapters/positions_compared.md: The layer
+# (from chapters/positions_compared.md, section "The layer")
 class RotaryMultiHeadAttention(MultiHeadAttention):
     """Multi-head self-attention with rotary position embeddings (RoPE, Su et al.).
 

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from transformer.checks import check_bool, check_features, check_positive_int, check_tensor
 
 
-# chapters/add_and_norm.md: Layer normalisation
+# (from chapters/add_and_norm.md, section "Layer normalisation")
 def _check_eps(eps: object) -> float:
     """Return ``eps`` as a float if it is a positive finite number, else raise."""
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
@@ -86,7 +86,7 @@ class LayerNorm(nn.Module):
         return f"{self.d_model}, eps={self.eps}"
 
 
-# chapters/add_and_norm.md: Add & Norm, in two orders
+# (from chapters/add_and_norm.md, section "Add & Norm, in two orders")
 def _check_sublayer_output(output: object, x: Tensor, checked: bool = False) -> Tensor:
     """The residual sum needs a sublayer output of exactly the shape of its input
     (unless the caller built the sublayer and ``checked`` its input)."""
@@ -104,7 +104,7 @@ def _check_sublayer_output(output: object, x: Tensor, checked: bool = False) -> 
     return output
 
 
-# chapters/add_and_norm.md: Add & Norm, in two orders
+# (from chapters/add_and_norm.md, section "Add & Norm, in two orders")
 def add_and_norm(
     x: Tensor,
     sublayer: Callable[[Tensor], Tensor],

@@ -21,7 +21,7 @@ from transformer.nn.positional import LearnedPositionalEncoding
 from transformer.nn.residual import LayerNorm
 
 
-# chapters/pretrained_encoder.md: BERT is the book's encoder with another front
+# (from chapters/pretrained_encoder.md, section "BERT is the book's encoder with another front")
 class TextEncoder(nn.Module):
     """An encoder-only model that returns one vector per token: BERT's layout from the
     book's parts.

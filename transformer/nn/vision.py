@@ -32,7 +32,7 @@ from transformer.nn.relative import RelativeMultiHeadAttention
 from transformer.nn.encoder import Encoder, LayerOptions
 
 
-# chapters/images.md: An image as a sequence of patches
+# (from chapters/images.md, section "An image as a sequence of patches")
 def patches(images: Tensor, patch_size: int) -> Tensor:
     """Cut images into non-overlapping ``patch_size`` x ``patch_size`` patches, each
     flattened.
@@ -66,7 +66,7 @@ def patches(images: Tensor, patch_size: int) -> Tensor:
     )
 
 
-# chapters/images.md: The projection is a convolution
+# (from chapters/images.md, section "The projection is a convolution")
 class PatchEmbedding(nn.Module):
     """Cut images into patches and project each to ``d_model``: x_p E + b (eq.
     vit-input).
@@ -127,7 +127,7 @@ class PatchEmbedding(nn.Module):
         return self.proj(patches(images, self.patch_size))
 
 
-# chapters/images.md: Where is a patch?
+# (from chapters/images.md, section "Where is a patch?")
 def sinusoidal_encoding_2d(
     grid_size: int, d_model: int, base: float = 10000.0
 ) -> Tensor:
@@ -156,7 +156,7 @@ def sinusoidal_encoding_2d(
     return torch.cat([rows, columns], dim=1)  # (grid * grid, d_model)
 
 
-# chapters/images.md: Where is a patch?
+# (from chapters/images.md, section "Where is a patch?")
 def grid_relations(
     grid_size: int,
     max_distance: int,
@@ -195,7 +195,7 @@ def grid_relations(
     return index
 
 
-# chapters/images.md: Where is a patch?
+# (from chapters/images.md, section "Where is a patch?")
 class GridRelativeMultiHeadAttention(RelativeMultiHeadAttention):
     """Self-attention over a class token and a grid of patches, with 2-D relative
     positions.
@@ -257,7 +257,7 @@ class GridRelativeMultiHeadAttention(RelativeMultiHeadAttention):
         return f"{super().extra_repr()}, grid_size={self.grid_size}"
 
 
-# chapters/vision.md: The Vision Transformer
+# (from chapters/vision.md, section "The Vision Transformer")
 class VisionTransformer(nn.Module):
     """A Vision Transformer (Dosovitskiy et al., 2021): patches, class token, positions,
     Encoder, head.

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 
-# chapters/pretraining.md: The headers give the answer away
+# (from chapters/pretraining.md, section "The headers give the answer away")
 def words(text: str) -> list[str]:
     """The lower-cased words of ``text``: runs of letters, digits and underscores."""
     return re.findall(r"\w+", text.lower())

@@ -32,7 +32,7 @@ from torch import Tensor
 from transformer.checks import check_bool, check_positive_int, check_token_ids
 
 
-# chapters/brackets.md: Balanced brackets
+# (from chapters/brackets.md, section "Balanced brackets")
 BRACKET_VOCAB = ("<pad>", "(", ")")  # token ids 0, 1, 2; id 0 pads
 
 
@@ -58,7 +58,7 @@ def is_balanced(text: str) -> bool:
     return all(d >= 0 for d in depths) and (not depths or depths[-1] == 0)
 
 
-# chapters/brackets.md: Balanced brackets
+# (from chapters/brackets.md, section "Balanced brackets")
 def encode_brackets(text: str, length: int | None = None) -> Tensor:
     """Bracket string -> token ids ``(N,)`` (long), padded with 0 at the end up to
     ``length``."""
@@ -79,7 +79,7 @@ def decode_brackets(tokens: Tensor) -> str:
     return "".join(BRACKET_VOCAB[i] for i in tokens.tolist() if i != 0)
 
 
-# chapters/brackets.md: Drawing balanced sequences
+# (from chapters/brackets.md, section "Drawing balanced sequences")
 def random_balanced(n: int, rng: random.Random) -> str:
     """A balanced sequence of ``n`` pairs, each of the Catalan(n) possible ones equally
     likely.
@@ -98,7 +98,7 @@ def random_balanced(n: int, rng: random.Random) -> str:
     return "".join("(" if step > 0 else ")" for step in walk[:-1])
 
 
-# chapters/brackets.md: Near misses
+# (from chapters/brackets.md, section "Near misses")
 def near_miss(n: int, rng: random.Random) -> str:
     """An unbalanced sequence of ``n`` '(' and ``n`` ')' (n >= 3) that starts with '(',
     ends with ')'.
@@ -120,7 +120,7 @@ def near_miss(n: int, rng: random.Random) -> str:
                 return "".join(text)
 
 
-# chapters/brackets.md: A data set with disjoint splits
+# (from chapters/brackets.md, section "A data set with disjoint splits")
 def bracket_split(text: str, test_fraction: float = 0.2) -> str:
     """``"test"`` or ``"train"``: a fixed function of the sequence (its CRC-32), so
     splits never share one."""
@@ -132,7 +132,7 @@ def bracket_split(text: str, test_fraction: float = 0.2) -> str:
     )
 
 
-# chapters/brackets.md: A data set with disjoint splits
+# (from chapters/brackets.md, section "A data set with disjoint splits")
 def bracket_dataset(
     num_examples: int,
     max_len: int = 24,

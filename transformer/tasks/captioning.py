@@ -33,7 +33,7 @@ from transformer.training.loop import run_settings, run_steps
 from transformer.training.schedules import make_adam, warmup_cosine
 
 
-# chapters/captioning.md: Training with the one loop
+# (from chapters/captioning.md, section "Training with the one loop")
 def caption_batches(
     src: Tensor,
     captions: Tensor,
@@ -81,7 +81,7 @@ def caption_scores(
     return exact, words
 
 
-# chapters/captioning.md: Training with the one loop
+# (from chapters/captioning.md, section "Training with the one loop")
 def train_captioner(
     src: Tensor,
     captions: Tensor,

@@ -16,7 +16,7 @@ from pathlib import Path
 from transformer.training.checkpoint import read_checkpoint
 
 
-# chapters/long_runs.md: A card for a model that is shared
+# (from chapters/long_runs.md, section "A card for a model that is shared")
 MULTI30K_TERMS = (
     "Multi30k (task 1) is distributed under the same terms as Flickr30K: the captions "
     "are for research "

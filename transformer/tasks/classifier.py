@@ -34,11 +34,11 @@ from transformer.training.loop import Evaluate, Progress, run_settings, run_step
 from transformer.training.schedules import make_adam, warmup_rate
 
 
-# chapters/encoder_only.md: Encoder-only: a sequence classifier
+# (from chapters/encoder_only.md, section "Encoder-only: a sequence classifier")
 # the model: nn/encoder_only.py, below
 
 
-# chapters/encoder_only.md: Training
+# (from chapters/encoder_only.md, section "Training")
 def accuracy(
     model: nn.Module, inputs: Tensor, labels: Tensor, batch_size: int = 1000
 ) -> float:
@@ -97,7 +97,7 @@ def _check_examples(inputs: Any, labels: Any, pad_id: int | None = None) -> None
         )
 
 
-# chapters/encoder_only.md: Training
+# (from chapters/encoder_only.md, section "Training")
 def _batches(
     inputs: Tensor, labels: Tensor, batch_size: int, seed: int, pad_id: int | None
 ) -> Iterator[tuple[Tensor, Tensor]]:
@@ -117,7 +117,7 @@ def _batches(
             yield x, labels[rows]
 
 
-# chapters/encoder_only.md: Training
+# (from chapters/encoder_only.md, section "Training")
 def classification_loss(
     model: nn.Module, batch: tuple[Tensor, Tensor]
 ) -> tuple[Tensor, dict[str, Tensor]]:

@@ -51,7 +51,7 @@ from transformer.training.loop import run_settings, run_steps
 from transformer.training.schedules import make_adam, warmup_cosine
 
 
-# chapters/detection.md: Boxes and their overlap
+# (from chapters/detection.md, section "Boxes and their overlap")
 def box_cxcywh_to_xyxy(boxes: Tensor) -> Tensor:
     """(..., 4) boxes as (centre x, centre y, width, height) -> (x0, y0, x1, y1), the
     corners."""
@@ -128,7 +128,7 @@ def generalized_box_iou(a: Tensor, b: Tensor) -> Tensor:
     return inter / union - (hull - union) / hull
 
 
-# chapters/detection.md: Scenes of digits, with boxes
+# (from chapters/detection.md, section "Scenes of digits, with boxes")
 CANVAS, MAX_DIGITS = 32, 4  # 32x32 pixels, one to four digits a scene
 # each digit's 8x8 image scaled to a square of 7 to 12 pixels a side
 DIGIT_SIZES = (7, 12)
@@ -156,7 +156,7 @@ def tight_box(pixels: Tensor) -> Tensor:
     return torch.stack([columns[0], rows[0], columns[-1] + 1, rows[-1] + 1]).float()
 
 
-# chapters/detection.md: Scenes of digits, with boxes
+# (from chapters/detection.md, section "Scenes of digits, with boxes")
 def _digit_range(digits: object) -> tuple[int, int]:
     """``digits``, (fewest, most) digits a scene, if both are whole numbers with 1 <=
     fewest <= most; otherwise a ValueError naming the argument."""
@@ -264,7 +264,7 @@ def make_digit_scenes(
     return DigitScenes(canvas, classes, boxes)
 
 
-# chapters/detection.md: Matching predictions to digits
+# (from chapters/detection.md, section "Matching predictions to digits")
 # the paper's down-weighting of the "no object" class, by a factor 10
 NO_OBJECT_WEIGHT = 0.1
 # the paper's weights of the three costs (and losses)
@@ -312,7 +312,7 @@ def hungarian_match(cost: Tensor) -> tuple[Tensor, Tensor]:
     )
 
 
-# chapters/detection.md: The set loss
+# (from chapters/detection.md, section "The set loss")
 def set_loss(
     logits: Tensor,
     boxes: Tensor,
@@ -382,7 +382,7 @@ def set_loss(
     }
 
 
-# chapters/detection.md: Measuring: average precision
+# (from chapters/detection.md, section "Measuring: average precision")
 def detections(logits: Tensor, boxes: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
     """Per image (scores (T,), classes (T,), boxes (T, 4)): every prediction, with its
     likeliest object class and that class's probability as its score, as the paper ranks
@@ -468,7 +468,7 @@ def coco_average_precision(
     }
 
 
-# chapters/detection.md: Training
+# (from chapters/detection.md, section "Training")
 def detection_loss(
     model: nn.Module, batch: tuple[Tensor, list[Tensor], list[Tensor]]
 ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -598,7 +598,7 @@ def detector_model(checkpoint: dict, path: str | os.PathLike) -> DigitDetector:
     return DigitDetector(**checkpoint["config"])
 
 
-# chapters/detection.md: The committed detector against a sliding window
+# (from chapters/detection.md, section "The committed detector against a sliding window")
 def non_maximum_suppression(
     boxes: Tensor, scores: Tensor, iou_threshold: float
 ) -> Tensor:

@@ -24,7 +24,7 @@ from transformer.checks import check_tensor
 from transformer.paths import data_file
 
 
-# chapters/images.md: The data: 8×8 handwritten digits
+# (from chapters/images.md, section "The data: 8×8 handwritten digits")
 DIGITS_SHA256 = "09f66e6debdee2cd2b5ae59e0d6abbb73fc2b0e0185d2e1957e9ebb51e23aa22"
 
 
@@ -60,7 +60,7 @@ def load_digits(path: str | Path | None = None) -> tuple[Tensor, Tensor]:
     return images, values[:, 64].long()
 
 
-# chapters/images.md: The data: 8×8 handwritten digits
+# (from chapters/images.md, section "The data: 8×8 handwritten digits")
 def stratified_split(
     labels: Tensor, test_fraction: float = 0.25, seed: int = 0
 ) -> tuple[Tensor, Tensor]:

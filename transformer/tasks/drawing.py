@@ -35,7 +35,7 @@ from transformer.training.loop import run_settings, run_steps
 from transformer.training.schedules import make_adam, warmup_cosine
 
 
-# chapters/drawing.md: A digit as a sentence
+# (from chapters/drawing.md, section "A digit as a sentence")
 # ids PIXEL_LEVELS .. PIXEL_LEVELS + 9, after the grey levels
 PROMPT_WORDS = DIGIT_NAMES
 DRAWING_VOCAB_SIZE = PIXEL_LEVELS + len(PROMPT_WORDS)
@@ -100,7 +100,7 @@ def drawing_batches(
         yield rows[:, :-1], rows[:, 1:]
 
 
-# chapters/drawing.md: Training
+# (from chapters/drawing.md, section "Training")
 def make_drawer() -> DecoderOnlyLM:
     """The chapter's drawer, untrained: d_model 64, 4 heads, 2 layers, d_ff 128,
     dropout 0.1, learned positions for the 65 tokens of a prompt and a digit."""

@@ -40,7 +40,7 @@ import numpy as np
 from transformer.paths import book_root
 
 
-# chapters/pretraining.md: The data: the SpamAssassin corpus
+# (from chapters/pretraining.md, section "The data: the SpamAssassin corpus")
 #: The three folders the book reads, with their label (1 = spam); the package's later
 #: collection is left for an independent check of the finished classifier, and no code
 #: of the book names it.
@@ -77,7 +77,7 @@ def corpus_digest(paths: list[Path]) -> str:
     return digest.hexdigest()
 
 
-# chapters/pretraining.md: What a reader reads
+# (from chapters/pretraining.md, section "What a reader reads")
 class _HTMLText(HTMLParser):
     """Collects the text of an HTML document: no scripts or styles, a line break at each
     block tag."""
@@ -128,7 +128,7 @@ def html_to_text(markup: str) -> str:
     return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
 
 
-# chapters/pretraining.md: What a reader reads
+# (from chapters/pretraining.md, section "What a reader reads")
 def _part_text(part: email.message.Message) -> str:
     """A text part's content, decoded; an unknown character set read as Latin-1 (every
     byte is a character)."""
@@ -176,7 +176,7 @@ def email_headers(raw: bytes) -> str:
     return head.decode("latin-1")
 
 
-# chapters/pretraining.md: What a reader reads
+# (from chapters/pretraining.md, section "What a reader reads")
 @dataclass(frozen=True)
 class Email:
     """One email of the corpus: its folder, file name (``NNNNN.<md5 of the file>.txt``),
@@ -223,7 +223,7 @@ def read_emails(folder: Path | None = None) -> list[Email]:
     ]
 
 
-# chapters/pretraining.md: Duplicates, and the three splits
+# (from chapters/pretraining.md, section "Duplicates, and the three splits")
 def _shingles(text: str, size: int = 5) -> set[int]:
     tokens = re.findall(r"\w+", text.lower())
     return {
@@ -286,7 +286,7 @@ def split_emails(
     return splits
 
 
-# chapters/classify_command.md: The spam set as JSON lines
+# (from chapters/classify_command.md, section "The spam set as JSON lines")
 def write_spam_jsonl(out: Path) -> dict[str, Path]:
     """Write the splits of ``split_emails(read_emails())`` to
     ``out/{train,valid,test}.jsonl``: one

@@ -47,7 +47,7 @@ from transformer.paths import book_root
 from transformer.tasks.masked_lm import IGNORE_INDEX
 
 
-# chapters/entities.md: The data: tweets with BIO tags
+# (from chapters/entities.md, section "The data: tweets with BIO tags")
 WNUT16_FILE = "ner.txt"
 WNUT16_SHA256 = "8573ac2f0b9bd533488332954a3db9958da4789bc4f8c26de10bb346e96e5390"
 #: the ten entity types of WNUT 2016, in alphabetical order
@@ -135,7 +135,7 @@ def read_wnut16(path: str | Path | None = None) -> list[tuple[list[str], list[st
     return parse_tagged(raw.decode("utf-8"))
 
 
-# chapters/entities.md: Spans from tags
+# (from chapters/entities.md, section "Spans from tags")
 def entity_spans(tags: Sequence[str]) -> list[tuple[str, int, int]]:
     """The spans ``(type, start, end)`` (``end`` excluded) that BIO ``tags`` stand for.
 
@@ -163,7 +163,7 @@ def entity_spans(tags: Sequence[str]) -> list[tuple[str, int, int]]:
     return spans
 
 
-# chapters/entities.md: Span F1
+# (from chapters/entities.md, section "Span F1")
 def span_counts(
     gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]
 ) -> Tensor:
@@ -200,7 +200,7 @@ def span_f1(counts: Tensor) -> Tensor:
     return torch.where(total > 0, 2 * tp / total.clamp(min=1), 0.0)
 
 
-# chapters/entities.md: A split fixed by the text
+# (from chapters/entities.md, section "A split fixed by the text")
 SPLITS = ("train", "valid", "test")
 
 
@@ -214,7 +214,7 @@ def tweet_split(words: Sequence[str]) -> str:
     return "test" if share < 3 else "valid" if share < 6 else "train"
 
 
-# chapters/entities.md: How sure is an F1?
+# (from chapters/entities.md, section "How sure is an F1?")
 def span_f1_interval(
     counts: Tensor, level: float = 0.95, samples: int = 2000, seed: int = 0
 ) -> tuple[float, float]:
@@ -261,7 +261,7 @@ def span_f1_interval(
     return float(low), float(high)
 
 
-# chapters/entities.md: Two baselines
+# (from chapters/entities.md, section "Two baselines")
 def learn_gazetteer(
     data: Sequence[tuple[Sequence[str], Sequence[str]]], keep_case: bool = False
 ) -> dict[tuple[str, ...], str]:
@@ -303,7 +303,7 @@ def gazetteer_tags(
     return tags
 
 
-# chapters/entities.md: The book's encoder, from scratch
+# (from chapters/entities.md, section "The book's encoder, from scratch")
 def word_tags(
     model: nn.Module, tokens: Tensor, targets: Tensor, batch_size: int = 64
 ) -> list[list[str]]:
@@ -332,7 +332,7 @@ def word_tags(
     return out
 
 
-# chapters/entities.md: MiniLM, frozen, with a trained head
+# (from chapters/entities.md, section "MiniLM, frozen, with a trained head")
 class WordsApart:
     """A ``tokenizers.Tokenizer`` that takes the words of a text as split at spaces:
     ``encode(text)`` encodes ``text.split(" ")`` as pre-tokenized words, so that
@@ -375,7 +375,7 @@ def first_piece_states(
     return torch.cat(states)
 
 
-# chapters/entities.md: MiniLM, frozen, with a trained head
+# (from chapters/entities.md, section "MiniLM, frozen, with a trained head")
 def tweet_tags(labels: Tensor, lengths: Sequence[int]) -> list[list[str]]:
     """The labels of all words ``(W,)``, in order, cut into tweets of ``lengths`` words
     and named by ``BIO_TAGS``."""

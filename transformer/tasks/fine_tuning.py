@@ -27,7 +27,7 @@ from transformer.training.loop import Evaluate, run_settings, run_steps
 from transformer.training.schedules import cooldown_factor, make_adam
 
 
-# chapters/sentiment.md: MiniLM, fine-tuned end to end
+# (from chapters/sentiment.md, section "MiniLM, fine-tuned end to end")
 def wordpieces(tokenizer: Any, sentences: list[str]) -> list[list[int]]:
     """Each sentence's WordPiece ids, [CLS] and [SEP] included, without padding
     (``tokenizer``: ``load_minilm()[1]``, which pads a batch to its longest row)."""

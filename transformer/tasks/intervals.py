@@ -16,7 +16,7 @@ from torch import Tensor
 from transformer.checks import check_positive_int, check_tensor
 
 
-# chapters/sentiment.md: How sure is an accuracy?
+# (from chapters/sentiment.md, section "How sure is an accuracy?")
 def bootstrap_interval(
     correct: Tensor, level: float = 0.95, samples: int = 2000, seed: int = 0
 ) -> tuple[float, float]:

@@ -32,7 +32,7 @@ from transformer.training.loop import Evaluate, Progress, run_settings, run_step
 from transformer.training.schedules import make_adam, warmup_cosine
 
 
-# chapters/decoder_only.md: A vocabulary of characters
+# (from chapters/decoder_only.md, section "A vocabulary of characters")
 class CharVocab:
     """The characters of a text, sorted, each with its id: the vocabulary of a character
     model.
@@ -88,7 +88,7 @@ class CharVocab:
         return "".join(self.itos[i] for i in ids.tolist())
 
 
-# chapters/decoder_only.md: Every position at once
+# (from chapters/decoder_only.md, section "Every position at once")
 def random_windows(
     data: Tensor,
     batch_size: int,
@@ -130,7 +130,7 @@ def random_windows(
     return windows[:, :-1], windows[:, 1:]
 
 
-# chapters/decoder_only.md: Measuring the loss
+# (from chapters/decoder_only.md, section "Measuring the loss")
 @torch.no_grad()
 def loss_by_position(
     model: nn.Module,
@@ -191,7 +191,7 @@ def evaluate_language_model(
     return loss_by_position(model, data, seq_len, max_windows, batch_size).mean().item()
 
 
-# chapters/decoder_only.md: Training
+# (from chapters/decoder_only.md, section "Training")
 def next_token_loss(
     model: nn.Module, batch: tuple[Tensor, Tensor]
 ) -> tuple[Tensor, dict[str, Tensor]]:

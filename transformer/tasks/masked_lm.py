@@ -55,11 +55,11 @@ from transformer.training.checkpoint import load_checkpoint
 from transformer.training.loop import Callback, Progress, Run, run_settings, run_steps
 
 
-# chapters/pretraining.md: Pre-training an encoder on real email
+# (from chapters/pretraining.md, section "Pre-training an encoder on real email")
 # the models: below, in nn
 
 
-# chapters/pretraining.md: BERT's pre-training task
+# (from chapters/pretraining.md, section "BERT's pre-training task")
 #: the target of a position that was not chosen: F.cross_entropy's default ignore_index
 IGNORE_INDEX = -100
 
@@ -94,7 +94,7 @@ def mask_tokens(
     return inputs, torch.where(chosen, tokens, IGNORE_INDEX)
 
 
-# chapters/pretraining.md: The model
+# (from chapters/pretraining.md, section "The model")
 _Model = TypeVar("_Model", bound=nn.Module)
 
 
@@ -115,7 +115,7 @@ def from_settings(
     )
 
 
-# chapters/pretraining.md: The tokens
+# (from chapters/pretraining.md, section "The tokens")
 MASK_TOKEN = "<mask>"
 
 
@@ -153,7 +153,7 @@ def token_windows(
     return windows
 
 
-# chapters/pretraining.md: Training
+# (from chapters/pretraining.md, section "Training")
 def mlm_loss(
     model: nn.Module, batch: tuple[Tensor, Tensor]
 ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -291,7 +291,7 @@ def train_mlm(
     return history
 
 
-# chapters/pretraining.md: Training
+# (from chapters/pretraining.md, section "Training")
 def unigram_guess(
     train: Tensor, valid: Tensor, mask_id: int, first_id: int, vocab_size: int
 ) -> tuple[int, float]:
@@ -315,7 +315,7 @@ def unigram_entropy(windows: Tensor, vocab_size: int) -> float:
     return -(frequencies * frequencies.log()).sum().item()
 
 
-# chapters/pretraining.md: A longer run, committed
+# (from chapters/pretraining.md, section "A longer run, committed")
 def masked_lm_model(checkpoint: dict, path: str | os.PathLike) -> MaskedLanguageModel:
     """The untrained masked language model a checkpoint's settings describe
     (``BUILDERS["masked_lm"]``)."""
@@ -335,7 +335,7 @@ def load_mlm(folder: Path) -> tuple[MaskedLanguageModel, Any]:
     return model, Tokenizer.from_file(str(folder / "tokenizer.json"))
 
 
-# chapters/pretraining.md: Longer, and on more text
+# (from chapters/pretraining.md, section "Longer, and on more text")
 #: captions joined into one text: a caption is about 14 tokens, 8 fill a window or two
 CAPTIONS_PER_TEXT = 8
 
@@ -351,7 +351,7 @@ def caption_texts(split: str, folder: str | Path | None = None) -> list[str]:
     ]
 
 
-# chapters/pretraining.md: Fine-tuning: spam or ham
+# (from chapters/pretraining.md, section "Fine-tuning: spam or ham")
 def classifier_from_mlm(
     mlm: MaskedLanguageModel,
     num_classes: int = 2,

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 
-# chapters/translation.md: Scoring with sacreBLEU
+# (from chapters/translation.md, section "Scoring with sacreBLEU")
 def corpus_scores(
     hypotheses: Sequence[str], references: Sequence[str]
 ) -> dict[str, Any]:

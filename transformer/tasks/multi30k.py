@@ -39,7 +39,7 @@ from transformer.training.batch import Batch, pad_rows
 from transformer.nn.model import Transformer
 
 
-# chapters/subwords.md: The data: Multi30k
+# (from chapters/subwords.md, section "The data: Multi30k")
 MULTI30K_SHA256 = {
     "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
     "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
@@ -104,7 +104,7 @@ def load_multi30k(
     return german, english
 
 
-# chapters/translation.md: Sentences as token ids
+# (from chapters/translation.md, section "Sentences as token ids")
 @dataclass
 class TranslationConfig(TrainConfig):
     """The choices of a translation run: ``TrainConfig``'s fields, with defaults for
@@ -170,7 +170,7 @@ def make_translation_model(config: TranslationConfig, vocab_size: int) -> Transf
     )
 
 
-# chapters/translation.md: Sentences as token ids
+# (from chapters/translation.md, section "Sentences as token ids")
 def encode_lines(tokenizer: Any, lines: Sequence[str]) -> list[list[int]]:
     """The BPE ids of every line (no special tokens)."""
     return [encoding.ids for encoding in tokenizer.encode_batch(list(lines))]
@@ -193,7 +193,7 @@ def pair_batch(
     )
 
 
-# chapters/translation.md: Batches by token count
+# (from chapters/translation.md, section "Batches by token count")
 def token_batches(
     src_lengths: Sequence[int],
     tgt_lengths: Sequence[int],

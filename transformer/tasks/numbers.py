@@ -35,7 +35,7 @@ from transformer.training.batch import Batch, pad_rows
 from transformer.training.vocab import Vocab
 
 
-# chapters/data.md: Numbers in words
+# (from chapters/data.md, section "Numbers in words")
 MAX_NUMBER = 999_999
 
 _ONES = [
@@ -91,7 +91,7 @@ def _below_thousand(n: int) -> str:
     return words if rest == 0 else f"{words} and {_below_hundred(rest)}"
 
 
-# chapters/data.md: Numbers in words
+# (from chapters/data.md, section "Numbers in words")
 def _check_number(name: str, n: object) -> int:
     """Return ``n`` as an int if it is an integer in [0, MAX_NUMBER], else raise naming
     ``name``."""
@@ -126,7 +126,7 @@ def number_to_words(n: int) -> str:
     return " ".join(words)
 
 
-# chapters/data.md: Vocabularies
+# (from chapters/data.md, section "Vocabularies")
 def source_vocab() -> Vocab:
     """The 103 words of the numbers 0..999,999 (plus the three specials), split at
     spaces."""
@@ -141,7 +141,7 @@ def target_vocab() -> Vocab:
     return Vocab(list("0123456789"), split="char")
 
 
-# chapters/data.md: Train, validation and test sets
+# (from chapters/data.md, section "Train, validation and test sets")
 def split_numbers(
     train_size: int, valid_size: int, test_size: int, seed: int = 0
 ) -> tuple[list[int], list[int], list[int]]:
@@ -166,7 +166,7 @@ def split_numbers(
     return drawn[:a], drawn[a:b], drawn[b:]
 
 
-# chapters/data.md: Short numbers, drawn often enough
+# (from chapters/data.md, section "Short numbers, drawn often enough")
 def numbers_with_digits(k: int) -> range:
     """The numbers of 0..999,999 written with ``k`` digits, k from 1 to 6: ``range(0,
     10)`` for 1, ``range(10, 100)`` for 2, ..."""
@@ -212,7 +212,7 @@ def split_numbers_by_length(
     return train, valid, test, short_test
 
 
-# chapters/data.md: Batches
+# (from chapters/data.md, section "Batches")
 def check_numbers(numbers: object) -> list[int]:
     """Return ``numbers`` as a non-empty list of ints in [0, MAX_NUMBER], else raise."""
     if isinstance(numbers, (str, bytes)) or not isinstance(numbers, Iterable):
@@ -225,7 +225,7 @@ def check_numbers(numbers: object) -> list[int]:
     return numbers
 
 
-# chapters/data.md: Batches
+# (from chapters/data.md, section "Batches")
 def make_batch(
     numbers: Sequence[int],
     src_vocab: Vocab,

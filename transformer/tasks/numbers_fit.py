@@ -45,7 +45,7 @@ from transformer.nn.model import Transformer
 from transformer.nn.modes import evaluating
 
 
-# chapters/training_run.md: The training loop
+# (from chapters/training_run.md, section "The training loop")
 def training_batches(
     numbers: Sequence[int],
     batch_size: int,
@@ -79,7 +79,7 @@ def training_batches(
         epoch, skip = epoch + 1, 0
 
 
-# chapters/training_run.md: The training loop
+# (from chapters/training_run.md, section "The training loop")
 def predict(
     model: Transformer,
     numbers: Sequence[int],
@@ -150,7 +150,7 @@ def evaluate_loss(
         ).item()
 
 
-# chapters/training_run.md: The training loop
+# (from chapters/training_run.md, section "The training loop")
 def _record_validation(
     history: dict[str, list],
     model: Transformer,
@@ -173,7 +173,7 @@ def _record_validation(
     )
 
 
-# chapters/training_run.md: Where finished runs are kept
+# (from chapters/training_run.md, section "Where finished runs are kept")
 def _cache_file(
     cache_dir: str | Path,
     config: TrainConfig,
@@ -206,7 +206,7 @@ def _cache_file(
     )
 
 
-# chapters/training_run.md: Where finished runs are kept
+# (from chapters/training_run.md, section "Where finished runs are kept")
 def data_record(train_numbers: Sequence[int]) -> dict[str, Any]:
     """What a checkpoint records of the numbers it was trained on: how many, and a hash
     of them in order."""
@@ -231,7 +231,7 @@ def check_same_data(
         )
 
 
-# chapters/training_run.md: `fit`
+# (from chapters/training_run.md, section "`fit`")
 def _keep_run(state: dict[str, Any], path: Path) -> None:
     """Write a finished run to the cache at ``path``: saved beside it, then renamed over
     it (a rename is atomic, so that a chapter stopped during the save leaves no
@@ -378,7 +378,7 @@ def fit(
     return model.eval(), history
 
 
-# chapters/training_run.md: Short numbers
+# (from chapters/training_run.md, section "Short numbers")
 def exact_match_below(
     model: Transformer,
     numbers: Sequence[int],

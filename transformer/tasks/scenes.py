@@ -34,7 +34,7 @@ from torch import Tensor
 from transformer.checks import check_positive_int, check_tensor
 
 
-# chapters/captioning.md: Scenes and captions
+# (from chapters/captioning.md, section "Scenes and captions")
 DIGIT_NAMES = (
     "zero",
     "one",
@@ -73,7 +73,7 @@ def is_held_out(first: int, second: int, layout: int) -> bool:
     return (second - first) % 10 == (3 if layout == 0 else 7)
 
 
-# chapters/captioning.md: Scenes and captions
+# (from chapters/captioning.md, section "Scenes and captions")
 class Scenes(NamedTuple):
     """Scenes and what is in them.
 
@@ -163,7 +163,7 @@ def make_scenes(
     )
 
 
-# chapters/captioning.md: Pixels as tokens, captions as tokens
+# (from chapters/captioning.md, section "Pixels as tokens, captions as tokens")
 def pixel_tokens(images: Tensor) -> Tensor:
     """Images with values in [0, 1] as grey-level tokens: (B, 1, H, W) -> (B, H * W) ids
     0..16, row by row."""
@@ -183,7 +183,7 @@ def pixel_tokens(images: Tensor) -> Tensor:
     return (images * (PIXEL_LEVELS - 1)).round().long().flatten(1)
 
 
-# chapters/captioning.md: Pixels as tokens, captions as tokens
+# (from chapters/captioning.md, section "Pixels as tokens, captions as tokens")
 class CaptionVocab:
     """The words of the captions: ids 0 <pad>, 1 <bos>, 2 <eos>, then the digit names
     and layout words."""

@@ -31,7 +31,7 @@ from transformer.paths import book_root
 from transformer.tasks.email import duplicate_groups
 
 
-# chapters/sentiment.md: The data: ten thousand sentences from reviews
+# (from chapters/sentiment.md, section "The data: ten thousand sentences from reviews")
 REVIEWS_FILE = "movieReviewSnippets_GroundTruth.txt"
 REVIEWS_SHA256 = "c8293b0d942e90e223ea2c0955d969040d1a1be514a978b9af0698940bd13350"
 #: ids 1 to 5,331 come from Pang and Lee's positive file, the others from their negative
@@ -110,7 +110,7 @@ def read_reviews(path: str | Path | None = None) -> list[Review]:
     return reviews
 
 
-# chapters/sentiment.md: A split fixed by the text
+# (from chapters/sentiment.md, section "A split fixed by the text")
 def split_reviews(
     reviews: list[Review], valid: int = 1, test: int = 1
 ) -> dict[str, list[Review]]:
@@ -138,7 +138,7 @@ def split_reviews(
     return splits
 
 
-# chapters/sentiment.md: A split fixed by the text
+# (from chapters/sentiment.md, section "A split fixed by the text")
 def write_review_jsonl(splits: dict[str, list[Review]], out: Path) -> dict[str, Path]:
     """Write each split to ``out/{name}.jsonl``, one ``{"text", "label", "id"}`` a line,
     the label a word of ``SENTIMENTS``: the files that ``transformer train --task

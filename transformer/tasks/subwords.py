@@ -32,7 +32,7 @@ from typing import Any
 from transformer.checks import check_positive_int
 
 
-# chapters/subwords.md: Byte-pair encoding from scratch
+# (from chapters/subwords.md, section "Byte-pair encoding from scratch")
 # "▁", written before every word; decoding turns it back into a space
 WORD_START = "\u2581"
 
@@ -56,7 +56,7 @@ def word_counts(lines: Iterable[str]) -> Counter[str]:
     return Counter(word for line in lines for word in pre_tokenize(line))
 
 
-# chapters/subwords.md: Byte-pair encoding from scratch
+# (from chapters/subwords.md, section "Byte-pair encoding from scratch")
 def _merge_word(symbols: tuple[str, ...], pair: tuple[str, str]) -> tuple[str, ...]:
     """Replace each occurrence of ``pair`` in ``symbols``, left to right, by the joined
     symbol."""
@@ -122,7 +122,7 @@ def learn_bpe(word_counts: dict[str, int], num_merges: int) -> list[tuple[str, s
     return merges
 
 
-# chapters/subwords.md: Byte-pair encoding from scratch
+# (from chapters/subwords.md, section "Byte-pair encoding from scratch")
 def bpe_encode(word: str, merges: list[tuple[str, str]]) -> list[str]:
     """Split one word into subword tokens by applying ``merges`` in the order they were
     learned."""
@@ -144,7 +144,7 @@ def bpe_decode(tokens: Iterable[str]) -> str:
     return "".join(tokens).replace(WORD_START, " ").removeprefix(" ")
 
 
-# chapters/subwords.md: A joint German–English vocabulary
+# (from chapters/subwords.md, section "A joint German–English vocabulary")
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 
 
@@ -188,7 +188,7 @@ def train_tokenizer(lines: Iterable[str], vocab_size: int) -> Any:
     return tokenizer
 
 
-# chapters/subwords.md: A line longer than the model takes
+# (from chapters/subwords.md, section "A line longer than the model takes")
 # the end of a word that ends a sentence
 SENTENCE_END = re.compile(r"[.!?…][\"'»«“”)\]]*$")
 

@@ -46,7 +46,7 @@ from transformer.training.schedules import make_adam
 from transformer.training.loop import Progress, run_settings, run_steps
 
 
-# chapters/tagging.md: Labels from the text
+# (from chapters/tagging.md, section "Labels from the text")
 CASES = ("lower", "Capitalised")  # the first part of a word's label
 MARKS = ("", ",", ".")  # the second part: the mark that ends the word
 MARK_NAMES = ("none", "comma", "period")
@@ -94,7 +94,7 @@ def restore_text(words: Sequence[str], labels: Sequence[int]) -> str:
     return " ".join(out)
 
 
-# chapters/tagging.md: Words and pieces
+# (from chapters/tagging.md, section "Words and pieces")
 def tag_targets(
     tokenizer: Any, words: Sequence[str], labels: Sequence[int]
 ) -> tuple[list[int], list[int]]:
@@ -140,7 +140,7 @@ def tagging_tensors(
     return tokens, targets
 
 
-# chapters/tagging.md: Training
+# (from chapters/tagging.md, section "Training")
 def tagging_loss(
     model: nn.Module, batch: tuple[Tensor, Tensor]
 ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -237,7 +237,7 @@ def train_tagger(
     return history
 
 
-# chapters/tagging.md: Measuring each label
+# (from chapters/tagging.md, section "Measuring each label")
 def per_label_scores(
     gold: Sequence[int], predicted: Sequence[int], names: Sequence[str]
 ) -> dict[str, dict[str, float]]:

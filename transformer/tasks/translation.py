@@ -50,7 +50,7 @@ from transformer.training.checkpoint import read_checkpoint, save_checkpoint, ch
 from transformer.training.state import restore_checkpoint
 
 
-# chapters/translation.md: Translating a sentence
+# (from chapters/translation.md, section "Translating a sentence")
 @torch.no_grad()
 def translate_lines(
     model: Transformer,
@@ -178,7 +178,7 @@ def translate(
     )
 
 
-# chapters/translation.md: Training
+# (from chapters/translation.md, section "Training")
 def fit_translation(
     config: TranslationConfig,
     train: tuple[Sequence[str], Sequence[str]],
@@ -285,7 +285,7 @@ def fit_translation(
     return model.eval(), tokenizer, history
 
 
-# chapters/translation.md: What a translator's file holds
+# (from chapters/translation.md, section "What a translator's file holds")
 def tokenizer_from_checkpoint(checkpoint: dict, path: str | os.PathLike) -> Any:
     """The tokenizer saved in a translation checkpoint."""
     from tokenizers import Tokenizer
@@ -319,7 +319,7 @@ def translator_model(checkpoint: dict, path: str | os.PathLike) -> Transformer:
     return make_translation_model(_config_of(checkpoint, path), vocab_size)
 
 
-# chapters/package_as_tool.md: A translator to share
+# (from chapters/package_as_tool.md, section "A translator to share")
 def load_translator(
     path: str | os.PathLike, device: torch.device | str | None = None
 ) -> tuple[Transformer, Any]:
@@ -366,7 +366,7 @@ def save_translator(
     )
 
 
-# chapters/long_runs.md: Averaging the last checkpoints
+# (from chapters/long_runs.md, section "Averaging the last checkpoints")
 def step_files(folder: Path) -> list[Path]:
     """The model-only checkpoints ``step-NNNNNN.pt`` in ``folder``, oldest first."""
     return sorted(folder.glob("step-*.pt"))

@@ -23,7 +23,7 @@ from transformer.training.distributed import shard_batch, target_tokens
 from transformer.training.losses import LossFunction
 
 
-# chapters/scaling_out.md: Gradient accumulation
+# (from chapters/scaling_out.md, section "Gradient accumulation")
 def _handing_back(
     value: Tensor, parameters: Sequence[Tensor], grads: Sequence[Tensor | None]
 ) -> Tensor:

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 
-# chapters/data.md: Batches
+# (from chapters/data.md, section "Batches")
 class Batch(NamedTuple):
     """A padded batch of a sequence-to-sequence task: the number words here, translation
     later.

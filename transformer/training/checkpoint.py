@@ -48,7 +48,7 @@ from transformer.training.vocab import Vocab
 from transformer.nn.model import Transformer
 
 
-# chapters/package_as_tool.md: Files written whole, read safely
+# (from chapters/package_as_tool.md, section "Files written whole, read safely")
 def save_torch_file(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save(obj, path)``, whole or not at all: save to ``.NAME.PID.partial``
     beside ``path``, force it onto the disk, then rename it over ``path``. Partial files
@@ -105,7 +105,7 @@ def _running(pid: int) -> bool:
     return True
 
 
-# chapters/package_as_tool.md: Files written whole, read safely
+# (from chapters/package_as_tool.md, section "Files written whole, read safely")
 def read_torch_file(path: str | os.PathLike, what: str = "file") -> Any:
     """``torch.load(path, weights_only=True)`` onto the CPU; FileNotFoundError, or a
     ValueError that names the file and says what it is (a directory, empty, truncated,
@@ -164,7 +164,7 @@ def _what_it_is(path: str | os.PathLike, err: Exception) -> str:
     )
 
 
-# chapters/package_as_tool.md: Checkpoint files
+# (from chapters/package_as_tool.md, section "Checkpoint files")
 # What builds the untrained model of each kind: "module:function", the function taking
 # the checkpoint and its path. A string table, resolved with importlib only when a file
 # is read, so that training imports no task module (the one-way rule); a package user
@@ -331,7 +331,7 @@ def _upgrade(saved: Any, path: str | os.PathLike, kind: str | None) -> dict:
     )
 
 
-# chapters/package_as_tool.md: Resuming exactly
+# (from chapters/package_as_tool.md, section "Resuming exactly")
 # A resumed run may go on for more steps, evaluate differently, use other threads, or
 # take smaller or clipped steps (a run that diverged goes on from its last good
 # checkpoint with a lower rate: its `lr_factor`, or the peak `lr` of the encoder tasks);
@@ -415,7 +415,7 @@ class SaveEvery(Callback):
             self.save(step)
 
 
-# chapters/package_as_tool.md: Resuming exactly
+# (from chapters/package_as_tool.md, section "Resuming exactly")
 class Resume(Callback):
     """Go on from the checkpoint at ``path``: before the first step, refuse another
     run's (the trainer's ``Run.check``, then its settings, as ``check_resume``), load
@@ -468,7 +468,7 @@ class SaveCheckpoint(Callback):
         self.save(step)
 
 
-# chapters/package_as_tool.md: A checkpoint that describes its model
+# (from chapters/package_as_tool.md, section "A checkpoint that describes its model")
 def numbers_model(checkpoint: dict, path: str | os.PathLike) -> Transformer:
     """The untrained model that a number-words checkpoint's configuration and
     vocabularies describe."""
@@ -532,7 +532,7 @@ def load_checkpoint(
     return restore_checkpoint(checkpoint, model, optimizer, scheduler)
 
 
-# chapters/long_runs.md: Averaging the last checkpoints
+# (from chapters/long_runs.md, section "Averaging the last checkpoints")
 def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict[str, Tensor]:
     """The parameter-wise mean of the models in ``paths`` (float32), as the paper
     averages its last checkpoints.

@@ -23,7 +23,7 @@ from transformer.training.schedules import make_adam, warmup_rate
 from transformer.checks import check_fraction, check_non_negative_int, check_number, check_positive_int
 
 
-# chapters/training_run.md: The training loop
+# (from chapters/training_run.md, section "The training loop")
 @dataclass
 class TrainConfig:
     """The choices of one training run (the defaults: this book's number-words
@@ -71,7 +71,7 @@ class TrainConfig:
     num_threads: int | None = 1
     """CPU threads while training (None: leave torch's setting)."""
 
-    # chapters/package_as_tool.md: A configuration checked when it is made
+    # (from chapters/package_as_tool.md, section "A configuration checked when it is made")
     def __post_init__(self) -> None:
         for name in (
             "d_model",
@@ -105,7 +105,7 @@ class TrainConfig:
         )
 
 
-# chapters/training_run.md: The training loop
+# (from chapters/training_run.md, section "The training loop")
 def make_model(config: TrainConfig, src_vocab: Vocab, tgt_vocab: Vocab) -> Transformer:
     """The Transformer that ``config`` describes, for these vocabularies (padding id
     0)."""

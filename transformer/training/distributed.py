@@ -30,7 +30,7 @@ from transformer.training.batch import Batch
 from transformer.training.loop import Callback
 
 
-# chapters/scaling_out.md: Data parallelism
+# (from chapters/scaling_out.md, section "Data parallelism")
 def shard_batch(batch: Batch, rank: int, world_size: int) -> Batch:
     """Process ``rank``'s block of rows of a global batch (blocks differ by at most one
     row).
@@ -58,7 +58,7 @@ def target_tokens(batch: Batch, pad_id: int = 0) -> Tensor:
     return (batch.tgt_out != pad_id).sum()
 
 
-# chapters/scaling_out.md: Weighting the gradients inside DDP
+# (from chapters/scaling_out.md, section "Weighting the gradients inside DDP")
 def _weighted_sum(
     hooks: "DataParallelHooks", bucket: dist.GradBucket
 ) -> torch.futures.Future[Tensor]:
@@ -115,7 +115,7 @@ def data_parallel_options(
     return {"wrap_model": hooks.wrap, "callbacks": [hooks]}
 
 
-# chapters/scaling_out.md: One process per device
+# (from chapters/scaling_out.md, section "One process per device")
 def world_size_of_run() -> int:
     """The number of processes torchrun started (1 when run without it)."""
     return int(os.environ.get("WORLD_SIZE", "1"))
@@ -143,7 +143,7 @@ def init_distributed(
     return rank, world_size, here
 
 
-# chapters/scaling_out.md: Putting it together
+# (from chapters/scaling_out.md, section "Putting it together")
 def replica_difference(model: nn.Module) -> float:
     """The largest difference, over all processes, between their parameters and process
     0's."""

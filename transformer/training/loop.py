@@ -41,7 +41,7 @@ from transformer.training.batch import Batch
 from transformer.training.losses import LossFunction, seq2seq_loss
 
 
-# chapters/training.md: Gradient clipping
+# (from chapters/training.md, section "Gradient clipping")
 class DivergedError(FloatingPointError):
     """A training step whose loss or gradient is not finite (nan or inf): the run
     diverged. ``step`` is the step (None: not known) and ``what`` says what was not
@@ -82,7 +82,7 @@ def _what_diverged(model: nn.Module, loss: float, grad_norm: float) -> str:
     )
 
 
-# chapters/training.md: Gradient clipping
+# (from chapters/training.md, section "Gradient clipping")
 def optimizer_step(
     model: nn.Module,
     batch: Any,
@@ -153,7 +153,7 @@ def train_step(
     return loss, metrics["accuracy"], grad_norm
 
 
-# chapters/training.md: The training loop
+# (from chapters/training.md, section "The training loop")
 class Callback:
     """What ``run_steps`` calls around its steps; each hook does nothing unless a
     subclass overrides it."""
@@ -181,7 +181,7 @@ class Callback:
         """When step ``step`` raised ``error`` (a divergence, Ctrl-C): the run ends
         there, unfinished."""
 
-    # chapters/training_run.md: What the callbacks see of a run
+    # (from chapters/training_run.md, section "What the callbacks see of a run")
     def on_fit_begin(self, run: "Run") -> None:
         """Once, before the run's first batch is drawn, with its ``Run``: where a resumed
         run loads its state, and a saving callback takes what it saves."""
@@ -306,7 +306,7 @@ class Evaluate(Callback):
         return None
 
 
-# chapters/training_run.md: What the callbacks see of a run
+# (from chapters/training_run.md, section "What the callbacks see of a run")
 @dataclass
 class Run:
     """What a trainer (``fit``, ``fit_translation``) hands its callbacks before the
@@ -335,7 +335,7 @@ def new_history(*valid: str) -> dict[str, list]:
     return {name: [] for name in columns}
 
 
-# chapters/training_run.md: A run's seed and threads
+# (from chapters/training_run.md, section "A run's seed and threads")
 @contextlib.contextmanager
 def run_settings(seed: int, num_threads: int | None) -> Iterator[None]:
     """Inside the block: torch seeded with ``seed`` and ``num_threads`` CPU threads;

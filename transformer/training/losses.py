@@ -20,7 +20,7 @@ from transformer.checks import check_tensor, check_token_tensor
 from transformer.training.batch import Batch
 
 
-# chapters/training.md: The loss, with label smoothing
+# (from chapters/training.md, section "The loss, with label smoothing")
 def label_smoothed_cross_entropy(
     logits: Tensor, target: Tensor, epsilon: float = 0.1, ignore_index: int = 0
 ) -> Tensor:
@@ -59,7 +59,7 @@ def label_smoothed_cross_entropy(
     return loss.masked_fill(~keep, 0.0).sum() / keep.sum().clamp(min=1)
 
 
-# chapters/training.md: Gradient clipping
+# (from chapters/training.md, section "Gradient clipping")
 #: A loss function of the training loop: (model, batch) -> (loss to minimise, metrics to
 #: record).
 LossFunction = Callable[[nn.Module, Any], tuple[Tensor, dict[str, Tensor]]]

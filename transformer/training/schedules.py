@@ -19,7 +19,7 @@ from torch import Tensor
 from transformer.checks import check_fraction, check_positive_int
 
 
-# chapters/training.md: Adam and the warm-up schedule
+# (from chapters/training.md, section "Adam and the warm-up schedule")
 def warmup_lr(step: int, d_model: int, warmup: int) -> float:
     """The paper's learning rate, d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), for
     step >= 1."""
@@ -31,7 +31,7 @@ def warmup_lr(step: int, d_model: int, warmup: int) -> float:
     return d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
-# chapters/training.md: Cooling down at the end
+# (from chapters/training.md, section "Cooling down at the end")
 def cooldown_factor(step: int, steps: int, cooldown: float) -> float:
     """The factor f(step) of a cooldown over the last share ``cooldown`` of ``steps``: 1
     before it, then a line falling to 1 / (cooldown * steps) at the last step; always 1
@@ -42,7 +42,7 @@ def cooldown_factor(step: int, steps: int, cooldown: float) -> float:
     return min(1.0, (steps - step + 1) / length) if length else 1.0
 
 
-# chapters/training.md: Cooling down at the end
+# (from chapters/training.md, section "Cooling down at the end")
 def warmup_rate(
     d_model: int,
     warmup: int,
@@ -103,7 +103,7 @@ def make_adam(
     )
 
 
-# chapters/decoder_only.md: Training
+# (from chapters/decoder_only.md, section "Training")
 def warmup_cosine(step: int, warmup: int, steps: int, final: float = 0.1) -> float:
     """The learning-rate factor of step 1, 2, ...: linear warm-up over ``warmup`` steps,
     then a cosine decay from 1 to ``final`` at the last step."""

@@ -21,7 +21,7 @@ from torch import nn
 from transformer.training.vocab import Vocab
 
 
-# chapters/training_run.md: Checkpoints
+# (from chapters/training_run.md, section "Checkpoints")
 def _reschedule(
     optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR
 ) -> None:
@@ -33,7 +33,7 @@ def _reschedule(
         group["lr"] = base * rate(scheduler.last_epoch)
 
 
-# chapters/training_run.md: Checkpoints
+# (from chapters/training_run.md, section "Checkpoints")
 # The one format of every model file the package writes: a dictionary of tensors and
 # plain values, named and versioned, so that one reader (`read_checkpoint`) knows what
 # it holds.

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from torch import Tensor
 
 
-# chapters/data.md: Vocabularies
+# (from chapters/data.md, section "Vocabularies")
 class Vocab:
     """Numbers the tokens of a text: the specials ``<pad>``, ``<bos>``, ``<eos>`` first,
     then ``tokens``.
