@@ -15,13 +15,15 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # nothing in these tests may reach the netwo
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import BertConfig, BertForSequenceClassification, BertModel, BertTokenizerFast
+from transformers import BertConfig, BertForSequenceClassification, BertForTokenClassification, BertModel, BertTokenizerFast
 
 from tools import fetch_minilm
 from transformer import from_huggingface
 from transformer.interop.bert import (MINILM_SHA256, BertClassifier, bert_names, embed_sentences, load_bert, load_minilm, mean_pool,
                                       minilm_folder, text_encoder_from_bert)
 from transformer.nn.text_encoder import TextEncoder
+from transformer.tasks.entities import BertTagger
+from transformer.tasks.tagging import tagging_loss
 from transformer.tasks.classifier import classification_loss
 from transformer.training.loop import optimizer_step
 from transformer.training.schedules import make_adam
@@ -166,6 +168,46 @@ def test_the_first_fine_tuning_step_equals_bert_for_sequence_classifications(min
                                    atol=lr / 200, rtol=0, msg=lambda m: f"{name}: {m}")
     moved = (book.encoder.encoder.layers[0].self_attn.w_q.weight - before["bert.encoder.layer.0.attention.self.query.weight"])
     assert moved.abs().max() > lr / 2
+
+
+@pytest.mark.slow  # MiniLM forward and backward here and in transformers
+def test_the_tagger_and_its_gradients_equal_bert_for_token_classifications(minilm):
+    """The book's ``BertTagger`` (as the entities chapter fine-tunes it, with ``tagging_loss``) against
+    ``BertForTokenClassification`` on the same weights and head: the logits of every token of a padded
+    batch, the loss over the labelled tokens (padding and later pieces -100, as transformers' own loss
+    ignores them), and the gradient of every weight; dropout off on both (eval mode)."""
+    folder, _, tokenizer, _ = minilm
+    reference = BertForTokenClassification.from_pretrained(folder, num_labels=5).eval()
+    book = BertTagger(load_minilm(folder)[0], num_classes=5).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # a head far from zero, so that every gradient is clearly not zero
+        reference.classifier.weight.copy_(0.05 * torch.randn(5, 384, generator=generator))
+        reference.classifier.bias.copy_(torch.linspace(-0.3, 0.3, 5))
+        book.head.load_state_dict(reference.classifier.state_dict())
+    ids, mask = padded_batch(tokenizer)
+    labels = torch.randint(0, 5, ids.shape, generator=generator)
+    labels[mask == 0] = -100
+    labels[:, 1::3] = -100  # pieces without a label, as after a word's first
+    outputs = reference(input_ids=ids, attention_mask=mask, labels=labels)
+    outputs.loss.backward()
+
+    logits = book(ids)  # (N, S, 5)
+    loss, metrics = tagging_loss(book, (ids, labels))
+    loss.backward()
+
+    labelled = labels != -100
+    torch.testing.assert_close(logits[mask == 1], outputs.logits[mask == 1], atol=1e-5, rtol=1e-5)
+    assert loss.item() == pytest.approx(outputs.loss.item(), abs=1e-5) and loss.item() > 0.5
+    right = (outputs.logits.argmax(-1) == labels)[labelled].float().mean()
+    assert metrics["accuracy"].item() == pytest.approx(right.item())
+    names = {f"bert.{theirs}": f"encoder.{ours}" for theirs, ours in bert_names(6).items()}
+    names |= {"classifier.weight": "head.weight", "classifier.bias": "head.bias"}
+    ours = dict(book.named_parameters())
+    assert set(ours) == set(names.values())
+    for theirs, name in names.items():
+        expected = reference.get_parameter(theirs).grad
+        torch.testing.assert_close(ours[name].grad, expected, atol=1e-5, rtol=1e-3, msg=lambda m: f"{name}: {m}")
+    assert book.encoder.encoder.layers[0].self_attn.w_q.weight.grad.abs().max() > 1e-4
 
 
 def test_the_tokenizer_gives_bert_tokenizer_fasts_ids(minilm):

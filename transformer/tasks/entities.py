@@ -4,7 +4,8 @@
 ``make setup`` (tools/fetch_wnut16.py) and checked by their SHA-256 (``read_wnut16``), a split
 fixed by each tweet's text, the entity spans that BIO tags stand for, span-level precision,
 recall and F1 per entity type with a bootstrap interval over tweets, a gazetteer baseline, and a
-pretrained encoder (MiniLM) with a tagging head.
+pretrained encoder (MiniLM) with a tagging head, frozen or fine-tuned end to end
+(``BertTagger``, ``fine_tune_tagger``).
 
 Defined in the book's chapter "Named entities in tweets" (chapters/entities.md).
 """
@@ -30,11 +31,15 @@ __all__ = [
     'WordsApart',
     'first_piece_states',
     'tweet_tags',
+    'BertTagger',
+    'FINE_TUNE_EPOCHS',
+    'fine_tune_tagger',
 ]
 
 
 import collections
 import hashlib
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -43,8 +48,12 @@ import torch
 from torch import Tensor, nn
 
 from transformer.checks import check_positive_int, check_tensor
+from transformer.interop.bert import BertClassifier
+from transformer.nn.modes import evaluating
 from transformer.paths import book_root
 from transformer.tasks.masked_lm import IGNORE_INDEX
+from transformer.tasks.tagging import train_tagger
+from transformer.training.loop import Evaluate
 
 
 # (from chapters/entities.md, section "The data: tweets with BIO tags")
@@ -216,7 +225,11 @@ def tweet_split(words: Sequence[str]) -> str:
 
 # (from chapters/entities.md, section "How sure is an F1?")
 def span_f1_interval(
-    counts: Tensor, level: float = 0.95, samples: int = 2000, seed: int = 0
+    counts: Tensor,
+    level: float = 0.95,
+    samples: int = 2000,
+    seed: int = 0,
+    minus: Tensor | None = None,
 ) -> tuple[float, float]:
     """The percentile bootstrap interval of the micro span F1 over tweets.
 
@@ -224,14 +237,25 @@ def span_f1_interval(
         counts: ``(N, types, 3)`` from ``span_counts``: TP, predicted, gold per tweet.
         level, samples, seed: as for ``bootstrap_interval`` (its draws exactly: where
             every tweet has one gold and one predicted span, the two intervals agree).
+        minus: the counts of a second tagger on the same tweets, if given: the interval
+            is then that of the difference of the two F1s, each draw scoring both on the
+            same tweets (a paired bootstrap, narrower than two intervals side by side).
 
     Returns:
-        ``(low, high)``, the two percentiles of the B resampled micro F1s.
+        ``(low, high)``, the two percentiles of the B resampled micro F1s (or
+        differences).
     """
     check_tensor("counts", counts)
     if counts.dim() != 3 or counts.shape[-1] != 3 or len(counts) == 0:
         raise ValueError(
             f"counts must be (N, types, 3) with N >= 1, got {tuple(counts.shape)}"
+        )
+    if minus is not None:
+        check_tensor("minus", minus)
+    if minus is not None and minus.shape != counts.shape:
+        raise ValueError(
+            f"minus must be counts of the same tweets, {tuple(counts.shape)}, got "
+            f"{tuple(minus.shape)}"
         )
     if (
         isinstance(level, bool)
@@ -241,23 +265,20 @@ def span_f1_interval(
         raise ValueError(f"level must be a number in (0, 1), got {level!r}")
     check_positive_int("samples", samples)
     totals, n = counts.sum(dim=1).double(), len(counts)  # (N, 3)
+    others = None if minus is None else minus.sum(dim=1).double()  # (N, 3)
     generator = torch.Generator().manual_seed(seed)
     chunk = max(1, 10_000_000 // n)  # the chunks of bootstrap_interval's draws
-    f1 = torch.cat(
-        [
-            # (chunk, N) tweets drawn -> (chunk, 3) summed counts -> (chunk,) F1s
-            span_f1(
-                totals[
-                    torch.randint(
-                        n, (min(chunk, samples - start), n), generator=generator
-                    )
-                ].sum(dim=1)
-            )
-            for start in range(0, samples, chunk)
-        ]
-    )
+    f1 = []
+    for start in range(0, samples, chunk):
+        drawn = torch.randint(n, (min(chunk, samples - start), n), generator=generator)
+        # (chunk, N) tweets drawn -> (chunk, 3) summed counts -> (chunk,) F1s
+        f1.append(span_f1(totals[drawn].sum(dim=1)))
+        if others is not None:
+            f1[-1] -= span_f1(others[drawn].sum(dim=1))
     tail = (1 - level) / 2
-    low, high = torch.quantile(f1, torch.tensor([tail, 1 - tail], dtype=torch.float64))
+    low, high = torch.quantile(
+        torch.cat(f1), torch.tensor([tail, 1 - tail], dtype=torch.float64)
+    )
     return float(low), float(high)
 
 
@@ -387,3 +408,95 @@ def tweet_tags(labels: Tensor, lengths: Sequence[int]) -> list[list[str]]:
     return [
         [BIO_TAGS[k] for k in part.tolist()] for part in labels.split(list(lengths))
     ]
+
+
+# (from chapters/entities.md, section "MiniLM, fine-tuned end to end")
+class BertTagger(BertClassifier):
+    """A pretrained ``TextEncoder`` with a head that labels every token, BERT's tagger:
+    ``BertClassifier``'s dropout and linear layer applied to each output vector instead
+    of their mean. Trained as one model, it is BERT fine-tuned for tagging; read a
+    word's tag at its first piece (``word_tags``).
+
+    Shape:
+        input_ids (B, S), padded with ``pad_id`` -> logits (B, S, num_classes).
+
+    Example:
+        >>> from transformer.nn.text_encoder import TextEncoder
+        >>> encoder = TextEncoder(100, d_model=8, num_heads=2, d_ff=16, num_layers=1)
+        >>> BertTagger(encoder, num_classes=3)(torch.tensor([[5, 6, 7, 0]])).shape
+        torch.Size([1, 4, 3])
+    """
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        """The tag scores of every token of ``input_ids`` (B, S): (B, S,
+        num_classes)."""
+        attention_mask = (input_ids != self.pad_id).long()  # (B, S), 1 = token
+        # (B, S, d_model)
+        hidden = self.encoder(input_ids, attention_mask=attention_mask)
+        return self.head(self.dropout(hidden))  # (B, S, d_model) -> (B, S, C)
+
+
+# (from chapters/entities.md, section "MiniLM, fine-tuned end to end")
+#: passes over the training tweets in ``fine_tune_tagger``
+FINE_TUNE_EPOCHS = 4
+
+
+def fine_tune_tagger(
+    model: nn.Module,
+    train: tuple[Tensor, Tensor],
+    valid: tuple[Tensor, Tensor],
+    gold: Sequence[Sequence[str]],
+    epochs: int = FINE_TUNE_EPOCHS,
+    batch_size: int = 16,
+    lr: float = 2e-4,
+    checks: int = 2,
+    seed: int = 0,
+    stop: int | None = None,
+) -> dict[str, list]:
+    """Train the tagger ``model`` (a ``BertTagger``) in place with ``train_tagger`` on
+    ``train``, (tokens, targets) (M, S) from ``tagging_tensors``: ``epochs`` passes of
+    ``batch_size`` rows, the rate rising to ``lr`` over a tenth of the steps; ``checks``
+    times a pass the micro span F1 of its tags for ``valid`` against the tweets'
+    ``gold`` tags, and the weights that score best there are kept. Returns
+    ``train_tagger``'s history with "valid_step" and "valid_f1".
+
+    ``stop`` ends the run after that many steps, without validating: its history is the
+    start of the whole run's (``train_tagger``)."""
+    check_positive_int("epochs", epochs)
+    check_positive_int("checks", checks)
+    if len(gold) != len(valid[0]):
+        raise ValueError(
+            f"gold must hold the tags of each of the {len(valid[0])} validation rows, "
+            f"got {len(gold)}"
+        )
+    per_epoch = len(train[0]) // batch_size
+    steps = epochs * per_epoch
+    measured: dict[str, list] = {"valid_step": [], "valid_f1": []}
+    best: dict[str, dict] = {}
+
+    def validate(step: int) -> dict[str, str]:
+        with evaluating(model):
+            tags = word_tags(model, *valid)
+        f1 = float(span_f1(span_counts(gold, tags).sum(dim=(0, 1))))
+        if f1 > max(measured["valid_f1"], default=-1.0):
+            best["state"] = {k: v.clone() for k, v in model.state_dict().items()}
+        measured["valid_step"].append(step)
+        measured["valid_f1"].append(f1)
+        return {"valid_f1": f"{f1:.3f}"}
+
+    history = train_tagger(
+        model,
+        *train,
+        steps=steps,
+        batch_size=batch_size,
+        lr=lr,
+        warmup=max(1, steps // 10),
+        seed=seed,
+        # at the last step too; a stopped run is not validated
+        callbacks=[Evaluate(validate, None if stop else math.ceil(per_epoch / checks))],
+        stop=stop,
+    )
+    if "state" in best:
+        model.load_state_dict(best["state"])
+    model.eval()
+    return history | measured

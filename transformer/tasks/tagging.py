@@ -43,7 +43,7 @@ from transformer.nn.encoder_only import TokenClassifier
 from transformer.tasks.classifier import peak_rate
 from transformer.tasks.masked_lm import IGNORE_INDEX
 from transformer.training.schedules import make_adam
-from transformer.training.loop import Progress, run_settings, run_steps
+from transformer.training.loop import Callback, Progress, run_settings, run_steps
 
 
 # (from chapters/tagging.md, section "Labels from the text")
@@ -186,6 +186,8 @@ def train_tagger(
     num_threads: int | None = 1,
     progress: bool = False,
     cooldown: float = 0.25,
+    callbacks: Sequence[Callback] = (),
+    stop: int | None = None,
 ) -> dict[str, list]:
     """Train the tagger ``model`` in place on token ids (M, S) and their targets (M, S);
     return the history.
@@ -194,7 +196,12 @@ def train_tagger(
     in ``warmup`` steps, then falling as 1/sqrt(step) and over the last share
     ``cooldown`` of the run to zero; gradients clipped to norm ``clip``; ``seed`` fixes
     the batch order and dropout. Rows are padded at the end with ``pad_id``; targets are
-    -100 where there is no label. The model is left in eval mode.
+    -100 where there is no label. ``callbacks`` join the loop's (``Evaluate``, to
+    validate during the run). The model is left in eval mode.
+
+    ``stop`` ends the run after that many of its ``steps``: the rates depend on
+    ``steps``, not on where a run stops, so its history is the start of the whole run's
+    (a cheap check of a run made elsewhere).
 
     Returns:
         History lists of each step: "step", "lr", "loss", "accuracy" (of the labelled
@@ -216,6 +223,10 @@ def train_tagger(
             f"batch_size must be at most the number of rows, {len(tokens)}, got "
             f"{batch_size}"
         )
+    if stop is not None:
+        check_positive_int("stop", stop)
+        if stop > steps:
+            raise ValueError(f"stop must be at most steps, {steps}, got {stop}")
     history: dict[str, list] = {}
     with run_settings(seed, num_threads):
         optimizer, scheduler = make_adam(
@@ -228,10 +239,10 @@ def train_tagger(
             optimizer,
             scheduler,
             tagging_loss,
-            steps,
+            steps if stop is None else stop,
             history,
             clip=clip,
-            callbacks=[Progress()] if progress else [],
+            callbacks=[Progress(), *callbacks] if progress else list(callbacks),
         )
     model.eval()
     return history
