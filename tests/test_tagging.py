@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from transformer.tasks.multi30k import load_multi30k
 from transformer.tasks.subwords import train_tokenizer
 from transformer.tasks.masked_lm import IGNORE_INDEX
+from transformer.training.loop import Callback
 from transformer.tasks.tagging import (MARKS, TAG_LABELS, TokenClassifier, decide_tags, facet_scores,
     per_label_scores, restore_text, tag_targets, tagging_loss, tagging_tensors, text_labels, train_tagger, word_label)
 
@@ -165,6 +166,18 @@ def test_train_tagger_learns_a_rule_that_needs_the_next_token():
     again = make_tagger(vocab_size=4, num_classes=2)
     assert train_tagger(again, tokens, targets, steps=150, batch_size=64, lr=3e-3, warmup=20, seed=0)["loss"] \
         == history["loss"]  # seeded: the same run
+    # a run stopped after 30 of its 150 steps is the start of the whole run, rates and all; the callbacks
+    # see each of its steps
+    seen = []
+
+    class Steps(Callback):
+        def on_step_end(self, step, record):
+            seen.append(step)
+
+    start = train_tagger(make_tagger(vocab_size=4, num_classes=2), tokens, targets, steps=150, batch_size=64,
+                         lr=3e-3, warmup=20, seed=0, stop=30, callbacks=[Steps()])
+    assert seen == list(range(1, 31))
+    assert all(start[key] == history[key][:30] for key in ("lr", "loss", "grad_norm"))
 
 
 def test_train_tagger_refuses_bad_arguments():
@@ -174,6 +187,10 @@ def test_train_tagger_refuses_bad_arguments():
         train_tagger(model, tokens, torch.zeros(4, 2, dtype=torch.long))
     with pytest.raises(ValueError, match="batch_size must be at most"):
         train_tagger(model, tokens, torch.zeros(4, 3, dtype=torch.long), batch_size=5)
+    with pytest.raises(ValueError, match="stop must be at most steps, 10, got 11"):
+        train_tagger(model, tokens, torch.zeros(4, 3, dtype=torch.long), steps=10, batch_size=2, stop=11)
+    with pytest.raises(ValueError, match="stop"):
+        train_tagger(model, tokens, torch.zeros(4, 3, dtype=torch.long), steps=10, batch_size=2, stop=0)
 
 
 # Scores.
