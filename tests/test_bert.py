@@ -123,6 +123,17 @@ def test_paraphrases_are_nearer_than_unrelated_sentences(minilm):
     assert max(similarity[0, 2], similarity[0, 4], similarity[2, 4], similarity[1, 3]) < 0.3
 
 
+def same_head_far_from_zero(reference, book):
+    """Gives transformers' classification layer random weights far from zero, so that every gradient is
+    clearly not zero, and the book's head the same ones."""
+    classes = reference.classifier.out_features
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        reference.classifier.weight.copy_(0.05 * torch.randn(classes, 384, generator=generator))
+        reference.classifier.bias.copy_(torch.linspace(-0.3, 0.3, classes))
+        book.head.load_state_dict(reference.classifier.state_dict())
+
+
 @pytest.mark.slow  # a step of MiniLM here and in transformers
 def test_the_first_fine_tuning_step_equals_bert_for_sequence_classifications(minilm):
     """One AdamW step of the book's ``BertClassifier`` (make_adam, optimizer_step, classification_loss, as the
@@ -132,11 +143,7 @@ def test_the_first_fine_tuning_step_equals_bert_for_sequence_classifications(min
     folder, _, tokenizer, _ = minilm
     reference = BertForSequenceClassification.from_pretrained(folder, num_labels=2).eval()
     book = BertClassifier(load_minilm(folder)[0], num_classes=2).eval()
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # a head far from zero, so that every gradient is clearly not zero
-        reference.classifier.weight.copy_(0.05 * torch.randn(2, 384, generator=generator))
-        reference.classifier.bias.copy_(torch.tensor([0.3, -0.3]))
-        book.head.load_state_dict(reference.classifier.state_dict())
+    same_head_far_from_zero(reference, book)
     ids, mask = padded_batch(tokenizer)
     labels = torch.tensor([1, 1, 0, 0, 0, 1])
     settings = dict(lr=5e-5, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
@@ -179,11 +186,8 @@ def test_the_tagger_and_its_gradients_equal_bert_for_token_classifications(minil
     folder, _, tokenizer, _ = minilm
     reference = BertForTokenClassification.from_pretrained(folder, num_labels=5).eval()
     book = BertTagger(load_minilm(folder)[0], num_classes=5).eval()
+    same_head_far_from_zero(reference, book)
     generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # a head far from zero, so that every gradient is clearly not zero
-        reference.classifier.weight.copy_(0.05 * torch.randn(5, 384, generator=generator))
-        reference.classifier.bias.copy_(torch.linspace(-0.3, 0.3, 5))
-        book.head.load_state_dict(reference.classifier.state_dict())
     ids, mask = padded_batch(tokenizer)
     labels = torch.randint(0, 5, ids.shape, generator=generator)
     labels[mask == 0] = -100
