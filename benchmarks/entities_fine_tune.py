@@ -27,11 +27,10 @@ from pathlib import Path
 import torch
 
 from benchmarks.machine import cpu_name
-from transformer.interop.bert import load_minilm
+from transformer.interop.bert import BertTagger, load_minilm
 from transformer.tasks.entities import (
     BIO_TAGS,
     SPLITS,
-    BertTagger,
     WordsApart,
     fine_tune_tagger,
     read_wnut16,

@@ -19,10 +19,9 @@ from transformers import BertConfig, BertForSequenceClassification, BertForToken
 
 from tools import fetch_minilm
 from transformer import from_huggingface
-from transformer.interop.bert import (MINILM_SHA256, BertClassifier, bert_names, embed_sentences, load_bert, load_minilm, mean_pool,
+from transformer.interop.bert import (MINILM_SHA256, BertClassifier, BertTagger, bert_names, embed_sentences, load_bert, load_minilm, mean_pool,
                                       minilm_folder, text_encoder_from_bert)
 from transformer.nn.text_encoder import TextEncoder
-from transformer.tasks.entities import BertTagger
 from transformer.tasks.tagging import tagging_loss
 from transformer.tasks.classifier import classification_loss
 from transformer.training.loop import optimizer_step

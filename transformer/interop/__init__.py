@@ -6,7 +6,7 @@ included), ONNX and CTranslate2.
 from transformer.interop.torch_nn import TORCH_NN_RENAMES, torch_names
 from transformer.interop.bert import (BERT_LAYER_NAMES, BERT_EMBEDDING_NAMES, bert_names, text_encoder_from_bert,
     MINILM_SHA256, MINILM_MAX_TOKENS, load_bert, minilm_folder, file_sha256, load_minilm, mean_pool, embed_sentences,
-    BertClassifier)
+    BertClassifier, BertTagger)
 from transformer.interop.gguf import (SMOLLM2_FILE, SMOLLM2_SHA256, smollm2_path, read_gguf, GGUF_NAMES,
     GGUF_LAYER_NAMES, gguf_to_book_name, llama_from_gguf, GGUF_PRE_TOKENIZERS, gguf_tokenizer, SMOLLM2_SYSTEM,
     chat_prompt, load_smollm2, chat)
@@ -32,6 +32,7 @@ __all__ = [
     'mean_pool',
     'embed_sentences',
     'BertClassifier',
+    'BertTagger',
     'SMOLLM2_FILE',
     'SMOLLM2_SHA256',
     'smollm2_path',

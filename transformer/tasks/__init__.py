@@ -34,8 +34,7 @@ from transformer.tasks.tagging import (CASES, MARKS, MARK_NAMES, TAG_LABELS, wor
     TokenClassifier)
 from transformer.tasks.entities import (WNUT16_FILE, WNUT16_SHA256, ENTITY_TYPES, BIO_TAGS, parse_tagged, wnut16_file,
     read_wnut16, entity_spans, span_counts, span_f1, SPLITS, tweet_split, span_f1_interval, learn_gazetteer,
-    gazetteer_tags, word_tags, WordsApart, first_piece_states, tweet_tags, BertTagger, FINE_TUNE_EPOCHS,
-    fine_tune_tagger)
+    gazetteer_tags, word_tags, WordsApart, first_piece_states, tweet_tags, FINE_TUNE_EPOCHS, fine_tune_tagger)
 from transformer.tasks.language_model import (CharVocab, random_windows, loss_by_position, evaluate_language_model,
     next_token_loss, train_language_model)
 from transformer.tasks.digits import DIGITS_SHA256, load_digits, stratified_split
@@ -197,7 +196,6 @@ __all__ = [
     'WordsApart',
     'first_piece_states',
     'tweet_tags',
-    'BertTagger',
     'FINE_TUNE_EPOCHS',
     'fine_tune_tagger',
     'CharVocab',

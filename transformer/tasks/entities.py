@@ -5,7 +5,7 @@
 fixed by each tweet's text, the entity spans that BIO tags stand for, span-level precision,
 recall and F1 per entity type with a bootstrap interval over tweets, a gazetteer baseline, and a
 pretrained encoder (MiniLM) with a tagging head, frozen or fine-tuned end to end
-(``BertTagger``, ``fine_tune_tagger``).
+(``fine_tune_tagger``; the tagger, ``BertTagger``, is in ``transformer.interop.bert``).
 
 Defined in the book's chapter "Named entities in tweets" (chapters/entities.md).
 """
@@ -31,7 +31,6 @@ __all__ = [
     'WordsApart',
     'first_piece_states',
     'tweet_tags',
-    'BertTagger',
     'FINE_TUNE_EPOCHS',
     'fine_tune_tagger',
 ]
@@ -48,7 +47,6 @@ import torch
 from torch import Tensor, nn
 
 from transformer.checks import check_positive_int, check_tensor
-from transformer.interop.bert import BertClassifier
 from transformer.nn.modes import evaluating
 from transformer.paths import book_root
 from transformer.tasks.masked_lm import IGNORE_INDEX
@@ -408,32 +406,6 @@ def tweet_tags(labels: Tensor, lengths: Sequence[int]) -> list[list[str]]:
     return [
         [BIO_TAGS[k] for k in part.tolist()] for part in labels.split(list(lengths))
     ]
-
-
-# (from chapters/entities.md, section "MiniLM, fine-tuned end to end")
-class BertTagger(BertClassifier):
-    """A pretrained ``TextEncoder`` with a head that labels every token, BERT's tagger:
-    ``BertClassifier``'s dropout and linear layer applied to each output vector instead
-    of their mean. Trained as one model, it is BERT fine-tuned for tagging; read a
-    word's tag at its first piece (``word_tags``).
-
-    Shape:
-        input_ids (B, S), padded with ``pad_id`` -> logits (B, S, num_classes).
-
-    Example:
-        >>> from transformer.nn.text_encoder import TextEncoder
-        >>> encoder = TextEncoder(100, d_model=8, num_heads=2, d_ff=16, num_layers=1)
-        >>> BertTagger(encoder, num_classes=3)(torch.tensor([[5, 6, 7, 0]])).shape
-        torch.Size([1, 4, 3])
-    """
-
-    def forward(self, input_ids: Tensor) -> Tensor:
-        """The tag scores of every token of ``input_ids`` (B, S): (B, S,
-        num_classes)."""
-        attention_mask = (input_ids != self.pad_id).long()  # (B, S), 1 = token
-        # (B, S, d_model)
-        hidden = self.encoder(input_ids, attention_mask=attention_mask)
-        return self.head(self.dropout(hidden))  # (B, S, d_model) -> (B, S, C)
 
 
 # (from chapters/entities.md, section "MiniLM, fine-tuned end to end")
