@@ -5,26 +5,27 @@ trained from scratch, (c) the encoder pre-trained as a masked LM (``models/spam-
 each email's first ``--minilm-tokens`` WordPiece tokens, [CLS] and [SEP] included), and (e) MiniLM
 fine-tuned end to end on the same tokens (``fine_tune`` of chapters/sentiment.md: the mean of its
 output vectors, dropout and a linear layer, trained as one model); over seeds. (e) costs far more than
-the others (half an hour a seed with all the labels on the project's busy 2-core machine), so the
-committed file holds it for all the labels only.
+the others: about eleven minutes a run on one core of the project's idle 2-core machine, half an hour
+beside other work.
 
 Every model gets the same budget and stops early on the validation emails (all of them, whatever the
 number of labelled training emails): (b) and (c) train for at most ``--steps`` steps and keep the weights
 of their best validation accuracy, measured every ``--eval-every`` steps; (e) sees as many emails,
-``--steps`` times 32 in batches of 16, validated as often, and keeps its best weights too; (a) and (d),
+``--steps`` times 32 to the nearest whole pass, in batches of 16, validated as often
+(``--steps`` / ``--eval-every`` times in all, at every size), and keeps its best weights too; (a) and (d),
 convex fits, keep the weight decay of their best validation accuracy among ``WEIGHT_DECAYS``. Each run records its
 test accuracy with a 95 % bootstrap interval over the test emails, the spam class's F1, what validation
 chose, and its prediction for every test email (a string of 0s and 1s, in the test split's order).
 
 Writes ``benchmarks/spam_curve_results.json``, which chapters/classify_command.md reads and
-``tests/test_masked_lm.py`` checks. With ``--models``, only those models run, and their runs replace
-theirs in the file (the others' are kept); each run of the script adds a record of its command, machine
-and time.
+``tests/test_masked_lm.py`` checks. With ``--models`` and ``--sizes``, only those models run at those
+sizes, and their runs replace theirs in the file (the others' are kept); each run of the script adds a
+record of its command, machine and time, and drops the records whose runs have all been replaced.
 
 Usage (from the repository's root):
     python -m benchmarks.spam_curve --sizes 32 128 512 0 --seeds 0 1 2   (0: all training emails)
     python -m benchmarks.spam_curve --sizes 32 128 512 0 --seeds 0 1 2 --models "frozen MiniLM + linear"
-    python -m benchmarks.spam_curve --sizes 0 --seeds 0 1 2 --models "fine-tuned MiniLM"
+    python -m benchmarks.spam_curve --sizes 32 128 512 0 --seeds 0 1 2 --models "fine-tuned MiniLM"
 """
 
 import argparse
@@ -141,20 +142,26 @@ def train_on_validation(model: torch.nn.Module, train: tuple[torch.Tensor, torch
 
 
 def fine_tune_minilm(rows: list[list[int]], labels: torch.Tensor, valid: tuple[list[list[int]], torch.Tensor],
-                     test: list[list[int]], emails: int, checks: int, seed: int) -> tuple[torch.Tensor, dict]:
+                     emails: int, checks: int, seed: int, stop: int | None = None) -> tuple[BertClassifier, dict]:
     """(e): MiniLM with a classifier head fine-tuned on ``rows`` (WordPiece ids) and ``labels`` until it has
     seen about ``emails`` emails (whole epochs, batches of 16), its validation accuracy measured ``checks``
-    times in all, the best weights kept. Returns its prediction for every ``test`` row, and the step and
-    validation accuracy it kept (of how many steps)."""
+    times in all, the best weights kept. Returns the model and ``fine_tune``'s history; ``stop`` ends the
+    run after that many steps (a check of the start of a recorded run)."""
     torch.manual_seed(seed)  # the head's initial weights
     model = BertClassifier(load_minilm()[0], num_classes=2)
     epochs = max(1, round(emails / len(rows)))
-    history = fine_tune(model, rows, labels, valid, epochs=epochs, batch_size=16,
-                        checks=max(1, round(checks / epochs)), seed=seed)
+    # checks / epochs a pass: the same number of validations at every size (once in several passes when
+    # there are few labels); with all the labels, 3 a pass, as the committed runs were made
+    history = fine_tune(model, rows, labels, valid, epochs=epochs, batch_size=16, checks=checks / epochs,
+                        seed=seed, stop=stop)
+    return model, history
+
+
+def kept(history: dict) -> dict:
+    """What validation chose in a run of (e), of how many steps, and every step's loss."""
     best = max(range(len(history["valid_accuracy"])), key=lambda i: (history["valid_accuracy"][i], -i))
-    return class_scores(model, test).argmax(dim=-1), {
-        "step": history["valid_step"][best], "valid_accuracy": history["valid_accuracy"][best],
-        "of_steps": len(history["loss"])}
+    return {"step": history["valid_step"][best], "valid_accuracy": history["valid_accuracy"][best],
+            "of_steps": len(history["loss"]), "loss": [float(f"{v:.7g}") for v in history["loss"]]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,9 +219,10 @@ def main(argv: list[str] | None = None) -> int:
                     predicted[name] = model(x["test"]).argmax(dim=-1)
                 chosen[name] = {"step": step, "valid_accuracy": score}
             if MODELS[4] in args.models:  # MiniLM and a head, trained as one model
-                predicted[MODELS[4]], chosen[MODELS[4]] = fine_tune_minilm(
+                model, history = fine_tune_minilm(
                     [pieces["train"][i] for i in rows], y["train"][rows], (pieces["valid"], y["valid"]),
-                    pieces["test"], 32 * args.steps, args.steps // args.eval_every, seed)
+                    32 * args.steps, args.steps // args.eval_every, seed)
+                predicted[MODELS[4]], chosen[MODELS[4]] = class_scores(model, pieces["test"]).argmax(dim=-1), kept(history)
             if MODELS[3] in args.models:  # the head: a logistic regression on the fixed embeddings
                 head, decay, score = fit_on_validation((e["train"][rows], y["train"][rows]), (e["valid"], y["valid"]))
                 with torch.no_grad():
@@ -225,19 +233,22 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append({"labels": len(rows), "seed": seed, "model": name, **scores(guess, y["test"]),
                              "accuracy_interval": [low, high], **chosen[name],
                              "predicted": "".join(str(int(v)) for v in guess)})
-                print(json.dumps({k: v for k, v in runs[-1].items() if k != "predicted"}), flush=True)
+                print(json.dumps({k: v for k, v in runs[-1].items() if k not in ("predicted", "loss")}), flush=True)
     given = sys.argv[1:] if argv is None else argv
     given = [a for i, a in enumerate(given) if "--out" not in (a, given[i - 1] if i else "")]  # where, not what
     command = "python -m benchmarks.spam_curve " + " ".join(f'"{a}"' if " " in a else a for a in given)
-    record = {"models": list(args.models), "command": command, "seconds": round(time.perf_counter() - start, 1),
-              "machine": machine()}
+    ran = sorted({run["labels"] for run in runs})  # the numbers of labelled emails this command trained on
+    record = {"models": list(args.models), "labels": ran, "command": command,
+              "seconds": round(time.perf_counter() - start, 1), "machine": machine()}
     if MODELS[3] in args.models or MODELS[4] in args.models:
         record["minilm_tokens"] = args.minilm_tokens
     results = {"runs": [], "records": []}
     if args.out.exists():  # keep the other models' runs, and the records of the runs that made them
         results = json.loads(args.out.read_text())
-        results["runs"] = [run for run in results["runs"] if run["model"] not in args.models]
-        results["records"] = [r for r in results["records"] if set(r["models"]) - set(args.models)]
+        results["runs"] = [run for run in results["runs"]
+                           if run["model"] not in args.models or run["labels"] not in ran]
+        results["records"] = [r for r in results["records"]  # those that made a run still in the file
+                              if set(r["models"]) - set(args.models) or set(r["labels"]) - set(ran)]
     results.update(test_emails=len(y["test"]), valid_emails=len(y["valid"]), train_emails=len(y["train"]),
                    weight_decays=list(WEIGHT_DECAYS))
     if any(m in args.models for m in MODELS[1:3]):

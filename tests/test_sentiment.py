@@ -286,3 +286,34 @@ def test_fine_tune_refuses_a_stop_outside_the_run(stop, message):
     rows, targets = [[101, 7, 102]] * 32, torch.zeros(32, dtype=torch.long)  # one epoch: 2 steps of 16
     with pytest.raises(ValueError, match=message):
         fine_tune(_Sums(), rows, targets, (rows, targets), stop=stop)
+
+
+class _Bag(torch.nn.Module):
+    """A trainable stand-in classifier: the mean of its ids' embeddings, then a linear layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.out = torch.nn.Embedding(200, 4, padding_idx=0), torch.nn.Linear(4, 2)
+
+    def forward(self, input_ids):
+        return self.out(self.embed(input_ids).mean(dim=1))  # (B, 2)
+
+
+@pytest.mark.parametrize("checks, steps", [(2, [1, 2, 3, 4, 5, 6]), (1, [2, 4, 6]), (0.5, [4, 6]), (1 / 3, [6])])
+def test_fine_tune_validates_checks_times_a_pass_or_once_in_several(checks, steps):
+    """Three passes of 2 steps: ``checks`` a pass puts a validation every 2 / checks steps, and at the last."""
+    from transformer.tasks.fine_tuning import fine_tune
+
+    rows, targets = [[101, n, 102] for n in range(1, 33)], torch.arange(32) % 2
+    history = fine_tune(_Bag(), rows, targets, (rows[:8], targets[:8]), epochs=3, checks=checks)
+    assert len(history["loss"]) == 6 and history["valid_step"] == steps
+
+
+@pytest.mark.parametrize("checks, error", [(0, ValueError), (-1.5, ValueError), (float("nan"), ValueError),
+                                           ("2", TypeError)])
+def test_fine_tune_refuses_checks_that_are_not_a_positive_number(checks, error):
+    from transformer.tasks.fine_tuning import fine_tune
+
+    rows, targets = [[101, 7, 102]] * 32, torch.zeros(32, dtype=torch.long)
+    with pytest.raises(error, match="checks must be"):
+        fine_tune(_Sums(), rows, targets, (rows, targets), checks=checks)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from transformer.checks import check_positive_int
+from transformer.checks import check_number, check_positive_int
 from transformer.nn.modes import evaluating
 from transformer.tasks.classifier import classification_loss
 from transformer.training.batch import pad_rows
@@ -74,18 +74,19 @@ def fine_tune(
     epochs: int = 1,
     batch_size: int = 16,
     lr: float = 5e-5,
-    checks: int = 2,
+    checks: float = 2,
     seed: int = 0,
     stop: int | None = None,
 ) -> dict[str, list]:
     """Train ``model`` in place on (``rows``, ``targets``): AdamW, warm-up over the
     first tenth of the steps then a linear decay; ``checks`` times an epoch the accuracy
-    on ``valid``, and the weights that score best there are kept. Returns
-    ``run_steps``'s history.
+    on ``valid`` (a fraction: once every so many epochs), and the weights that score
+    best there are kept. Returns ``run_steps``'s history.
 
     ``stop`` ends the run after that many of its steps, without reading ``valid``: the
     rates do not depend on where a run stops, so its history is the start of the whole
     run's, step for step (a cheap check of a run made elsewhere)."""
+    checks = check_number("checks", checks)
     per_epoch = len(rows) // batch_size
     steps = epochs * per_epoch
     warmup = max(1, steps // 10)
