@@ -231,6 +231,23 @@ def test_a_pretrained_encoder_reads_the_length_asked_for_past_its_own_positions(
         assert not torch.allclose(model(ids), model(changed))  # the model reads it
 
 
+def test_a_pretrained_run_is_the_same_whatever_the_random_state_before_it(tmp_path):
+    """--seed fixes the new head on a pre-trained encoder too: two runs that start from different global
+    random states (as two processes do) end with the same weights. The head used to be drawn unseeded."""
+    rows = toy_rows(24, 0)
+    train, valid = write_lines(tmp_path / "train.jsonl", rows), write_lines(tmp_path / "valid.jsonl", rows[:8])
+    weights = []
+    for before in (1, 2):
+        torch.manual_seed(before)
+        assert command(["train", "--task", "classify", "--train", str(train), "--valid", str(valid),
+                        "--pretrained", str(ROOT / "models" / "spam-mlm"), "--steps", "2", "--batch-size", "8",
+                        "--seed", "7", "--no-progress", "--checkpoint-dir", str(tmp_path / f"run{before}")]) == 0
+        weights.append(load_classifier(tmp_path / f"run{before}" / "classifier.pt")[0].state_dict())
+    assert weights[0].keys() == weights[1].keys()
+    for name, value in weights[0].items():
+        assert torch.equal(value, weights[1][name]), name
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--lr", "nan"], "--lr must be a number > 0, got nan"),
     (["--lr", "-1"], "--lr must be a number > 0, got -1.0"),

@@ -429,6 +429,7 @@ def train_main(
         for name, rows in (("train", train), ("valid", valid))
     }
     labels, length = sorted({row["label"] for row in train}), args.length
+    torch.manual_seed(args.seed)  # a new head's weights, or the whole new model's
     # the run's own tokenizer, model and length; train_classifier loads its states
     if saved is not None:
         from tokenizers import Tokenizer
@@ -463,7 +464,6 @@ def train_main(
             pad_id=0,
             norm_first=True,
         )
-        torch.manual_seed(args.seed)
         model = from_settings(
             SequenceClassifier, settings, num_classes=len(labels), pooling="mean"
         )
