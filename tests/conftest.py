@@ -12,3 +12,12 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def email_splits():
+    """The SpamAssassin corpus's train, valid and test splits, read once per test process: parsing
+    every email takes about 10 s, and several tests of committed runs need them."""
+    from transformer.tasks.email import read_emails, split_emails
+
+    return split_emails(read_emails())

@@ -219,6 +219,7 @@ def test_the_captioner_command_refuses_bad_input_in_one_line(arguments, message,
     assert capsys.readouterr().err.strip().splitlines() == [f"train.py: {message.format(tmp=tmp_path)}"]
 
 
+@pytest.mark.slow  # trains the recipe's first 100 steps (about 15 s)
 def test_the_committed_captioner_is_the_recipes_run(tmp_path):
     """The recipe's 100 warm-up steps (train.py on the plain path, as the README's run; about ten
     seconds): bit for bit the committed history's first 100 steps, loss, accuracy and gradient norm,

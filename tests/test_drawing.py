@@ -115,6 +115,7 @@ def test_the_drawer_command_refuses_bad_input_in_one_line(arguments, message, tm
     assert capsys.readouterr().err.strip().splitlines() == [f"train.py: {message.format(tmp=tmp_path)}"]
 
 
+@pytest.mark.slow  # trains the recipe's first 50 steps (about 15 s)
 def test_the_committed_drawer_is_the_recipes_run(tmp_path):
     """The recipe's first 50 steps, within its warm-up (train.py on the plain path, as the README's
     run; about ten seconds): bit for bit the committed history's first 50 steps, loss and gradient

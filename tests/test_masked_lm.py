@@ -120,14 +120,13 @@ def test_token_windows_and_first_tokens():
 
 
 @pytest.mark.slow  # the committed model over the validation emails (15 s on the busy 2-core machine)
-def test_the_committed_model_reproduces_its_figures():
-    from transformer.tasks.email import read_emails, split_emails
+def test_the_committed_model_reproduces_its_figures(email_splits):
 
     folder = ROOT / "models" / "spam-mlm"
     recorded = json.loads((folder / "results.json").read_text())
     model, tokenizer = load_mlm(folder)
     mask_id = tokenizer.token_to_id(MASK_TOKEN)
-    valid = [mail.text for mail in split_emails(read_emails())["valid"]]
+    valid = [mail.text for mail in email_splits["valid"]]
     windows = token_windows(valid, tokenizer, model.settings["max_len"])
     assert len(windows) == recorded["windows"]["valid"]
     assert abs(mlm_accuracy(model, windows, mask_id, FIRST) - recorded["valid_mlm_accuracy"]) < 1e-3
@@ -135,14 +134,13 @@ def test_the_committed_model_reproduces_its_figures():
 
 
 @pytest.mark.slow  # the longer run's model over the validation emails and captions
-def test_the_longer_run_reproduces_its_figures():
-    from transformer.tasks.email import read_emails, split_emails
+def test_the_longer_run_reproduces_its_figures(email_splits):
 
     folder = ROOT / "models" / "text-mlm"
     recorded = json.loads((folder / "results.json").read_text())
     model, tokenizer = load_mlm(folder)
     mask_id = tokenizer.token_to_id(MASK_TOKEN)
-    emails = token_windows([m.text for m in split_emails(read_emails())["valid"]], tokenizer, 64)
+    emails = token_windows([m.text for m in email_splits["valid"]], tokenizer, 64)
     captions = token_windows(caption_texts("val"), tokenizer, 64)
     assert (len(emails), len(captions)) == (recorded["windows"]["valid"], recorded["caption_windows"]["valid"])
     assert abs(mlm_accuracy(model, emails, mask_id, FIRST) - recorded["valid_mlm_accuracy"]) < 1e-3
@@ -239,14 +237,14 @@ def test_the_learning_curves_claims_hold_in_its_committed_results():
     assert all(lead(size) > 0 for size in sizes[1:]) and lead(32) < 0
 
 
-def test_the_learning_curves_figures_follow_from_its_recorded_predictions():
+@pytest.mark.slow  # reads every email of the corpus (about 10 s)
+def test_the_learning_curves_figures_follow_from_its_recorded_predictions(email_splits):
     """Each run's accuracy, spam F1 and interval are computed again from its predictions and the test
     labels (F1 by the formula; the interval by a binomial's normal approximation, which the percentile
     bootstrap should match within half a point at 331 emails), and what validation chose is in range."""
-    from transformer.tasks.email import read_emails, split_emails
 
     results = json.loads((ROOT / "benchmarks" / "spam_curve_results.json").read_text())
-    labels = [m.label for m in split_emails(read_emails())["test"]]
+    labels = [m.label for m in email_splits["test"]]
     n = len(labels)
     for run in results["runs"]:
         guess = [int(c) for c in run["predicted"]]
@@ -272,19 +270,18 @@ def test_the_learning_curves_figures_follow_from_its_recorded_predictions():
 
 
 @pytest.mark.slow  # MiniLM reads 363 emails (about half a minute on one thread)
-def test_a_point_of_the_frozen_minilm_curve_is_reproduced():
+def test_a_point_of_the_frozen_minilm_curve_is_reproduced(email_splits):
     """The (d) point at 32 labels, seed 0, computed again: MiniLM's embeddings of the sampled training
     emails and of every test email, and a logistic regression on them; and that regression's predictions
     against a hand-written one (plain gradient descent on the same loss) on the same fixed features."""
     from benchmarks.spam_curve import minilm_features, sample, scores
     from transformer.tasks.baselines import fit_logistic_regression
-    from transformer.tasks.email import read_emails, split_emails
 
     results = json.loads((ROOT / "benchmarks" / "spam_curve_results.json").read_text())
     (record,) = [r for r in results["records"] if "frozen MiniLM + linear" in r["models"]]
     (recorded,) = [run for run in results["runs"]
                    if run["model"] == "frozen MiniLM + linear" and run["labels"] == 32 and run["seed"] == 0]
-    splits = split_emails(read_emails())
+    splits = email_splits
     train_y = torch.tensor([m.label for m in splits["train"]])
     test_y = torch.tensor([m.label for m in splits["test"]])
     rows = sample(train_y, 32, 0)
@@ -310,13 +307,12 @@ def test_a_point_of_the_frozen_minilm_curve_is_reproduced():
 
 
 @pytest.mark.slow  # MiniLM trains 4 steps of 16 emails (seconds)
-def test_the_start_of_a_fine_tuned_minilm_run_of_the_curve_is_reproduced():
+def test_the_start_of_a_fine_tuned_minilm_run_of_the_curve_is_reproduced(email_splits):
     """The (e) run at 32 labels, seed 0, started again: the same 32 emails, their first WordPieces, the same
     head and order, and its first 4 steps (fine_tune's ``stop``) give the recorded losses (the record holds
     every step's loss of the whole run)."""
     from benchmarks.spam_curve import fine_tune_minilm, sample
     from transformer.interop.bert import load_minilm
-    from transformer.tasks.email import read_emails, split_emails
     from transformer.tasks.fine_tuning import wordpieces
 
     results = json.loads((ROOT / "benchmarks" / "spam_curve_results.json").read_text())
@@ -324,7 +320,7 @@ def test_the_start_of_a_fine_tuned_minilm_run_of_the_curve_is_reproduced():
     (recorded,) = [run for run in results["runs"]
                    if run["model"] == "fine-tuned MiniLM" and run["labels"] == 32 and run["seed"] == 0]
     assert len(recorded["loss"]) == recorded["of_steps"] == 300  # 150 passes of 2 steps: 4,800 emails
-    splits = split_emails(read_emails())
+    splits = email_splits
     labels = torch.tensor([m.label for m in splits["train"]])
     rows = sample(labels, 32, 0)
     tokenizer = load_minilm()[1]

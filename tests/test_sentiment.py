@@ -233,10 +233,11 @@ def test_the_committed_fine_tuning_is_the_chapters_recipe(tmp_path):
                       {key: committed["history"][key] for key in per_step}, 8)
 
 
-def test_the_fine_tuning_script_refuses_no_steps_in_one_line():
-    done = subprocess.run([sys.executable, "-m", "benchmarks.sentiment_fine_tune", "--steps", "0"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and done.stderr.strip() == "sentiment_fine_tune: --steps must be an int >= 1, got 0"
+def test_the_fine_tuning_script_refuses_no_steps_in_one_line(capsys):
+    from benchmarks.sentiment_fine_tune import main  # what `python -m` runs, in this process
+
+    assert main(["--steps", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "sentiment_fine_tune: --steps must be an int >= 1, got 0"
 
 
 @pytest.mark.slow  # MiniLM embeds 200 review sentences twice (a few seconds)

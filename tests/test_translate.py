@@ -572,6 +572,7 @@ def test_committed_test2016_translations_are_whole_and_scored_as_recorded():
         assert corpus_scores(lines, english) == {name: recorded[name] for name in corpus_scores(lines, english)}
 
 
+@pytest.mark.slow  # the committed translator over 100 test sentences, twice (about 6 s)
 def test_committed_test2016_translations_are_the_models_line_for_line(committed):
     """Beyond the chapter's live sample (the first SAMPLE lines): every ninth sentence of the rest,
     100 spread over the file, translated greedy and with beam 4 (a few seconds) are the committed lines

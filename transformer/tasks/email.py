@@ -154,15 +154,12 @@ def email_text(raw: bytes) -> str:
     plain: list[str] = []
     markup: list[str] = []
     for part in message.walk():
-        if (
-            part.is_multipart()
-            or part.get_content_maintype() != "text"
-            or part.get_content_disposition() == "attachment"
-        ):
-            continue
-        kind = part.get_content_subtype()
-        if kind in ("plain", "html"):
-            (plain if kind == "plain" else markup).append(_part_text(part))
+        # each question to a part parses its header again: ask for the type once
+        kind = part.get_content_type()
+        if kind not in ("text/plain", "text/html"):
+            continue  # containers (multipart/*), images, other text
+        if part.get_content_disposition() != "attachment":
+            (plain if kind == "text/plain" else markup).append(_part_text(part))
     body = (
         "\n".join(plain) if plain else "\n".join(html_to_text(text) for text in markup)
     )
