@@ -51,7 +51,7 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 # memory 1.0 GB before, 1.3 GB after.
 export JUPYTER_PATH := $(CURDIR)/tools/jupyter
 
-.PHONY: lab book book-chapters test setup setup-files export export-check lint unit quick typecheck notebooks nbval html strict-book assets browser chapter robustness busy-check clean
+.PHONY: lab book book-chapters test setup setup-files export export-check lint unit quick typecheck notebooks nbval html pdf strict-book assets browser chapter robustness busy-check clean
 
 # The chapters are executed into the build's cache, _build/.jupyter_cache, by tools/execute_book.py:
 # BOOK_JOBS at a time (one a core, nproc), each kernel on one thread when more than one runs
@@ -248,6 +248,16 @@ html: setup assets
 	$(BIN)/python -m tools.book_config --execution $(BOOK_EXECUTION) --repository "$(REPOSITORY_URL)" \
 		--branch $(REPOSITORY_BRANCH) --out _build/_config.yml
 	$(BIN)/jupyter-book build . --all -W -n --keep-going --config _build/_config.yml
+
+# The whole book as one PDF, _build/pdf/transformer-book.pdf: the chapters executed as `make book`
+# executes them (only those the build's cache lacks), Jupyter Book's singlehtml builder puts every page
+# on one, and headless Chromium prints it with the book's print styles once MathJax has typeset it
+# (tools/print_pdf.py; Chromium as for `make browser`). Not part of `make test`.
+pdf: book-chapters assets
+	$(BIN)/python -m tools.book_config --execution cache --repository "$(REPOSITORY_URL)" \
+		--branch $(REPOSITORY_BRANCH) --out _build/_config.yml
+	$(BIN)/jupyter-book build . --builder singlehtml -W -n --keep-going --config _build/_config.yml
+	$(BIN)/python -m tools.print_pdf _build/singlehtml/preface.html _build/pdf/transformer-book.pdf
 
 # The built site in headless Chromium (Debian's `chromium` package): equations, figures, console,
 # no request leaving the local server, sidebar and search. Screenshots go to _build/screenshots/.

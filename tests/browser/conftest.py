@@ -3,22 +3,15 @@ both: a local HTTP server for `_build/html` (`site_url`), headless Chromium (`br
 which opens a page in a fresh context and records its console errors and every request that would
 leave the local server."""
 
-import functools
-import http.server
-import os
-import shutil
-import threading
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 
+from tools.print_pdf import CHROMIUM_FLAGS, find_chromium, serve
+
 ROOT = Path(__file__).resolve().parents[2]
 SITE = ROOT / "_build" / "html"
-CHROMIUM_FLAGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]
 # Console messages that are not errors of the book, each with the reason it is allowed.
 CONSOLE_ALLOWLIST: dict[str, str] = {
     "Got invalid theme mode: . Resetting to auto.": (
@@ -33,23 +26,14 @@ CONSOLE_ALLOWLIST: dict[str, str] = {
 def site_url():
     if not (SITE / "index.html").is_file():
         pytest.fail(f"no built book in {SITE}: run `make html` (or `make book`) first")
-    handler = functools.partial(QuietHandler, directory=str(SITE))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-
-
-class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):  # keep pytest's output readable
-        pass
+    with serve(SITE) as address:
+        yield address
 
 
 @pytest.fixture(scope="session")
 def browser():
     # CHROMIUM names another Chromium-based browser, e.g. Google Chrome on GitHub's runners.
-    executable = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    executable = find_chromium()
     if executable is None:
         pytest.fail(
             "Chromium is not installed, and the browser test of the book needs it. "
