@@ -2,6 +2,7 @@
 models/text-mlm."""
 
 import json
+import shlex
 import math
 from pathlib import Path
 
@@ -214,6 +215,11 @@ def test_the_learning_curves_claims_hold_in_its_committed_results():
     assert {(run["model"], run["labels"]) for run in runs} == {(m, n) for m in models for n in sizes}
     made = [(m, n) for record in results["records"] for m in record["models"] for n in record["labels"]]
     assert sorted(made) == sorted({(m, n) for m in models for n in sizes})
+    for record in results["records"]:  # each command, run again, makes its record's models and no other
+        words = shlex.split(record["command"])
+        after = words[words.index("--models") + 1:]
+        named = after[:next((i for i, word in enumerate(after) if word.startswith("--")), len(after))]
+        assert named == record["models"]
 
     def mean(model, size, metric):
         values = [run[metric] for run in runs if run["model"] == model and run["labels"] == size]
