@@ -318,3 +318,23 @@ def test_fine_tune_refuses_checks_that_are_not_a_positive_number(checks, error):
     rows, targets = [[101, 7, 102]] * 32, torch.zeros(32, dtype=torch.long)
     with pytest.raises(error, match="checks must be"):
         fine_tune(_Sums(), rows, targets, (rows, targets), checks=checks)
+
+
+def test_keep_best_keeps_the_first_of_the_best_scores_and_restores_it():
+    from transformer.tasks.fine_tuning import KeepBest
+
+    model = torch.nn.Linear(2, 1)
+    keep = KeepBest(model)
+    keep.restore()  # nothing kept: the weights stay
+    weights = []
+    for score in [0.5, 0.7, 0.7, 0.6]:
+        with torch.no_grad():
+            model.weight.add_(1.0)
+        weights.append(model.weight.detach().clone())
+        keep.offer(score)
+    keep.restore()
+    assert torch.equal(model.weight, weights[1]) and keep.score == 0.7  # the first 0.7, not the tie after it
+    with torch.no_grad():
+        model.weight.zero_()
+    keep.restore()
+    assert torch.equal(model.weight, weights[1])  # the copy is the kept one's, not a view of the model

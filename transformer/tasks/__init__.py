@@ -27,7 +27,7 @@ from transformer.tasks.email import (FOLDERS, CORPUS_SHA256, corpus_folder, corp
 from transformer.tasks.baselines import words, word_vocabulary, bag_of_words, fit_logistic_regression
 from transformer.tasks.sentiment import (REVIEWS_FILE, REVIEWS_SHA256, LAST_POSITIVE_ID, SENTIMENTS, Review,
     reviews_file, read_reviews, split_reviews, write_review_jsonl)
-from transformer.tasks.fine_tuning import wordpieces, by_length, class_scores, fine_tune
+from transformer.tasks.fine_tuning import wordpieces, by_length, class_scores, KeepBest, fine_tune
 from transformer.tasks.intervals import bootstrap_interval
 from transformer.tasks.tagging import (CASES, MARKS, MARK_NAMES, TAG_LABELS, word_label, text_labels, restore_text,
     tag_targets, tagging_tensors, tagging_loss, train_tagger, per_label_scores, facet_scores, decide_tags,
@@ -160,6 +160,7 @@ __all__ = [
     'wordpieces',
     'by_length',
     'class_scores',
+    'KeepBest',
     'fine_tune',
     'bootstrap_interval',
     'CASES',

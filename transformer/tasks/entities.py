@@ -49,6 +49,7 @@ from torch import Tensor, nn
 from transformer.checks import check_positive_int, check_tensor
 from transformer.nn.modes import evaluating
 from transformer.paths import book_root
+from transformer.tasks.fine_tuning import KeepBest
 from transformer.tasks.masked_lm import IGNORE_INDEX
 from transformer.tasks.tagging import train_tagger
 from transformer.training.loop import Evaluate
@@ -444,14 +445,13 @@ def fine_tune_tagger(
     per_epoch = len(train[0]) // batch_size
     steps = epochs * per_epoch
     measured: dict[str, list] = {"valid_step": [], "valid_f1": []}
-    best: dict[str, dict] = {}
+    best = KeepBest(model)
 
     def validate(step: int) -> dict[str, str]:
         with evaluating(model):
             tags = word_tags(model, *valid)
         f1 = float(span_f1(span_counts(gold, tags).sum(dim=(0, 1))))
-        if f1 > max(measured["valid_f1"], default=-1.0):
-            best["state"] = {k: v.clone() for k, v in model.state_dict().items()}
+        best.offer(f1)
         measured["valid_step"].append(step)
         measured["valid_f1"].append(f1)
         return {"valid_f1": f"{f1:.3f}"}
@@ -468,7 +468,6 @@ def fine_tune_tagger(
         callbacks=[Evaluate(validate, None if stop else math.ceil(per_epoch / checks))],
         stop=stop,
     )
-    if "state" in best:
-        model.load_state_dict(best["state"])
+    best.restore()
     model.eval()
     return history | measured

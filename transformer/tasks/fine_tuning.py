@@ -9,7 +9,7 @@ Defined in the book's chapter "Sentiment: what the notes call BERT's job" (chapt
 """
 
 
-__all__ = ['wordpieces', 'by_length', 'class_scores', 'fine_tune']
+__all__ = ['wordpieces', 'by_length', 'class_scores', 'KeepBest', 'fine_tune']
 
 
 import math
@@ -66,6 +66,28 @@ def class_scores(model: nn.Module, rows: list[list[int]]) -> Tensor:
     return out
 
 
+class KeepBest:
+    """The weights of ``model`` at its best validation score so far: copied whenever a
+    score beats every earlier one (a tie keeps the earlier weights), loaded back by
+    ``restore``. Early stopping that trains to the end and keeps the best point."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.score = -math.inf
+        self.state: dict[str, Tensor] | None = None
+
+    def offer(self, score: float) -> None:
+        """Copy the weights if ``score`` is the best yet."""
+        if score > self.score:
+            self.score = score
+            self.state = {k: v.clone() for k, v in self.model.state_dict().items()}
+
+    def restore(self) -> None:
+        """Load the copied weights into the model (none copied: nothing changes)."""
+        if self.state is not None:
+            self.model.load_state_dict(self.state)
+
+
 def fine_tune(
     model: nn.Module,
     rows: list[list[int]],
@@ -110,13 +132,12 @@ def fine_tune(
                 yield pad_rows([rows[i] for i in batch], 0, None), targets[batch]
 
     history: dict[str, list] = {"valid_step": [], "valid_accuracy": []}
-    best: dict[str, dict] = {}
+    best = KeepBest(model)
 
     def validate(step: int) -> dict[str, str]:
         predicted = class_scores(model, valid[0]).argmax(-1)  # (N,)
         right = (predicted == valid[1]).float().mean().item()
-        if right > max(history["valid_accuracy"], default=-1.0):
-            best["state"] = {k: v.clone() for k, v in model.state_dict().items()}
+        best.offer(right)
         history["valid_step"].append(step)
         history["valid_accuracy"].append(right)
         return {"valid_accuracy": f"{right:.1%}"}
@@ -145,7 +166,6 @@ def fine_tune(
             clip=1.0,
             callbacks=[Evaluate(validate, every)],
         )
-    if "state" in best:
-        model.load_state_dict(best["state"])
+    best.restore()
     model.eval()
     return history
