@@ -1,5 +1,6 @@
 """`python -m tools.print_pdf` (make pdf): each bad argument is one line and exit 2, before Chromium
-starts. Printing itself is tested with Chromium in tests/browser/test_pdf.py."""
+starts; a Chromium that does not start is one line and exit 1. Printing itself is tested with
+Chromium in tests/browser/test_pdf.py."""
 
 import pytest
 
@@ -32,3 +33,13 @@ def test_no_chromium_is_one_line_that_says_how_to_install_it(tmp_path, capsys, m
 def test_chromium_is_the_one_chromium_names(monkeypatch):
     monkeypatch.setenv("CHROMIUM", "/opt/my/chrome")
     assert tools.print_pdf.find_chromium() == "/opt/my/chrome"
+
+
+def test_a_chromium_that_does_not_start_is_one_line_and_exit_1(tmp_path, capsys, monkeypatch):
+    page = tmp_path / "page.html"
+    page.write_text("<p>x</p>")
+    monkeypatch.setenv("CHROMIUM", str(tmp_path / "no-such-chrome"))
+    assert main([str(page), str(tmp_path / "out.pdf")]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("print_pdf: BrowserType.launch:") and "no-such-chrome" in line
+    assert not (tmp_path / "out.pdf").exists()

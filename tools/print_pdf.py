@@ -8,7 +8,8 @@ with headless Chromium, after MathJax has typeset every equation, using the book
 The page is served from its own folder on a local port (MathJax loads its fonts as a site's pages
 do), and no request may leave it: the book needs nothing from the network. Chromium is Debian's
 ``chromium`` package, or the browser that ``CHROMIUM`` names, as for the browser tests. A bad
-argument is one line on standard error and exit 2; Ctrl-C, one line and exit 130.
+argument is one line on standard error and exit 2; a failure to print (Chromium that does not start,
+a page that asks the network, a timeout) one line and exit 1; Ctrl-C, one line and exit 130.
 """
 
 import argparse
@@ -123,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
               "or set CHROMIUM to the path of a Chromium-based browser", file=sys.stderr)
         return 2
     tick = time.perf_counter()
+    from playwright.sync_api import Error as PlaywrightError
     from playwright.sync_api import sync_playwright
 
     try:
@@ -133,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("print_pdf: interrupted; no PDF written", file=sys.stderr)
         return 130
-    except RuntimeError as error:
-        print(f"print_pdf: {error}", file=sys.stderr)
+    except (RuntimeError, PlaywrightError) as error:  # Playwright's: Chromium failed to start, a timeout
+        print(f"print_pdf: {str(error).strip().splitlines()[0]}", file=sys.stderr)
         return 1
     print(f"print_pdf: wrote {args.out} ({size / 2**20:.1f} MiB) in {time.perf_counter() - tick:.0f} s")
     return 0
