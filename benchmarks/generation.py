@@ -71,14 +71,17 @@ TARGETS = {  # (mode, ours, reference): the least ratio of tokens per second (is
 }
 
 
-def word_tokenizer(size: int):
-    """A ``tokenizers`` word-level tokenizer of ``size`` tokens: the book's special tokens first."""
+def word_tokenizer(size: int, specials: tuple[str, ...] = SPECIAL_TOKENS, specials_first: bool = True):
+    """A ``tokenizers`` word-level tokenizer of ``size`` tokens: ``specials`` (the book's special
+    tokens, the last one standing for unknown words) first, at ids 0, 1, ... as the book's
+    tokenizers number them, or last; between or after them the words w0, w1, ..."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
-    vocab.update({f"w{i}": i for i in range(len(SPECIAL_TOKENS), size)})
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    words = [f"w{i}" for i in range(size - len(specials))]
+    order = [*specials, *words] if specials_first else [*words, *specials]
+    tokenizer = Tokenizer(models.WordLevel({token: i for i, token in enumerate(order)}, unk_token=specials[-1]))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.add_special_tokens(list(specials))
     return tokenizer
 
 

@@ -13,6 +13,8 @@ import torch
 import transformers
 from factories import small_transformer
 
+from benchmarks.generation import word_tokenizer
+
 from transformer import DecoderOnlyLM, LayerOptions
 from transformer.__main__ import command
 from transformer.nn.attention import padding_mask
@@ -23,7 +25,7 @@ from transformer.interop.huggingface_out import export_huggingface, hf_greedy, m
 from transformer.tasks.multi30k import BOS_ID, EOS_ID, PAD_ID, encode_lines
 from transformer.interop.huggingface_in import from_huggingface
 from transformer.tasks.multi30k import load_multi30k
-from transformer.tasks.subwords import train_tokenizer
+from transformer.tasks.subwords import SPECIAL_TOKENS, train_tokenizer
 from transformer.tasks.translation import load_translator, translate
 
 MODEL = Path(__file__).resolve().parents[1] / "models" / "multi30k" / "model.pt"
@@ -71,6 +73,41 @@ def test_the_round_trip_gives_the_models_logits(committed, exported, test_de):
 def _tiny_tokenizer():
     """A BPE tokenizer of a few dozen tokens, with the book's special tokens at ids 0 to 3."""
     return train_tokenizer(["ein Hund läuft", "a dog runs", "zwei Hunde", "two dogs"], 30)
+
+
+def test_the_special_tokens_ids_are_the_tokenizers_wherever_they_are():
+    # the book's tokenizers put <pad>, <bos>, <eos>, <unk> at 0 to 3; this one puts them at 7 to 10,
+    # and the exported model, its tokenizer and its generation use those ids: Marian's greedy
+    # translations are the book's greedy_decode given the same ids
+    tokenizer = word_tokenizer(11, specials_first=False)
+    pad, bos, eos, unk = (tokenizer.token_to_id(token) for token in SPECIAL_TOKENS)
+    assert (pad, bos, eos, unk) == (7, 8, 9, 10)
+    model = small_transformer(seed=5, share_embeddings=True, src_vocab_size=11, tgt_vocab_size=11, pad_id=pad)
+    with torch.no_grad():  # weights that end the first sentence at once and repeat a word in the others
+        for p in model.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    hf, fast = to_huggingface(model, tokenizer)
+    config, generation = hf.config, hf.generation_config
+    assert (config.pad_token_id, config.bos_token_id, config.eos_token_id, config.decoder_start_token_id) == (
+        pad, bos, eos, bos)
+    assert (generation.pad_token_id, generation.bos_token_id, generation.eos_token_id,
+            generation.decoder_start_token_id) == (pad, bos, eos, bos)
+    assert (fast.pad_token_id, fast.bos_token_id, fast.eos_token_id, fast.unk_token_id) == (pad, bos, eos, unk)
+    sentences = ["w0 w1 w2 w3 w4", "w5 w6", "w2"]
+    src = pad_rows([tokenizer.encode(line).ids for line in sentences], pad, "cpu")  # (3, 5)
+    assert src.tolist() == [[0, 1, 2, 3, 4], [5, 6, pad, pad, pad], [2, pad, pad, pad, pad]]
+    tokens = greedy_decode(model, src, min(model.positional_encoding.max_len, src.shape[1] + 51), bos, eos,
+                           src_mask=padding_mask(src, pad), pad_id=pad, extra_len=50)
+    # a row that reached its limit (its source length + 50) before the longest is padded after it
+    ours = [[i for i in row if i != pad] for row in generated_ids(tokens, eos)]
+    assert [len(row) for row in ours] == [0, 52, 51]  # <eos> at once; then two rows cut at their limits
+    assert hf_greedy(hf, fast, sentences) == ours
+
+
+def test_a_tokenizer_without_the_special_tokens_is_refused_by_name():
+    model = small_transformer(share_embeddings=True, src_vocab_size=11, tgt_vocab_size=11)
+    with pytest.raises(ValueError, match=r"tokenizer must hold the special tokens .*; it lacks \['<bos>'\]"):
+        to_huggingface(model, word_tokenizer(11, specials=("<pad>", "<eos>", "<unk>")))
 
 
 def test_a_random_model_round_trips_too():
@@ -141,7 +178,7 @@ def test_generate_gives_our_greedy_tokens_on_the_first_sentences(committed, expo
 def test_settings_marian_cannot_hold_are_refused_by_name(changes, setting):
     model = small_transformer(**{"share_embeddings": True, "src_vocab_size": 11, "tgt_vocab_size": 11, **changes})
     with pytest.raises(ValueError, match=setting):
-        marian_config(model)
+        marian_config(model, word_tokenizer(11))
 
 
 @pytest.mark.parametrize("activation, name", [("relu", "relu"), ("gelu", "gelu"), ("gelu_tanh", "gelu_new"),
@@ -149,19 +186,20 @@ def test_settings_marian_cannot_hold_are_refused_by_name(changes, setting):
 def test_each_activation_gets_the_first_of_hugging_faces_names_for_it(activation, name):
     model = small_transformer(share_embeddings=True, src_vocab_size=11, tgt_vocab_size=11,
                               options=LayerOptions(activation=activation))
-    assert marian_config(model).activation_function == name
+    assert marian_config(model, word_tokenizer(11)).activation_function == name
 
 
 def test_another_layer_norm_eps_is_refused():
     model = small_transformer(share_embeddings=True, src_vocab_size=11, tgt_vocab_size=11)
     model.encoder.layers[0].norm1.eps = 1e-6
     with pytest.raises(ValueError, match="LayerNorm eps"):
-        marian_config(model)
+        marian_config(model, word_tokenizer(11))
 
 
 def test_other_models_are_refused():
     with pytest.raises(TypeError, match="transformer.Transformer"):
-        marian_config(DecoderOnlyLM(vocab_size=10, d_model=8, num_heads=2, d_ff=16, num_layers=1, max_len=16))
+        marian_config(DecoderOnlyLM(vocab_size=10, d_model=8, num_heads=2, d_ff=16, num_layers=1, max_len=16),
+                      word_tokenizer(10))
 
 
 @pytest.mark.slow  # the command, then transformers loads its folder

@@ -29,7 +29,6 @@ import torch
 from torch import Tensor
 
 from transformer.nn.model import Transformer
-from transformer.tasks.multi30k import BOS_ID, EOS_ID, PAD_ID
 from transformer.interop.huggingface_in import HF_ACTIVATIONS, import_transformers, marian_permutation
 from transformer.tasks.subwords import SPECIAL_TOKENS
 
@@ -47,9 +46,24 @@ def _refuse(setting: str, value: object, why: str) -> None:
     )
 
 
-def marian_config(model: Transformer) -> Any:
-    """The ``transformers.MarianConfig`` of a ``Transformer``; a ValueError names any
-    setting that Marian cannot represent."""
+def _special_ids(tokenizer: Any) -> list[int]:
+    """The ids of ``SPECIAL_TOKENS`` (<pad>, <bos>, <eos>, <unk>, in that order) in a
+    ``tokenizers.Tokenizer``; a ValueError names those it lacks."""
+    ids = [tokenizer.token_to_id(token) for token in SPECIAL_TOKENS]
+    missing = [token for token, i in zip(SPECIAL_TOKENS, ids) if i is None]
+    if missing:
+        raise ValueError(
+            f"tokenizer must hold the special tokens {list(SPECIAL_TOKENS)}; "
+            f"it lacks {missing}"
+        )
+    return ids
+
+
+def marian_config(model: Transformer, tokenizer: Any) -> Any:
+    """The ``transformers.MarianConfig`` of a ``Transformer`` and its tokenizer (a
+    ``tokenizers.Tokenizer``): the sizes from the model, the special tokens' ids from
+    the tokenizer. A ValueError names any setting that Marian cannot represent, or a
+    tokenizer of another size; a TypeError another model or tokenizer."""
     if not isinstance(model, Transformer):
         raise TypeError(
             f"model must be a transformer.Transformer, got {type(model).__name__}"
@@ -85,7 +99,21 @@ def marian_config(model: Transformer) -> Any:
     }
     if eps != {1e-5}:
         _refuse("LayerNorm eps", sorted(eps), "Marian's LayerNorms use 1e-05")
+    if not all(
+        hasattr(tokenizer, name) for name in ("token_to_id", "get_vocab_size", "to_str")
+    ):
+        raise TypeError(
+            "tokenizer must be the model's tokenizers.Tokenizer, got "
+            f"{type(tokenizer).__name__}"
+        )
     vocab = model.src_embed.vocab_size
+    # generate would index past the embeddings
+    if tokenizer.get_vocab_size() != vocab:
+        raise ValueError(
+            f"tokenizer has {tokenizer.get_vocab_size():,} tokens, but the model's "
+            f"vocabulary has {vocab:,}: pass the tokenizer the model was trained with"
+        )
+    pad_id, bos_id, eos_id, _ = _special_ids(tokenizer)
     return import_transformers().MarianConfig(
         vocab_size=vocab,
         decoder_vocab_size=vocab,
@@ -102,10 +130,10 @@ def marian_config(model: Transformer) -> Any:
         dropout=0.0,
         attention_dropout=0.0,
         activation_dropout=0.0,
-        pad_token_id=PAD_ID,
-        eos_token_id=EOS_ID,
-        bos_token_id=BOS_ID,
-        decoder_start_token_id=BOS_ID,
+        pad_token_id=pad_id,
+        eos_token_id=eos_id,
+        bos_token_id=bos_id,
+        decoder_start_token_id=bos_id,
         forced_eos_token_id=None,
         share_encoder_decoder_embeddings=True,
         tie_word_embeddings=True,
@@ -214,40 +242,19 @@ def to_huggingface(model: Transformer, tokenizer: Any) -> tuple[Any, Any]:
     Args:
         model: a ``Transformer`` with shared, tied embeddings and post-norm layers (the
             translator of ``python -m transformer.train --task multi30k``).
-        tokenizer: its ``tokenizers.Tokenizer`` (BPE), whose special tokens are
-        ``SPECIAL_TOKENS``.
+        tokenizer: its ``tokenizers.Tokenizer`` (BPE), holding the special tokens
+            ``SPECIAL_TOKENS`` (at any ids).
 
     Returns:
         ``(hf_model, hf_tokenizer)``: a ``transformers.MarianMTModel`` in eval mode
         (float32, CPU) whose logits are the model's, and a ``PreTrainedTokenizerFast``.
 
     Raises:
-        ValueError: naming a setting Marian cannot represent; TypeError for other
-        models.
+        ValueError: naming a setting Marian cannot represent, or a tokenizer of another
+        size or without the special tokens; TypeError for other models or tokenizers.
     """
     transformers = import_transformers()
-    config = marian_config(model)
-    if not all(
-        hasattr(tokenizer, name) for name in ("token_to_id", "get_vocab_size", "to_str")
-    ):
-        raise TypeError(
-            "tokenizer must be the model's tokenizers.Tokenizer, got "
-            f"{type(tokenizer).__name__}"
-        )
-    # generate would index past the embeddings
-    if tokenizer.get_vocab_size() != config.vocab_size:
-        raise ValueError(
-            f"tokenizer has {tokenizer.get_vocab_size():,} tokens, but the model's "
-            "vocabulary has "
-            f"{config.vocab_size:,}: pass the tokenizer the model was trained with"
-        )
-    if [tokenizer.token_to_id(token) for token in SPECIAL_TOKENS] != [
-        PAD_ID,
-        BOS_ID,
-        EOS_ID,
-        3,
-    ]:
-        raise ValueError(f"tokenizer must give {SPECIAL_TOKENS} the ids 0 to 3")
+    config = marian_config(model, tokenizer)
     hf = transformers.MarianMTModel(config)
     # the model is left as it is
     state = {name: t.float().cpu() for name, t in marian_state_dict(model).items()}
@@ -264,20 +271,21 @@ def to_huggingface(model: Transformer, tokenizer: Any) -> tuple[Any, Any]:
             f"Marian's parameters not written: {left}; unknown: {unexpected}"
         )
     hf.generation_config.update(
-        decoder_start_token_id=BOS_ID,
-        bos_token_id=BOS_ID,
-        eos_token_id=EOS_ID,
-        pad_token_id=PAD_ID,
+        decoder_start_token_id=config.decoder_start_token_id,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
         forced_eos_token_id=None,
         num_beams=1,
         max_length=model.positional_encoding.max_len,
     )
+    pad, bos, eos, unk = SPECIAL_TOKENS
     fast = transformers.PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
-        pad_token="<pad>",
-        bos_token="<bos>",
-        eos_token="<eos>",
-        unk_token="<unk>",
+        pad_token=pad,
+        bos_token=bos,
+        eos_token=eos,
+        unk_token=unk,
         model_max_length=model.positional_encoding.max_len,
     )
     return hf.eval(), fast
@@ -295,6 +303,7 @@ def hf_greedy(
     """Greedy token ids (no <bos>, no <eos>) of a Marian model from ``to_huggingface``,
     one list a sentence, with the book's limit of (source length + ``extra_len``) new
     tokens."""
+    eos_id, pad_id = hf_tokenizer.eos_token_id, hf_tokenizer.pad_token_id
     output: list[list[int]] = []
     for start in range(0, len(sentences), batch_size):
         batch = hf_tokenizer(
@@ -310,8 +319,8 @@ def hf_greedy(
         )
         for row, length in zip(tokens, batch["attention_mask"].sum(dim=1).tolist()):
             ids = row[1:].tolist()  # after <bos>
-            ids = ids[: ids.index(EOS_ID)] if EOS_ID in ids else ids
-            output.append([i for i in ids if i != PAD_ID][: length + extra_len])
+            ids = ids[: ids.index(eos_id)] if eos_id in ids else ids
+            output.append([i for i in ids if i != pad_id][: length + extra_len])
     return output
 
 
