@@ -205,5 +205,7 @@ def test_the_prefaces_ways_through_the_book_name_the_parts_chapter_numbers():
     start, _ = ranges["Inputs"]
     _, end = ranges["The paper's experiment"]
     assert f"(chapters {start} to {end})" in preface
-    for caption in ("Cost and scale", "Beyond the original"):
-        assert "(chapters {} to {})".format(*ranges[caption]) in preface, caption
+    assert "**Cost and scale** (chapters {} to {})".format(*ranges["Cost and scale"]) in preface
+    for caption in ("The encoder alone", "The decoder alone", "Images"):
+        assert "**{}** (chapters {} to {})".format(caption, *ranges[caption]) in preface, caption
+    assert "**Weights in and out** (chapters {} and {})".format(*ranges["Weights in and out"]) in preface
