@@ -50,7 +50,7 @@ from transformer import LayerOptions, Transformer, beam_search, greedy_decode
 from transformer.nn.attention import padding_mask
 from transformer.interop.huggingface_out import ctranslate2_folder, to_huggingface
 from transformer.tasks.multi30k import BOS_ID, EOS_ID, PAD_ID
-from transformer.generation.compiled import prepack
+from transformer.generation.packed import prepack
 from transformer.generation.quantize import quantize_int8
 from transformer.tasks.subwords import SPECIAL_TOKENS
 

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from transformer.generation.compiled import prepack
+from transformer.generation.packed import prepack
 
 KINDS = ("linear", "mm", "packed", "int8")
 OPUS_MT = dict(vocab=58101, d_model=512, num_layers=6, d_ff=2048)

@@ -65,7 +65,7 @@ def load_engines(folder: Path, threads: list[int]):
     import transformers
     from ctranslate2.converters import TransformersConverter
 
-    from transformer.generation.compiled import PackedLinear
+    from transformer.generation.packed import PackedLinear
     from transformer.interop.gguf import load_smollm2, smollm2_path
 
     model, tokenizer = load_smollm2()

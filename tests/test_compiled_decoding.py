@@ -171,7 +171,7 @@ def test_prepack_keeps_the_function_and_repacks_a_changed_weight():
 
     from torch import nn
 
-    from transformer.generation.compiled import PackedLinear, prepack
+    from transformer.generation.packed import PackedLinear, prepack
 
     torch.manual_seed(0)
     linear = nn.Linear(16, 3000)
@@ -191,13 +191,34 @@ def test_prepack_keeps_the_function_and_repacks_a_changed_weight():
         torch.testing.assert_close(copy.deepcopy(packed)(x.detach()), packed(x.detach()))
 
 
+def test_without_the_private_operators_nothing_is_packed(monkeypatch):
+    """PackedLinear calls two private operators of torch (PACKING_OPS): a torch without one of them gets
+    its nn.Linear layers back unchanged from pack_linear_layers and prepack, which still give the model's
+    outputs; with them (this pinned torch, where it has oneDNN) the layers are packed."""
+    from torch import nn
+
+    from transformer.generation import packed as module
+
+    assert all(hasattr(torch.ops.mkldnn, name) for name in module.PACKING_OPS)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+    packed_kind = module.PackedLinear if torch.backends.mkldnn.is_available() else nn.Linear
+    assert type(module.prepack(model)[2]) is packed_kind
+    monkeypatch.setattr(module, "PACKING_OPS", (*module.PACKING_OPS, "_an_operator_this_torch_lacks"))
+    copy = module.prepack(model)
+    assert [type(layer) for layer in copy] == [nn.Linear, nn.ReLU, nn.Linear]
+    assert module.pack_linear_layers(model) is model and type(model[0]) is nn.Linear
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        assert torch.equal(copy(x), model(x))
+
+
 def test_a_packed_linear_multiplies_a_single_row_by_the_stored_weight():
     """One row (greedy decoding of one sequence) is a matrix-vector product, where oneDNN's packed layout
     was slower (benchmarks/smollm2_decoding.py): PackedLinear gives nn.Linear's output bit for bit and
     packs nothing; the first call of several rows packs."""
     from torch import nn
 
-    from transformer.generation.compiled import prepack
+    from transformer.generation.packed import prepack
 
     torch.manual_seed(0)
     linear = nn.Linear(16, 300)

@@ -593,7 +593,7 @@ def test_committed_test2016_translations_are_the_models_line_for_line(committed)
 def test_packed_weights_translate_the_whole_test_set_as_plain_ones(committed):
     """The translate command multiplies by packed weights (pack_linear_layers): on every sentence of
     Multi30k's test set, greedy and with beam 4, the translations are the plain nn.Linear model's."""
-    from transformer.generation.compiled import PackedLinear, prepack
+    from transformer.generation.packed import PackedLinear, prepack
 
     model, tokenizer = committed
     packed = prepack(model)

@@ -22,7 +22,7 @@ from transformer.cli.options import CommandParser, add_device_option, check_devi
 from transformer.interrupts import ctrl_c_held
 from transformer.files import read_lines
 from transformer.training.loop import free_cores
-from transformer.generation.compiled import pack_linear_layers
+from transformer.generation.packed import pack_linear_layers
 from transformer.generation.quantize import quantize_int8
 from transformer.tasks.translation import load_translator, translate_lines
 

@@ -6,8 +6,8 @@ key/value cache, compiled decoding and int8 weights.
 from transformer.generation.decoding import output_limits, DecoderState, greedy_decode, generated_ids, beam_search
 from transformer.generation.topk import block_top_k
 from transformer.generation.quantize import quantize_int8
-from transformer.generation.compiled import (static_cache, decode_step, compile_step, static_greedy_decode,
-    PackedLinear, pack_linear_layers, prepack)
+from transformer.generation.compiled import static_cache, decode_step, compile_step, static_greedy_decode
+from transformer.generation.packed import PACKING_OPS, PackedLinear, pack_linear_layers, prepack
 from transformer.generation.sampling import top_k_filter, check_top_p, top_p_filter, draw_tokens, sample_steps, sample
 from transformer.generation.text_measures import (repeated_windows, repeats, repeat_rate, words_of, whole_words,
     real_word_rate)
@@ -24,6 +24,7 @@ __all__ = [
     'decode_step',
     'compile_step',
     'static_greedy_decode',
+    'PACKING_OPS',
     'PackedLinear',
     'pack_linear_layers',
     'prepack',

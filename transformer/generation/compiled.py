@@ -7,23 +7,14 @@ Defined in the book's chapter "Fixed shapes: compiled decoding" (chapters/fixed_
 """
 
 
-__all__ = [
-    'static_cache',
-    'decode_step',
-    'compile_step',
-    'static_greedy_decode',
-    'PackedLinear',
-    'pack_linear_layers',
-    'prepack',
-]
+__all__ = ['static_cache', 'decode_step', 'compile_step', 'static_greedy_decode']
 
 
 from collections.abc import Callable
 from typing import Any, cast
-import copy
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from transformer.checks import check_generation, check_positive_int, check_token_id
 from transformer.generation.decoding import output_limits
@@ -137,72 +128,3 @@ def static_greedy_decode(
             if t % 8 == 7 and bool(done.all()):
                 break
     return tokens[:, : int(generated.max()) + 1]
-
-
-# (from chapters/fixed_shapes.md, section "Packed weights")
-class PackedLinear(nn.Linear):
-    """An ``nn.Linear`` whose float32 inference on the CPU multiplies by its weight as
-    oneDNN packed it (made at the first such call of more than one row, with its number
-    of rows as the hint, and again when the weight changes); a single row (a
-    matrix-vector product, where reading the weight is the whole cost), training,
-    gradients, other devices and dtypes take ``nn.Linear.forward``."""
-
-    # (weight version, weight address, packed weight)
-    _packed: tuple[int, int, Tensor] | None = None
-
-    def forward(self, x: Tensor) -> Tensor:
-        weight = self.weight
-        if (
-            torch.is_grad_enabled()
-            and (weight.requires_grad or x.requires_grad)
-            or x.device.type != "cpu"
-            or x.dtype != torch.float32
-            or weight.dtype != torch.float32
-            or weight.is_inference()
-            or x.numel() == x.shape[-1]  # one row: F.linear reads the weight faster
-        ):
-            return super().forward(x)
-        key = (weight._version, weight.data_ptr())
-        if self._packed is None or self._packed[:2] != key:
-            rows = x.numel() // x.shape[-1]
-            self._packed = (
-                *key,
-                torch.ops.mkldnn._reorder_linear_weight(
-                    weight.detach(), batch_size=rows
-                ),
-            )
-        return torch.ops.mkldnn._linear_pointwise(
-            x, self._packed[2], self.bias, "none", [], ""
-        )
-
-    # copy.deepcopy and pickle: a packed weight cannot be copied
-    def __getstate__(self) -> dict[str, Any]:
-        return {
-            name: value
-            for name, value in super().__getstate__().items()
-            if name != "_packed"
-        }
-
-
-def pack_linear_layers(model: nn.Module) -> nn.Module:
-    """Make the ``nn.Linear`` layers of ``model`` ``PackedLinear``, in place (where
-    torch has oneDNN; elsewhere nothing changes), and return ``model``: the same
-    parameters, float32 products on the CPU with weights packed once."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if torch.backends.mkldnn.is_available():
-        for module in model.modules():
-            if type(module) is nn.Linear:
-                module.__class__ = PackedLinear
-    return model
-
-
-def prepack(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` whose ``nn.Linear`` layers are ``PackedLinear``
-    (``pack_linear_layers``); ``model`` is left as it is."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    # parameters whose changes are counted, also when called in inference mode
-    with torch.inference_mode(False):
-        packed = copy.deepcopy(model)
-    return pack_linear_layers(packed)

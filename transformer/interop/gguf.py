@@ -41,7 +41,7 @@ from torch import Tensor
 
 from transformer.checks import check_bool
 from transformer.interop.bert import file_sha256
-from transformer.generation.compiled import pack_linear_layers
+from transformer.generation.packed import pack_linear_layers
 from transformer.generation.sampling import sample_steps
 from transformer.nn.modern import LlamaLM
 from transformer.paths import book_root
