@@ -30,9 +30,13 @@ def test_every_workflow_parses():
         assert workflow["jobs"], path
 
 
-def test_test_workflow_runs_make_test_on_push_and_pull_request():
+def test_test_workflow_runs_make_test_on_push_and_pull_request_and_every_week():
     workflow = load("test.yml")
-    assert {"push", "pull_request"} <= set(workflow["on"])
+    assert {"push", "pull_request", "schedule"} <= set(workflow["on"])
+    # a cron line of five fields whose day of the week is one day: once a week
+    (schedule,) = workflow["on"]["schedule"]
+    minute, hour, day, month, weekday = schedule["cron"].split()
+    assert (day, month) == ("*", "*") and weekday.isdigit() and minute.isdigit() and hour.isdigit()
     assert any(cmd.strip() == "make test" for cmd in commands(workflow["jobs"]["test"]))
 
 
