@@ -460,7 +460,9 @@ def coco_average_precision(
         ground.dataset = truth
         ground.createIndex()
         evaluation = COCOeval(ground, ground.loadRes(results), iouType="bbox")
-        evaluation.evaluate(), evaluation.accumulate(), evaluation.summarize()
+        evaluation.evaluate()
+        evaluation.accumulate()
+        evaluation.summarize()
     return {
         "AP": float(evaluation.stats[0]),
         "AP50": float(evaluation.stats[1]),
