@@ -23,7 +23,7 @@ from transformer.tasks.masked_lm import (IGNORE_INDEX, mask_tokens, from_setting
     email_tokenizer, token_windows, mlm_loss, mlm_right, mlm_accuracy, train_mlm, unigram_guess, unigram_entropy,
     masked_lm_model, load_mlm, CAPTIONS_PER_TEXT, caption_texts, classifier_from_mlm, first_tokens, MaskedLanguageModel)
 from transformer.tasks.email import (FOLDERS, CORPUS_SHA256, corpus_folder, corpus_digest, html_to_text, email_text,
-    email_headers, Email, read_emails, duplicate_groups, split_emails, write_spam_jsonl)
+    email_headers, Email, read_emails, shingles, duplicate_groups, split_emails, write_spam_jsonl)
 from transformer.tasks.baselines import words, word_vocabulary, bag_of_words, fit_logistic_regression
 from transformer.tasks.sentiment import (REVIEWS_FILE, REVIEWS_SHA256, LAST_POSITIVE_ID, SENTIMENTS, Review,
     reviews_file, read_reviews, split_reviews, write_review_jsonl)
@@ -141,6 +141,7 @@ __all__ = [
     'email_headers',
     'Email',
     'read_emails',
+    'shingles',
     'duplicate_groups',
     'split_emails',
     'write_spam_jsonl',

@@ -19,6 +19,7 @@ __all__ = [
     'email_headers',
     'Email',
     'read_emails',
+    'shingles',
     'duplicate_groups',
     'split_emails',
     'write_spam_jsonl',
@@ -221,7 +222,9 @@ def read_emails(folder: Path | None = None) -> list[Email]:
 
 
 # (from chapters/pretraining.md, section "Duplicates, and the three splits")
-def _shingles(text: str, size: int = 5) -> set[int]:
+def shingles(text: str, size: int = 5) -> set[int]:
+    """The hashes (CRC-32) of the runs of ``size`` words of ``text``, lower-cased: two
+    texts' Jaccard similarity is that of their sets."""
     tokens = re.findall(r"\w+", text.lower())
     return {
         zlib.crc32(" ".join(tokens[i : i + size]).encode())
@@ -248,10 +251,10 @@ def duplicate_groups(
         generator.integers(1, 2**63, bands * rows, dtype=np.uint64) | np.uint64(1)
         for _ in range(2)
     )
-    sets = [_shingles(text) for text in texts]
+    sets = [shingles(text) for text in texts]
     buckets: dict[tuple[int, bytes], int] = {}
-    for i, shingles in enumerate(sets):
-        h = np.fromiter(shingles, dtype=np.uint64)
+    for i, shingle_set in enumerate(sets):
+        h = np.fromiter(shingle_set, dtype=np.uint64)
         # (bands * rows,): wraps mod 2**64
         signature = (np.outer(a, h) + b[:, None]).min(axis=1)
         for band in range(bands):
