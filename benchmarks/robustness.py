@@ -200,6 +200,7 @@ CLAIMS = [
     Claim("model", "mask_loss_kept", "<", 0.1, "reversal, causal mask kept: teacher-forced loss"),
     Claim("model", "mask_exact_kept", ">", 0.9, "reversal, causal mask kept: greedy exact match"),
     Claim("translation", "tr_beam_same", ">", 45, "committed model: test sentences beam 4 = greedy (%)"),
+    Claim("translation", "tr_beam_p", ">", 0.05, "committed model: beam 4 against greedy, paired bootstrap p"),
     Claim("pretraining", "spam_header_accuracy", ">", 99, "email: bag of words on the headers, test accuracy (%)"),
     Claim("pretraining", "spam_bow_accuracy", ">", 95, "email: bag of words on subject and body, test accuracy (%)"),
     Claim("pretraining", "spam_header_gap", ">", 0.0, "email: headers' accuracy above subject and body's (points)"),
@@ -218,6 +219,11 @@ CLAIMS = [
     Claim("classify_command", "curve_minilm_behind_32", ">", 0.05, "spam curve, 32 labels: (c) F1 above frozen MiniLM's"),
     Claim("classify_command", "curve_minilm_gap", "<", 0.05, "spam curve, 128 labels on: (c), (d) F1 within 0.05"),
     Claim("classify_command", "curve_tuned_lead", ">", 0, "spam curve, 128 labels on: fine-tuned MiniLM's worst F1 above the others' best"),
+    Claim("classify_command", "curve_lead_32_low", ">", 0, "spam curve, 32 labels: (c)'s F1 lead, low end of its 95% interval over test sets"),
+    Claim("classify_command", "curve_lead_128_low", "<", 0, "spam curve, 128 labels: the same interval's low end (it holds 0)"),
+    Claim("classify_command", "curve_lead_128_high", ">", 0, "spam curve, 128 labels: the same interval's high end"),
+    Claim("classify_command", "curve_near_max", "<", 0.8, "spam test emails: highest Jaccard with a training email"),
+    Claim("classify_command", "curve_near_largest_drop", "<", 1.5, "spam curve, all labels: largest accuracy drop without near twins (points)"),
 ]
 
 
