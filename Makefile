@@ -11,8 +11,10 @@ STAMP := $(VENV)/.installed
 EXPORT_VENV ?= .venv-export
 EXPORT_STAMP := $(EXPORT_VENV)/.installed
 NOTEBOOKS := _build/notebooks
-# MathJax 3 from npm, served by the built site so equations render with no network.
-MATHJAX := node_modules/mathjax/es5/tex-mml-chtml.js
+# MathJax 4 from npm, served by the built site so equations render with no network, with its default
+# font (@mathjax/mathjax-newcm-font, which MathJax 4 loads from a CDN unless told where it is).
+MATHJAX := node_modules/mathjax/tex-mml-chtml.js
+MATHJAX_FONT := node_modules/@mathjax/mathjax-newcm-font
 ASSETS := _build/assets
 # The translator page (chapters/exporting.md): onnxruntime-web (WebAssembly), the BPE tokenizer of
 # @huggingface/tokenizers, the page's script, and the committed model as two ONNX graphs exported
@@ -271,7 +273,10 @@ browser: setup
 assets: setup $(DEMO)/decoder_step.onnx
 	rm -rf $(ASSETS)/mathjax
 	mkdir -p $(ASSETS)
-	cp -r node_modules/mathjax/es5 $(ASSETS)/mathjax
+	cp -r node_modules/mathjax $(ASSETS)/mathjax
+	rm -rf $(ASSETS)/mathjax/node-main* $(ASSETS)/mathjax/*.md
+	mkdir -p $(ASSETS)/mathjax/fonts/mathjax-newcm-font
+	cp -r $(MATHJAX_FONT)/chtml $(MATHJAX_FONT)/chtml.js $(MATHJAX_FONT)/package.json $(ASSETS)/mathjax/fonts/mathjax-newcm-font/
 	cp $(ORT)/ort.wasm.min.mjs $(ORT)/ort-wasm-simd-threaded.mjs $(ORT)/ort-wasm-simd-threaded.wasm $(DEMO)/
 	cp node_modules/@huggingface/tokenizers/dist/tokenizers.min.mjs tools/demo/translate.mjs $(DEMO)/
 	cp tools/site.css $(ASSETS)/book.css

@@ -55,9 +55,9 @@ def browser():
 class Visit:
     """One page in a fresh browser context, with what it logged and what it asked for."""
 
-    def __init__(self, browser, site_url: str, path: str):
+    def __init__(self, browser, site_url: str, path: str, width: int = 1280):
         self.origin = urlparse(site_url).netloc
-        self.context = browser.new_context(viewport={"width": 1280, "height": 900})
+        self.context = browser.new_context(viewport={"width": width, "height": 900})
         self.context.route("**/*", self._route)
         self.page = self.context.new_page()
         self.errors: list[str] = []
@@ -86,8 +86,8 @@ class Visit:
 def visit(browser, site_url):
     opened = []
 
-    def open_page(path: str) -> Visit:
-        opened.append(Visit(browser, site_url, path))
+    def open_page(path: str, width: int = 1280) -> Visit:
+        opened.append(Visit(browser, site_url, path, width))
         return opened[-1]
 
     yield open_page

@@ -7,7 +7,8 @@ message saying how to install it, when there is none.
 For every page in the table of contents it checks that the equations were typeset by MathJax with no
 error, that every figure loaded, that the console shows no error, and that no request left the local
 server, and that every display equation fits the text column at 1280 px or shows that it scrolls
-(a shadow at the side that has more, and a visible scrollbar: _static/book.css). It also checks that
+(a shadow at the side that has more, and a visible scrollbar: _static/book.css), and fits a phone's
+390 px, broken across lines by MathJax where it is too long for one. It also checks that
 every chapter ends with exercises whose solutions stay hidden until clicked, the
 sidebar and the search page, and saves screenshots of two chapters under `_build/screenshots/`.
 No page shows a cell output longer than 60 lines, or a MyST role left as raw text (`{doc}` in a code
@@ -87,6 +88,22 @@ def test_page_renders_with_local_assets_only(doc, visit):
     page.set_viewport_size({"width": 390, "height": 844})
     width = page.evaluate("() => document.documentElement.scrollWidth")
     assert width <= 391, f"at 390 px the page is {width} px wide: it slides sideways"
+    if math_nodes:  # and every display equation fits the phone's column, broken across lines if need be
+        assert equations_wider_than_their_box(visit(f"{doc}.html", width=PHONE)) == []
+
+
+#: A phone's width in CSS pixels (an iPhone 12 to 15).
+PHONE = 390
+
+
+def equations_wider_than_their_box(v) -> list[dict]:
+    """The display equations of the page of ``v`` (opened at its width) that are wider than their
+    box: at a phone's width, each must fit or be broken across lines by MathJax (displayOverflow:
+    linebreak, _config.yml), with its number above it (tools/site.css), not scroll."""
+    page = v.page
+    page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=30_000)
+    page.evaluate("() => MathJax.startup.promise")
+    return [eq for eq in page.evaluate(DISPLAY_EQUATIONS) if eq["hidden"] > 1 or eq["beyond"] > 1]
 
 
 # Every equation of the page as MathJax parsed it (its internal MathML): those that hold an error
@@ -160,26 +177,49 @@ def equations_cut_without_a_cue(page) -> list[dict]:
     return cut
 
 
-def test_an_equation_wider_than_the_column_scrolls_with_a_cue(visit):
-    """The check above is not vacuous: an equation made too wide for the column is found wider than its
-    box, and scrolls with its cue; without the book's styles it would be reported."""
-    page = visit("chapters/multihead_attention.html").page
+#: In JavaScript, the TeX of a sum of 40 terms, which MathJax can break across lines, and of a row
+#: vector of 40 entries, which it cannot (a matrix's row stays one line).
+WIDE_SUM = 'Array.from({length: 40}, (_, i) => `x_{${i}}`).join(" + ")'
+WIDE_ROW = '"\\\\begin{bmatrix}" + Array.from({length: 40}, (_, i) => `x_{${i}}`).join(" & ") + "\\\\end{bmatrix}"'
+
+
+def _add_equation(page, eq_id: str, tex_js: str) -> None:
     page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=30_000)
-    page.evaluate("""async () => {
+    page.evaluate("""async ([id, tex]) => {
       await MathJax.startup.promise;
       const wide = document.createElement("div");
       wide.className = "math notranslate nohighlight";
-      wide.id = "made-wide";
-      wide.textContent = "\\\\[" + Array.from({length: 40}, (_, i) => `x_{${i}}`).join(" + ") + "\\\\]";
+      wide.id = id;
+      wide.textContent = "\\\\[" + tex + "\\\\]";
       document.querySelector("div.math").after(wide);
       await MathJax.typesetPromise([wide]);
-    }""")
+    }""", [eq_id, page.evaluate(f"() => {tex_js}")])
+
+
+def test_an_equation_wider_than_the_column_scrolls_with_a_cue(visit):
+    """The check above is not vacuous: an equation made too wide for the column, one that MathJax
+    cannot break (a long row vector), is found wider than its box, and scrolls with its cue; without
+    the book's styles it would be reported."""
+    page = visit("chapters/multihead_attention.html").page
+    _add_equation(page, "made-wide", WIDE_ROW)
     made = [eq for eq in page.evaluate(DISPLAY_EQUATIONS) if eq["equation"] == "made-wide"]
     assert len(made) == 1 and made[0]["hidden"] > 500, made  # far wider than the column
     assert made[0]["beyond"] <= 1 and made[0]["scrollbar"] >= 4 and made[0]["shadow"], made
     assert equations_cut_without_a_cue(page) == []
     page.add_style_tag(content='div.math mjx-container[display="true"] { background: none !important; }')
     assert "made-wide" in [eq["equation"] for eq in equations_cut_without_a_cue(page)]
+
+
+def test_a_long_equation_is_broken_across_lines_on_a_phone(visit):
+    """The phone check is not vacuous: the 40-term sum, far wider than a phone, is broken across
+    lines there and fits; a row vector of 40 entries, which cannot be broken, is reported."""
+    v = visit("chapters/multihead_attention.html", width=PHONE)
+    _add_equation(v.page, "made-long", WIDE_SUM)
+    _add_equation(v.page, "held-long", WIDE_ROW)
+    wide = {eq["equation"] for eq in equations_wider_than_their_box(v)}
+    assert wide == {"held-long"}, wide
+    lines = v.page.evaluate("() => document.querySelectorAll('#made-long mjx-linebox').length")
+    assert lines >= 4, f"the sum was broken into {lines} lines"
 
 
 def test_equations_with_errors_are_found(visit):
