@@ -167,6 +167,7 @@ CLAIMS = [
     Claim("drawing", "draw_judged_cold", ">", 0.85, "drawings at tau 0.8 judged as the prompted digit"),
     Claim("drawing", "draw_random", "<", 0.25, "drawings judged as a random prompt word"),
     Claim("drawing", "draw_greedy_margin", ">", 0.0, "greedy drawing likelier than the median sample (nats)"),
+    Claim("drawing", "draw_held_margin", ">", 0.3, "drawer below the per-place baseline on held-out digits (bits per pixel)"),
     Claim("detection", "det_short_iou", ">", 0.35, "detection, build run: median IoU of each digit's matched box"),
     Claim("detection", "det_detr_ap50", ">", 0.5, "detection, committed DETR: AP@0.5 (pycocotools)"),
     Claim("detection", "det_detr_ap", ">", 0.3, "detection, committed DETR: AP@[.5:.95] (pycocotools)"),

@@ -158,6 +158,23 @@ def test_the_introductions_roadmap_names_every_chapter_of_the_table_of_contents(
     assert len(chapters) > 20 and not missing, f"the roadmap of chapters/introduction.md does not name {missing}"
 
 
+def test_the_readmes_table_of_chapters_is_the_table_of_contents_in_its_order():
+    """The README's table of what each chapter builds links every chapter of _toc.yml once, in reading
+    order (it missed one, and had two in another order, before this test), and each module it names
+    exists."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    chapters = [entry["file"] for part in toc["parts"] for entry in part["chapters"]
+                if entry["file"].startswith("chapters/")]
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("| chapter | what it builds | module |", 1)[1].split("\n\n", 1)[0]
+    linked = re.findall(r"^\| \[[^]]+\]\((chapters/[a-z_]+)\.md\) \|", table, flags=re.M)
+    assert linked == chapters, f"README.md's table of chapters: {linked} is not _toc.yml's {chapters}"
+    modules = set(re.findall(r"`(transformer(?:\.[a-z_]+)+)`", table))
+    missing = [m for m in modules if not (ROOT / (m.replace(".", "/") + ".py")).is_file()
+               and not (ROOT / m.replace(".", "/") / "__init__.py").is_file()]
+    assert len(modules) > 30 and not missing, f"README.md's table names modules that do not exist: {missing}"
+
+
 def _pins(path: Path) -> dict[str, str]:
     lines = [line.split("#")[0].strip() for line in path.read_text().splitlines()]
     pins = {}

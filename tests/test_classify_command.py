@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from transformer.__main__ import command
-from transformer.cli.classify import load_classifier, read_jsonl, what_is_read
+from transformer.cli.classify import load_classifier, read_jsonl, classifier_input
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,10 +58,10 @@ def test_read_jsonl_reads_objects_and_names_the_file_and_line_of_a_bad_one(tmp_p
 
 def test_a_raw_email_is_read_as_a_reader_reads_it():
     raw = "Subject: Cheap\nX-Spam-Status: Yes\nContent-Type: text/plain\n\nBuy now\n"
-    assert what_is_read(raw, "email") == "Cheap\nBuy now"
-    assert what_is_read(raw, "text") == raw
+    assert classifier_input(raw, "email") == "Cheap\nBuy now"
+    assert classifier_input(raw, "text") == raw
     undecodable = b"Subject: x\n\ncaf\xe9\n".decode("utf-8", "surrogateescape")  # Latin-1 bytes carried through JSON
-    assert what_is_read(json.loads(json.dumps(undecodable)), "email").startswith("x\ncaf")
+    assert classifier_input(json.loads(json.dumps(undecodable)), "email").startswith("x\ncaf")
 
 
 @pytest.mark.slow

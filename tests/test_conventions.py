@@ -121,3 +121,34 @@ def test_chapter_code_fits_the_page():
         f"{len(wide)} of {len(lines)} chapter code lines ({share:.1%}) are wider than {CODE_COLUMNS} columns, "
         f"more than {WIDE_SHARE:.0%} (most in {worst}); run `python -m tools.format_chapters`"
     )
+
+
+#: Tags under which a cell's code is not on the page, or folded away.
+HIDDEN_CODE = {"remove-input", "remove-cell", "hide-input", "hide-cell"}
+
+
+def test_no_glue_call_is_shown_on_a_page():
+    # glue() only hands a number to the text; on the page it is build plumbing (reader-html:38).
+    # ``python -m tools.format_chapters --tag-plumbing`` moves each call into a remove-input cell,
+    # or says why it stays (it reads a clock, or what it reads changes later in its cell).
+    shown = []
+    for path in CHAPTERS:
+        for cell in _code_cells(path):
+            if HIDDEN_CODE & set(cell.metadata.get("tags", [])):
+                continue
+            try:
+                tree = ast.parse(cell.source)
+            except SyntaxError:
+                continue
+            if any(isinstance(node, ast.Call) and ast.unparse(node.func) == "glue" for node in ast.walk(tree)):
+                shown.append(f"{path.name}: {cell.source.splitlines()[0]}")
+    assert not shown, f"{len(shown)} shown cells call glue(): {shown[:5]}"
+
+
+def test_every_folded_code_cell_says_what_it_holds():
+    # MyST-NB labels every folded cell "Show code cell source"; stacked, such bars say nothing
+    # (reader-html:38). ``python -m tools.format_chapters --label-code`` labels each by its code.
+    unlabelled = [f"{path.name}: {cell.source.splitlines()[0]}" for path in CHAPTERS for cell in _code_cells(path)
+                  if {"hide-input", "hide-cell"} & set(cell.metadata.get("tags", []))
+                  and not cell.metadata.get("mystnb", {}).get("code_prompt_show")]
+    assert not unlabelled, f"{len(unlabelled)} folded cells without a label: {unlabelled[:5]}"

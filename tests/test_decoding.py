@@ -626,6 +626,10 @@ def test_generated_ids_drop_bos_and_cut_at_the_first_eos():
                            [1, 2, 9, 9, 9, 9],    # ends at once: nothing
                            [1, 8, 8, 8, 8, 8]])   # never ends: every generated id
     assert generated_ids(tokens, eos_id=2) == [[5, 6], [], [8, 8, 8, 8, 8]]
+    # a row cut at its own limit is filled with <pad> (0) after it: pad_id drops the filler only
+    cut = torch.tensor([[1, 0, 5, 0, 0], [1, 5, 6, 2, 0], [1, 5, 6, 7, 8]])
+    assert generated_ids(cut, eos_id=2) == [[0, 5, 0, 0], [5, 6], [5, 6, 7, 8]]
+    assert generated_ids(cut, eos_id=2, pad_id=0) == [[0, 5], [5, 6], [5, 6, 7, 8]]
 
 
 def test_preallocated_cache_writes_in_place_and_equals_appending():

@@ -1,5 +1,6 @@
 """tools/format_chapters.py: chapter code within 88 columns, the code itself unchanged."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -77,7 +78,8 @@ def test_plumbing_moves_into_remove_input_cells_and_checks_stay(tmp_path):
     path = _chapter(
         tmp_path,
         _cell('warnings.filterwarnings("ignore")\nx = 2\nglue("x", x, display=False)\nassert x == 2'),
-        _cell('glue("y", 3, display=False)\nz = 1\nz'),  # glue before the displayed value: stays
+        # glue after a bare expression: moving it would put the expression's value on the page
+        _cell('z = 1\nz\nglue("y", 3, display=False)'),
         _cell('# Solution to exercise 1.\nassert 1 == 1', ":tags: [hide-cell]\n\n"),
     )
     assert fc.main(["--tag-plumbing", "--label-solutions", str(path)]) == 0
@@ -85,7 +87,7 @@ def test_plumbing_moves_into_remove_input_cells_and_checks_stay(tmp_path):
     assert text.count(":tags: [remove-input]") == 2
     assert '\nx = 2\nassert x == 2\n```' in text  # the check stays visible, after the moved filter
     assert text.index('warnings.filterwarnings') < text.index("x = 2") < text.index('glue("x"')
-    assert 'glue("y", 3, display=False)\nz = 1\nz\n```' in text
+    assert 'z = 1\nz\nglue("y", 3, display=False)\n```' in text
     assert "tags: [hide-cell]\nmystnb:\n  code_prompt_show: Solution\n" in text
     assert fc.main(["--check", "--tag-plumbing", "--label-solutions", str(path)]) == 0
 
@@ -104,6 +106,51 @@ def test_a_glue_call_that_also_assigns_a_name_is_not_moved(tmp_path):
     text = path.read_text()
     assert ":tags: [remove-input]" not in text
     assert 'glue("x", y := 2, display=False)\nassert y == 2\n```' in text
+
+
+def test_glue_within_a_cell_moves_when_nothing_after_it_changes_what_it_reads(tmp_path):
+    path = _chapter(
+        tmp_path,
+        _cell('x = 2\nglue("x", x + 1, display=False)\ny = len([x])\nprint(y)\nassert y == 1'),
+        # x changes after the call (in place or rebound): the call stays where it is
+        _cell('x = [2]\nglue("x", len(x), display=False)\nx.append(3)\nprint(x)'),
+        _cell('z = 2\nglue("z", z, display=False)\nz = 3\nprint(z)'),
+        # a clock read when the call runs: it stays
+        _cell('t = 0\nglue("t", time.perf_counter() - t, display=False)\nu = 1\nprint(t)'),
+        # a loop of glue() calls moves; the name it binds is bound anew before anything reads it
+        _cell('d = {"a": 1}\nfor k, v in d.items():\n    glue(k, v, display=False)\nfor k in d:\n    print(k)'),
+        # a loop of checks is a check, and stays on the page
+        _cell('for q in range(2):\n    assert q < 2\nprint(1)'),
+    )
+    assert fc.main(["--tag-plumbing", str(path)]) == 0
+    text = path.read_text()
+    assert 'x = 2\ny = len([x])\nprint(y)\nassert y == 1\n```' in text
+    assert text.index("assert y == 1") < text.index('glue("x", x + 1')
+    assert 'glue("x", len(x), display=False)\nx.append(3)' in text
+    assert 'glue("z", z, display=False)\nz = 3' in text
+    assert 'glue("t", time.perf_counter() - t, display=False)\nu = 1' in text
+    assert 'd = {"a": 1}\nfor k in d:\n    print(k)\n```' in text
+    assert 'for q in range(2):\n    assert q < 2\nprint(1)\n```' in text
+    assert text.count(":tags: [remove-input]") == 2
+    assert fc.main(["--check", "--tag-plumbing", str(path)]) == 0
+
+
+def test_folded_code_is_labelled_by_what_it_holds(tmp_path):
+    figure = "---\ntags: [hide-input]\nmystnb:\n  figure:\n    caption: A figure.\n---\n"
+    path = _chapter(
+        tmp_path,
+        _cell("import math\nimport torch", ":tags: [export, hide-input]\n\n"),
+        _cell("import math\n_ = math.pi", ":tags: [hide-input]\n\n"),
+        _cell("x = 1", figure),
+        _cell("LIMIT = 3\ndef check(x):\n    return x\nclass A:\n    pass", ":tags: [hide-input]\n\n"),
+        _cell("print(1)", ":tags: [hide-input]\n\n"),
+        _cell("print(2)"),  # shown: no label
+    )
+    assert fc.main(["--label-code", str(path)]) == 0
+    labels = re.findall(r'code_prompt_show: "(.*)"', path.read_text())
+    assert labels == ["Imports", "Imports and set-up", "Code of the figure", "Code: check, A, LIMIT", "Code"]
+    assert "tags: [export, hide-input]\nmystnb:\n" in path.read_text()
+    assert fc.main(["--check", "--label-code", str(path)]) == 0
 
 
 def _value(source: str) -> object:

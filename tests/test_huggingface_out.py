@@ -99,7 +99,7 @@ def test_the_special_tokens_ids_are_the_tokenizers_wherever_they_are():
     tokens = greedy_decode(model, src, min(model.positional_encoding.max_len, src.shape[1] + 51), bos, eos,
                            src_mask=padding_mask(src, pad), pad_id=pad, extra_len=50)
     # a row that reached its limit (its source length + 50) before the longest is padded after it
-    ours = [[i for i in row if i != pad] for row in generated_ids(tokens, eos)]
+    ours = generated_ids(tokens, eos, pad_id=pad)
     assert [len(row) for row in ours] == [0, 52, 51]  # <eos> at once; then two rows cut at their limits
     assert hf_greedy(hf, fast, sentences) == ours
 

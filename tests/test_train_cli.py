@@ -201,6 +201,13 @@ def test_command_runs_saves_a_checkpoint_and_resumes_from_it(tmp_path, capsys):
     assert first.returncode == 0, first.stderr
     assert "validation exact match:" in first.stdout
     checkpoint = folder / "checkpoint.pt"
+    # the README's way of asking the trained model runs on the file alone (3 steps: answers, not right ones)
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    ask = readme.split("To ask the trained model", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert '"runs/numbers/checkpoint.pt"' in ask
+    exec(ask.replace("runs/numbers/checkpoint.pt", checkpoint.as_posix()), {})  # noqa: S102 - the README's own code
+    answers = capsys.readouterr().out.strip()
+    assert answers.startswith("[") and answers.count(",") == 2, answers
     assert torch.load(checkpoint, weights_only=True)["step"] == 3
     # On to step 5, in this process: the command resumes from the checkpoint ...
     main(paper + ["--steps", "5", "--checkpoint-dir", str(folder), "--resume"])

@@ -24,14 +24,19 @@ chapter and exits 1. A literal without a space (a hash) stays long; the report g
 code lines over 88 columns per chapter, before and after.
 
 ``--tag-plumbing`` also takes build plumbing off the page without hiding any check: a leading run of
-warning filters (``warnings.filterwarnings(...)``) and a trailing run of ``glue(..., display=False)``
-calls, followed by nothing but other such calls, ``assert`` statements and ``print``/``assert_close``
-calls, move into a cell of their own tagged ``remove-input``, before or after the cell (so they run
-in the same order relative to everything that could change their values); a cell that holds nothing
-else is tagged instead. ``--label-solutions`` gives each hidden solution cell the toggle label
-"Solution" (the label of the solutions in words, the dropdown admonitions).
+warning filters (``warnings.filterwarnings(...)``) moves into a cell of its own tagged
+``remove-input`` before the cell, and the quiet ``glue(..., display=False)`` calls (and loops of
+nothing but them) into one after it. A call moves when it would glue the same value there: when it
+is followed by nothing but other such calls, ``assert`` statements and ``print``/``assert_close``
+calls, or when it reads no clock and no later statement of the cell can change what it reads (none
+assigns it, calls a method that may change it, or passes it to a function that might; see
+``_movable_glue``). A call that cannot move stays on the page (the test of the conventions lists
+it), to be split by hand. A cell that holds nothing else is tagged instead. ``--label-solutions`` gives each hidden solution cell the toggle label
+"Solution" (the label of the solutions in words, the dropdown admonitions). ``--label-code`` gives
+each folded code cell (``hide-input``) a toggle label that says what it holds (``code_label``:
+"Imports", "Code of the figure", ...), where MyST-NB would write "Show code cell source" on each.
 
-Usage: python -m tools.format_chapters [--check] [--tag-plumbing] [--label-solutions] [CHAPTER.md ...]
+Usage: python -m tools.format_chapters [--check] [--tag-plumbing] [--label-solutions] [--label-code] [CHAPTER.md ...]
 Exit status: 0 done (or, with --check, nothing to change), 1 a chapter would change (--check) or a
 cell's syntax tree would change (refused), 2 bad arguments.
 """
@@ -517,6 +522,102 @@ def _reads_only(statement: ast.stmt) -> bool:
     return isinstance(statement, ast.Assert) or _call_name(statement) in READ_ONLY_CALLS or _is_quiet_glue(statement)
 
 
+#: Calls whose value may depend on when they run: a glue() call reading one of them stays where it is.
+UNSTABLE_CALLS = re.compile(r"(^|\.)(perf_counter|time|monotonic|process_time|next|pop|popleft|rand\w*)$")
+#: Calls that only read their arguments: a later statement may pass them a name a moved glue() reads.
+PURE_CALLS = {"len", "print", "sorted", "list", "tuple", "set", "dict", "sum", "min", "max", "str", "repr",
+              "float", "int", "round", "abs", "zip", "enumerate", "range", "isinstance", "any", "all",
+              "glue", "assert_close", "torch.testing.assert_close", "math.exp", "math.log", "math.sqrt"}
+
+#: Methods that only read their object.
+READ_METHODS = {"item", "tolist", "mean", "median", "sum", "std", "max", "min", "numel", "size", "keys",
+                "values", "items", "get", "split", "join", "format", "count", "index", "startswith", "endswith"}
+
+
+def _quiet_glue_loop(statement: ast.stmt) -> bool:
+    """A ``for`` loop that does nothing but quiet glue() calls (``for name, value in ...: glue(...)``)."""
+    return (isinstance(statement, ast.For) and not statement.orelse
+            and all(_is_quiet_glue(s) or _quiet_glue_loop(s) for s in statement.body))
+
+
+def _walk(node: ast.AST, names: set[str]):
+    """``ast.walk``, but not into a comprehension that binds one of ``names`` (its own, local name)."""
+    if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)) and any(
+            isinstance(target, ast.Name) and target.id in names
+            for generator in node.generators for target in ast.walk(generator.target)):
+        return
+    yield node
+    for child in ast.iter_child_nodes(node):
+        yield from _walk(child, names)
+
+
+def _rebinds_first(statements: list[ast.stmt], name: str) -> bool:
+    """Whether the first of ``statements`` to name ``name`` binds it anew (a loop's target, or an
+    assignment whose value does not read it) before anything reads it: then no statement sees the
+    value a moved loop leaves in it."""
+    for statement in statements:
+        if not any(isinstance(node, ast.Name) and node.id == name for node in _walk(statement, {name})):
+            continue
+        if isinstance(statement, ast.For):
+            target, reads = statement.target, statement.iter
+        elif isinstance(statement, ast.Assign):
+            target, reads = ast.Tuple(elts=statement.targets, ctx=ast.Store()), statement.value
+        else:
+            return False
+        return (any(isinstance(node, ast.Name) and node.id == name for node in ast.walk(target))
+                and not any(isinstance(node, ast.Name) and node.id == name for node in ast.walk(reads)))
+    return True
+
+
+def _changes(statement: ast.stmt, names: set[str]) -> bool:
+    """Whether ``statement`` could rebind or change in place a value one of ``names`` holds.
+
+    It could when it assigns or deletes the name (or an attribute or item of it), calls a method of
+    it other than ``READ_METHODS``, or passes it by name
+    to a call other than ``PURE_CALLS`` (an item or attribute passed on is taken to be read only)."""
+    def root(node: ast.AST) -> str | None:
+        while isinstance(node, (ast.Attribute, ast.Subscript, ast.Starred)):
+            node = node.value
+        return node.id if isinstance(node, ast.Name) else None
+
+    for node in _walk(statement, names):
+        if isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            if root(node) in names:
+                return True
+        elif isinstance(node, ast.Call):
+            if (isinstance(node.func, ast.Attribute) and node.func.attr not in READ_METHODS
+                    and root(node.func.value) in names):
+                return True
+            if ast.unparse(node.func) not in PURE_CALLS and any(
+                    isinstance(a, ast.Name) and a.id in names for a in [*node.args, *(k.value for k in node.keywords)]):
+                return True
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            return True
+    return False
+
+
+def _movable_glue(statement: ast.stmt, after: list[ast.stmt]) -> bool:
+    """Whether a quiet glue() call (or a loop of them) gives the same value after the statements ``after``.
+
+    It does when it calls nothing whose value depends on the time it runs, and when no statement
+    after it can change a value it reads (``_changes``) or reads a name its loop binds before binding
+    it anew."""
+    if not (_is_quiet_glue(statement) or _quiet_glue_loop(statement)):
+        return False
+    if any(isinstance(node, ast.Call) and UNSTABLE_CALLS.search(ast.unparse(node.func))
+           for node in ast.walk(statement)):
+        return False
+    called = {id(node.func) for node in ast.walk(statement) if isinstance(node, ast.Call)}
+    called |= {id(node.value) for node in ast.walk(statement)
+               if isinstance(node, ast.Attribute) and id(node) in called}  # math in math.log(...)
+    read = {node.id for node in ast.walk(statement)
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and id(node) not in called}
+    bound = {node.id for node in ast.walk(statement) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+    read -= bound  # the loop's own names: what they held before the loop is not read
+    return (not any(_changes(later, read) for later in after)
+            and all(_rebinds_first(after, name) for name in bound))
+
+
 def _tags(cell: Cell) -> list[str]:
     for line in cell.options:
         match = re.match(r"^:?tags:\s*\[(.*)\]\s*$", line)
@@ -569,11 +670,14 @@ def split_plumbing(chapter: Chapter) -> int:
         tail = len(body)
         while tail > head and _reads_only(body[tail - 1]):
             tail -= 1
-        glue = [s for s in body[tail:] if _is_quiet_glue(s)]
-        rest = body[head:tail] + [s for s in body[tail:] if not _is_quiet_glue(s)]
+        inner = [s for i, s in enumerate(body[head:tail], head) if _movable_glue(s, body[i + 1:])]
+        trailing = [s for s in body[tail:] if _is_quiet_glue(s)]
+        rest = [s for s in body[head:] if s not in inner and s not in trailing]
         last_shown = rest and isinstance(rest[-1], ast.Expr) and _call_name(rest[-1]) not in READ_ONLY_CALLS
-        if glue and last_shown and body[-1] is not rest[-1]:
-            glue = []  # the moved glue was what kept the last expression's value off the page
+        if trailing and last_shown and body[-1] is not rest[-1]:
+            trailing = []  # the moved glue was what kept the last expression's value off the page
+            rest = [s for s in body[head:] if s not in inner]
+        glue = [s for s in body if s in inner or s in trailing]
         if not rest:  # nothing but plumbing: tag the cell itself
             parts.append(Cell(_with_tag(part, PLUMBING_TAG), part.source, part.fence, part.line))
             moved += 1
@@ -615,6 +719,56 @@ def _merge_text(parts: list) -> list:
     return merged
 
 
+def code_label(cell: Cell) -> str:
+    """The toggle label of a folded code cell (``hide-input``): what the code is, so that the bars
+    on a page say what each one holds instead of "Show code cell source" every time.
+
+    "Imports" (and "Imports and set-up" when other statements are among them), "Code of the figure"
+    for a figure's cell, the names a cell defines ("Code: check_inputs, ..."), or "Code"."""
+    body = ast.parse(cell.source).body
+    imports = sum(isinstance(s, (ast.Import, ast.ImportFrom)) for s in body)
+    if body and imports == len(body):
+        return "Imports"
+    if imports and 2 * imports >= len(body):
+        return "Imports and set-up"
+    if any(line.strip() == "figure:" for line in cell.options):
+        return "Code of the figure"
+    names = [s.name for s in body if isinstance(s, (ast.FunctionDef, ast.ClassDef))]
+    names += [t.id for s in body if isinstance(s, (ast.Assign, ast.AnnAssign))
+              for t in (s.targets if isinstance(s, ast.Assign) else [s.target]) if isinstance(t, ast.Name)
+              and t.id.isupper()]
+    if names:
+        return "Code: " + ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    return "Code"
+
+
+def _set_prompt(cell: Cell, prompt: dict[str, str]) -> None:
+    lines = [f"  {key}: {value}" for key, value in prompt.items()]
+    if cell.options and cell.options[0] == "---":
+        if any(line.startswith("mystnb:") for line in cell.options):
+            at = next(i for i, line in enumerate(cell.options) if line.startswith("mystnb:")) + 1
+            cell.options[at:at] = lines
+        else:
+            cell.options[-1:-1] = ["mystnb:"] + lines
+    else:
+        rest = [line[1:] for line in cell.options if line.startswith(":")]
+        cell.options = ["---", *rest, "mystnb:", *lines, "---"]
+
+
+def label_code(chapter: Chapter) -> int:
+    """Give each folded code cell (``hide-input``) without a label its ``code_label``; the count."""
+    changed = 0
+    for cell in chapter.cells:
+        if "hide-input" not in _tags(cell) or any("code_prompt_show" in line for line in cell.options):
+            continue
+        if has_magic(cell.source) or not parses(cell.source):
+            continue
+        label = code_label(cell)
+        _set_prompt(cell, {"code_prompt_show": f'"{label}"', "code_prompt_hide": f'"{label}"'})
+        changed += 1
+    return changed
+
+
 def label_solutions(chapter: Chapter) -> int:
     """Give each hidden solution cell the toggle label "Solution"; the count of cells changed."""
     changed = 0
@@ -623,16 +777,7 @@ def label_solutions(chapter: Chapter) -> int:
             continue
         if any("code_prompt_show" in line for line in cell.options):
             continue
-        prompt = [f"  {key}: {value}" for key, value in SOLUTION_PROMPT.items()]
-        if cell.options and cell.options[0] == "---":
-            if any(line.startswith("mystnb:") for line in cell.options):
-                at = next(i for i, line in enumerate(cell.options) if line.startswith("mystnb:")) + 1
-                cell.options[at:at] = prompt
-            else:
-                cell.options[-1:-1] = ["mystnb:"] + prompt
-        else:
-            rest = [line[1:] for line in cell.options if line.startswith(":")]
-            cell.options = ["---", *rest, "mystnb:", *prompt, "---"]
+        _set_prompt(cell, SOLUTION_PROMPT)
         changed += 1
     return changed
 
@@ -649,9 +794,11 @@ class Report:
     skipped: list[str] = field(default_factory=list)
     plumbing: int = 0
     solutions: int = 0
+    labels: int = 0
 
 
-def format_chapter(path: Path, tag_plumbing: bool = False, solutions: bool = False) -> tuple[str, Report]:
+def format_chapter(path: Path, tag_plumbing: bool = False, solutions: bool = False,
+                   labels: bool = False) -> tuple[str, Report]:
     """The chapter's new text and what changed; raises Refused if a cell's syntax tree would change."""
     text = path.read_text()
     chapter = Chapter.parse(text)
@@ -665,6 +812,8 @@ def format_chapter(path: Path, tag_plumbing: bool = False, solutions: bool = Fal
         report.plumbing = split_plumbing(chapter)
     if solutions:
         report.solutions = label_solutions(chapter)
+    if labels:
+        report.labels = label_code(chapter)
     todo = []
     for cell in chapter.cells:
         if has_magic(cell.source) or not parses(cell.source):
@@ -692,6 +841,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a chapter would change")
     parser.add_argument("--tag-plumbing", action="store_true", help="move glue() calls and warning filters into remove-input cells")
     parser.add_argument("--label-solutions", action="store_true", help='label hidden solution cells "Solution"')
+    parser.add_argument("--label-code", action="store_true", help="label each folded code cell by what it holds")
     args = parser.parse_args(argv)
     paths = args.chapters or chapter_paths(Path.cwd())
     for path in paths:
@@ -701,7 +851,7 @@ def main(argv: list[str] | None = None) -> int:
     changed = []
     try:
         for path in paths:
-            new, report = format_chapter(path, args.tag_plumbing, args.label_solutions)
+            new, report = format_chapter(path, args.tag_plumbing, args.label_solutions, args.label_code)
             if new != path.read_text():
                 changed.append(path)
                 if not args.check:
@@ -709,7 +859,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{report.name:28s} over {LINE_LENGTH}: before {_share(report.wide_before, report.lines_before)}"
                   f"  after {_share(report.wide_after, report.lines_after)}"
                   + (f"  plumbing moved {report.plumbing}" if report.plumbing else "")
-                  + (f"  solutions labelled {report.solutions}" if report.solutions else ""))
+                  + (f"  solutions labelled {report.solutions}" if report.solutions else "")
+                  + (f"  code toggles labelled {report.labels}" if report.labels else ""))
             for key in ("lines_before", "wide_before", "lines_after", "wide_after"):
                 setattr(total, key, getattr(total, key) + getattr(report, key))
             total.skipped += report.skipped

@@ -12,7 +12,7 @@ Defined in the book's chapter "Your own classifier: two commands" (chapters/clas
 __all__ = [
     'read_jsonl_lines',
     'read_jsonl',
-    'what_is_read',
+    'classifier_input',
     'TASK',
     'WIDTH',
     'RUN_SETTINGS',
@@ -120,7 +120,7 @@ def read_jsonl(source: str | Path, fields: Sequence[str]) -> list[dict[str, Any]
     return rows
 
 
-def what_is_read(text: str, reads: str) -> str:
+def classifier_input(text: str, reads: str) -> str:
     """The text a classifier reads: ``text`` itself, or, with ``reads="email"``, what a
     reader reads of the raw email ``text`` (``email_text``; its bytes are the text's
     UTF-8, undecodable bytes carried as surrogate escapes)."""
@@ -425,7 +425,7 @@ def train_main(
     except (ValueError, TypeError, FileNotFoundError) as error:
         parser.error(str(error))
     texts = {
-        name: [what_is_read(row["text"], args.reads) for row in rows]
+        name: [classifier_input(row["text"], args.reads) for row in rows]
         for name, rows in (("train", train), ("valid", valid))
     }
     labels, length = sorted({row["label"] for row in train}), args.length
@@ -548,7 +548,7 @@ def label_rows(
     at a time; ``score`` is the label's probability."""
     for start in range(0, len(rows), batch_size):
         texts = [
-            what_is_read(row["text"], checkpoint["reads"])
+            classifier_input(row["text"], checkpoint["reads"])
             for row in rows[start : start + batch_size]
         ]
         with torch.no_grad():

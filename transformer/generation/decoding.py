@@ -106,7 +106,7 @@ class DecoderState:
         hidden = self.model.decode(new, self.memory, self.src_mask, cache=self.cache)
         return self.model.output(hidden[:, -1])  # (B, d_model) -> (B, V)
 
-    def keep(self, rows: Tensor) -> None:
+    def select_rows(self, rows: Tensor) -> None:
         """Keep the rows ``rows``, in that order: finished rows leave, beams follow
         their parents (with k > 1 beams and as many rows as before, only the rows within
         each source move: its memory stays)."""
@@ -202,7 +202,7 @@ def greedy_decode(
                 out[rows[done], :length] = tokens[done, :length]
                 keep = (~done).nonzero().squeeze(1)
                 rows, tokens, limits = rows[keep], tokens[keep], limits[keep]
-                state.keep(keep)
+                state.select_rows(keep)
                 if rows.numel() == 0:
                     break
             logits = state.next_logits(tokens[:, : step + 1])  # (B, V)
@@ -212,14 +212,24 @@ def greedy_decode(
     return out[:, :length]
 
 
-def generated_ids(tokens: Tensor, eos_id: int) -> list[list[int]]:
+def generated_ids(
+    tokens: Tensor, eos_id: int, pad_id: int | None = None
+) -> list[list[int]]:
     """What each row of a generation says: its ids after the leading <bos>, up to (not
     with) its first ``eos_id``, or all of them when it has none. tokens (B, T) -> B
-    lists."""
-    return [
-        row[: row.index(eos_id)] if eos_id in row else row
-        for row in tokens[:, 1:].tolist()
-    ]
+    lists.
+
+    A row that reached its own limit (``extra_len``) before the longest one is filled
+    with ``pad_id`` after it; given ``pad_id``, those trailing ids are dropped."""
+    rows = []
+    for row in tokens[:, 1:].tolist():
+        if eos_id in row:
+            row = row[: row.index(eos_id)]
+        elif pad_id is not None:
+            while row and row[-1] == pad_id:
+                row.pop()
+        rows.append(row)
+    return rows
 
 
 # (from chapters/generation.md, section "Beam search")
@@ -396,7 +406,7 @@ def beam_search(
             rows = (rows_of[:n] + parent).view(-1)
             tokens[:, : step + 1] = tokens[rows, : step + 1]  # the filled part only
             tokens[:, step + 1], length = token.view(-1), step + 2
-            state.keep(rows)  # the rows follow the prefixes they extend
+            state.select_rows(rows)  # the rows follow the prefixes they extend
             # (n,)
             done = _beams_done(
                 scores, lengths, finished | (step + 1 >= limits), alpha, limits
@@ -416,7 +426,7 @@ def beam_search(
                     finished[keep],
                 )
                 limits, tokens = limits[keep], tokens[beam_rows]
-                state.keep(beam_rows)
+                state.select_rows(beam_rows)
                 if sources.numel() == 0:
                     break
         out[sources, :length] = tokens.view(-1, k, max_len)[:, 0, :length]
