@@ -366,10 +366,10 @@ def train_translator(
         except (DivergedError, KeyboardInterrupt) as stop:
             return stopped(parser.prog, stop, args.checkpoint_dir, config.steps)
         if rank == 0:
-            print(
-                "validation BLEU, greedy, last model: "
-                f"{corpus_scores(translate(model, tokenizer, valid[0]), valid[1])['bleu']:.2f}"
-            )
+            bleu = corpus_scores(translate(model, tokenizer, valid[0]), valid[1])[
+                "bleu"
+            ]
+            print(f"validation BLEU, greedy, last model: {bleu:.2f}")
             if args.checkpoint_dir is not None:
                 steps = step_files(Path(args.checkpoint_dir))
                 model.load_state_dict(average_checkpoints(steps))
