@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from chapter_cells import with_plumbing
 
 from benchmarks.smollm2_decoding import TARGETS, measure
 from tools.chapters import read_chapter
@@ -47,10 +48,13 @@ def test_the_chapter_glues_the_recorded_figures():
     section = text[text.index("## At engine speed"):text.index("## A command: `transformer generate`")]
     prose = re.sub(r"```.*?```", "", section, flags=re.S)
     assert not re.search(r"\b\d+\.\d\d\b", prose), "a typed ratio in the section's prose"
-    (cell,) = [c for c in read_chapter(CHAPTER).cells
-               if c.cell_type == "code" and "json.loads" in c.source and "smollm2_decoding_results.json" in c.source]
+    cells = read_chapter(CHAPTER).cells
+    (index,) = [i for i, c in enumerate(cells)
+                if c.cell_type == "code" and "json.loads" in c.source and "smollm2_decoding_results.json" in c.source]
     glued = {}
-    exec(cell.source, {"glue": lambda name, value, display=True: glued.__setitem__(name, value)})  # noqa: S102
+    names = {"glue": lambda name, value, display=True: glued.__setitem__(name, value)}
+    for cell in with_plumbing(cells, index):  # the cell, then the glue calls moved after it
+        exec(cell.source, names)  # noqa: S102 (the chapter's own cells)
     recorded = json.loads(RESULTS.read_text())
     for row in recorded["results"]:
         speed, key = row["tokens_per_second"], f"{row['threads']}t_b{row['batch']}"
